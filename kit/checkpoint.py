@@ -1,0 +1,134 @@
+"""Checkpoints: atomic save, keep the last K, find and load the newest complete one.
+
+Layout of `<run_dir>/ckpt/step_000100/`:
+
+    adapters/<adapter>/      PEFT format (adapter_config.json + adapter_model.safetensors); load it with
+                             PeftModel.from_pretrained(base, ".../adapters/agent_0")
+    optim.pt                 per adapter: AdamW and LR-scheduler state
+    rng.pt                   python, numpy and torch RNG states
+    state.json               step, data-order state, anything else the trainer needs
+    COMPLETE                 written last; a folder without it is never loaded
+
+A checkpoint is written to `.tmp_step_...` and renamed when complete, so a crash mid-save leaves the previous
+one intact. A folder that has COMPLETE but fails to load (a truncated file on a flaky Drive) is skipped with a
+warning and the next older one is tried.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import re
+import shutil
+import warnings
+from pathlib import Path
+
+import numpy as np
+import torch
+
+STEP_RE = re.compile(r"^step_(\d{6,})$")
+
+
+def ckpt_dir(run_dir: str | Path) -> Path:
+    return Path(run_dir) / "ckpt"
+
+
+def step_name(step: int) -> str:
+    return f"step_{step:06d}"
+
+
+def rng_state() -> dict:
+    return {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.random.get_rng_state(),
+            "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None}
+
+
+def set_rng_state(state: dict) -> None:
+    random.setstate(state["python"])
+    np.random.set_state(state["numpy"])
+    torch.random.set_rng_state(state["torch"])
+    if state.get("cuda") is not None and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+
+
+def save(run_dir: str | Path, step: int, team, optimizers: dict, schedulers: dict, state: dict,
+         keep_last: int = 3) -> Path:
+    """Write checkpoint `step` atomically and prune to the newest `keep_last`. Returns its folder."""
+    root = ckpt_dir(run_dir)
+    root.mkdir(parents=True, exist_ok=True)
+    tmp, final = root / f".tmp_{step_name(step)}", root / step_name(step)
+    shutil.rmtree(tmp, ignore_errors=True)
+    (tmp / "adapters").mkdir(parents=True)
+    for adapter in team.adapters:
+        model = team.models[team.base_of[team.agents_of_adapter(adapter)[0]]]
+        model.save_pretrained(tmp / "adapters", selected_adapters=[adapter])
+        if adapter == "default":  # PEFT writes the default adapter at the top, others in a subfolder
+            raise ValueError("adapter name 'default' is reserved; name adapters agent_i or shared")
+    torch.save({a: {"optimizer": optimizers[a].state_dict(), "scheduler": schedulers[a].state_dict()}
+                for a in team.adapters}, tmp / "optim.pt")
+    torch.save(rng_state(), tmp / "rng.pt")
+    (tmp / "state.json").write_text(json.dumps({**state, "step": step}, indent=2))
+    with open(tmp / "COMPLETE", "w") as f:
+        f.write(str(step))
+        f.flush()
+        os.fsync(f.fileno())
+    if final.exists():
+        shutil.rmtree(final)
+    os.replace(tmp, final)
+    prune(run_dir, keep_last)
+    return final
+
+
+def complete_checkpoints(run_dir: str | Path) -> list[Path]:
+    """Complete checkpoint folders, newest first."""
+    root = ckpt_dir(run_dir)
+    if not root.exists():
+        return []
+    found = [(int(m.group(1)), p) for p in root.iterdir() if (m := STEP_RE.match(p.name)) and p.is_dir()]
+    complete = []
+    for step, p in sorted(found, reverse=True):
+        if (p / "COMPLETE").exists():
+            complete.append(p)
+        else:
+            warnings.warn(f"skipping incomplete checkpoint {p} (no COMPLETE marker)", stacklevel=2)
+    return complete
+
+
+def prune(run_dir: str | Path, keep_last: int) -> None:
+    for p in complete_checkpoints(run_dir)[keep_last:]:
+        shutil.rmtree(p, ignore_errors=True)
+
+
+def load_into(path: Path, team, optimizers: dict, schedulers: dict) -> dict:
+    """Load adapters, optimizer, scheduler and RNG state from `path`; returns state.json."""
+    from peft import set_peft_model_state_dict
+    from safetensors.torch import load_file
+
+    state = json.loads((path / "state.json").read_text())
+    optim = torch.load(path / "optim.pt", weights_only=False)
+    rng = torch.load(path / "rng.pt", weights_only=False)
+    for adapter in team.adapters:
+        model = team.models[team.base_of[team.agents_of_adapter(adapter)[0]]]
+        weights = load_file(str(path / "adapters" / adapter / "adapter_model.safetensors"),
+                            device=str(team.device))
+        result = set_peft_model_state_dict(model, weights, adapter_name=adapter)
+        missing = [k for k in result.missing_keys if "lora_" in k and f".{adapter}." in k]
+        if missing:
+            raise ValueError(f"checkpoint {path} lacks weights for adapter {adapter}: {missing[:3]}...")
+        optimizers[adapter].load_state_dict(optim[adapter]["optimizer"])
+        schedulers[adapter].load_state_dict(optim[adapter]["scheduler"])
+    set_rng_state(rng)
+    return state
+
+
+def resume_latest(run_dir: str | Path, team, optimizers: dict, schedulers: dict, log=print) -> dict | None:
+    """Load the newest checkpoint that loads; skip broken ones with a warning. None when there is none."""
+    for path in complete_checkpoints(run_dir):
+        try:
+            state = load_into(path, team, optimizers, schedulers)
+        except Exception as err:  # a corrupt file on disk must not end the run: fall back to an older one
+            warnings.warn(f"skipping unreadable checkpoint {path}: {type(err).__name__}: {err}", stacklevel=2)
+            continue
+        log(f"[kit] resumed from {path} (step {state['step']})")
+        return state
+    return None

@@ -1,0 +1,308 @@
+"""TrainConfig: every setting of a run in one dataclass, with presets, file loading and validation.
+
+    cfg = load_config(preset="tiny_cpu", path="my.yaml", overrides=["learning_rate=1e-4", "task=toy"])
+
+Order: preset, then the file (YAML or JSON), then `key=value` overrides, then `validate`. Every problem is
+reported before any model loads, with the field, the value and what is allowed. Names follow TRL and CoMLRL
+where they exist (num_generations, max_new_tokens, temperature, top_p, learning_rate, beta, joint_mode,
+num_turns, discount, advantage_mode, scale_rewards, loss_type).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib.util
+import json
+import re
+import types
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+
+
+@dataclass
+class TrainConfig:
+    # --- team and model
+    model_name: str = "tiny"  # hub name or local path of the base model; "tiny" is the built-in CPU model
+    agent_models: list[str] | None = None  # one base per agent for heterogeneous teams (overrides model_name)
+    num_agents: int = 2  # agents in the team
+    share_adapter: bool = False  # one LoRA adapter (and optimizer) shared by all agents
+    quantization: str = "auto"  # auto: 4-bit NF4 on CUDA, full precision on CPU; 4bit; none
+    dtype: str = "auto"  # auto (bf16/fp16 on CUDA, fp32 on CPU), float32, bfloat16, float16
+    device: str = "auto"  # auto, cpu, cuda, cuda:1 ...
+    gradient_checkpointing: bool = False  # trade compute for memory in the update
+    lora_r: int = 16  # LoRA rank
+    lora_alpha: int = 32  # LoRA scaling numerator
+    lora_dropout: float = 0.0  # dropout on the LoRA input
+    lora_target_modules: str | list[str] = "all-linear"  # peft target_modules
+    # --- task
+    task: str = "toy"  # a module in kit/tasks (toy, ...)
+    task_args: dict = field(default_factory=dict)  # keyword arguments for the task's constructor
+    num_eval_items: int = 16  # held-out items scored at each evaluation
+    # --- sampling
+    num_generations: int = 4  # G: samples per agent per prompt (the group)
+    max_new_tokens: int = 256  # completion length cap
+    max_prompt_tokens: int | None = None  # truncate longer prompts (None: never)
+    temperature: float = 0.7  # sampling temperature (> 0 while training)
+    top_p: float = 0.9  # nucleus sampling mass, in (0, 1]
+    top_k: int = 0  # top-k sampling (0: off)
+    use_chat_template: bool = True  # wrap prompts in the tokenizer's chat template when it has one
+    # --- MAGRPO
+    joint_mode: str = "aligned"  # aligned (G joint actions) or cross (G^N)
+    num_turns: int = 1  # turns per episode; > 1 uses the task's feedback
+    discount: float = 1.0  # weight of later turns in the return
+    advantage_mode: str = "mean"  # mean (paper Eq. 1), rloo, none
+    scale_rewards: bool = False  # divide advantages by the group's reward std
+    advantage_clip: float | None = None  # clamp advantages to [-c, c] (None: off)
+    loss_type: str = "sum"  # sum (paper Eq. 2: sum of token log-probs per completion) or token_mean
+    beta: float = 0.0  # KL weight to the base model (adapter off); 0 skips the reference pass
+    reward_weights: list[float] | None = None  # weights of the reward functions (None: all 1)
+    reward_processor: str = "identity"  # applied before advantages, e.g. "scale(0.25)|clamp(-1,1)"
+    reward_workers: int = 0  # 0: rewards in the trainer thread; > 0: a pool of this many workers
+    reward_pool: str = "thread"  # thread or process (process: task and reward must be picklable)
+    # --- optimisation
+    num_steps: int = 200  # training steps (each: batch_size items, all agents, all turns)
+    batch_size: int = 4  # items per step
+    micro_batch_size: int = 0  # rows per forward/backward in the update (0: all of an agent's rows at once)
+    learning_rate: float = 1e-4  # AdamW learning rate of every adapter
+    weight_decay: float = 0.0  # AdamW weight decay
+    warmup_steps: int = 0  # linear warmup steps
+    lr_scheduler: str = "constant"  # constant, linear, cosine (after warmup)
+    max_grad_norm: float = 1.0  # clip each agent's gradient norm (0: off)
+    seed: int = 0  # drives weights init, data order, sampling: the same seed gives the same run
+    # --- run directory, logging, checkpoints
+    run_dir: str = "checkpoints/run"  # where config, metrics, rollouts and checkpoints go
+    eval_every: int = 50  # evaluate on held-out items every this many steps (0: never)
+    save_every: int = 100  # checkpoint every this many steps (0: only at the end)
+    keep_last: int = 3  # checkpoints kept on disk
+    log_rollouts: bool = True  # write every joint action to rollouts.jsonl
+    use_wandb: bool = False  # also log to Weights & Biases (when installed)
+    wandb_project: str = "magrpo-kit"  # wandb project name
+    progress: bool = True  # show a tqdm progress bar
+
+
+CHOICES = {
+    "quantization": ("auto", "4bit", "none"),
+    "dtype": ("auto", "float32", "bfloat16", "float16"),
+    "joint_mode": ("aligned", "cross"),
+    "advantage_mode": ("mean", "rloo", "none"),
+    "loss_type": ("sum", "token_mean"),
+    "lr_scheduler": ("constant", "linear", "cosine"),
+    "reward_pool": ("thread", "process"),
+}
+# Fields that do not change what is trained: a resumed run may differ in these.
+NON_TRAINING = {"run_dir", "eval_every", "save_every", "keep_last", "log_rollouts", "use_wandb", "wandb_project",
+                "progress", "reward_workers", "reward_pool", "num_eval_items", "device", "num_steps"}
+
+
+def _preset_tiny_cpu() -> TrainConfig:
+    """The built-in tiny model on the toy task: learns on a laptop CPU in under a minute.
+
+    No chat template: the random 2-layer model reads the target best when it is the last thing in the prompt.
+    """
+    return TrainConfig(model_name="tiny", task="toy", num_generations=8, max_new_tokens=3, temperature=1.0,
+                       use_chat_template=False,
+                       top_p=1.0, lora_r=8, lora_alpha=16, learning_rate=3e-3, batch_size=8, num_steps=200,
+                       eval_every=50, save_every=100, num_eval_items=19, run_dir="checkpoints/tiny_cpu")
+
+
+def _preset_colab_t4() -> TrainConfig:
+    """A free-tier Colab T4 (16 GB, no bf16): the 1.5B coder in 4-bit, fp16 compute."""
+    return TrainConfig(model_name="Qwen/Qwen2.5-Coder-1.5B-Instruct", dtype="float16", num_generations=4,
+                       max_new_tokens=256, temperature=0.7, top_p=0.9, lora_r=16, lora_alpha=32,
+                       learning_rate=5e-5, batch_size=1, num_steps=500, gradient_checkpointing=True,
+                       eval_every=50, save_every=25, run_dir="checkpoints/colab_t4")
+
+
+def _preset_colab_a100() -> TrainConfig:
+    """The paper's recipe adapted to 4-bit LoRA on one A100: Qwen2.5-Coder-3B, 2 agents, G=4."""
+    return TrainConfig(model_name="Qwen/Qwen2.5-Coder-3B-Instruct", num_agents=2, num_generations=4,
+                       max_new_tokens=256, temperature=0.7, top_p=0.9, lora_r=16, lora_alpha=32,
+                       learning_rate=5e-5, batch_size=2, num_steps=1000, eval_every=50, save_every=25,
+                       run_dir="checkpoints/colab_a100")
+
+
+PRESETS = {"tiny_cpu": _preset_tiny_cpu, "colab_t4": _preset_colab_t4, "colab_a100": _preset_colab_a100}
+
+
+class ConfigError(ValueError):
+    """A bad config value; the message names the field, the value and what is allowed."""
+
+
+def preset(name: str) -> TrainConfig:
+    if name not in PRESETS:
+        raise ConfigError(f"preset={name!r} does not exist; allowed: {', '.join(PRESETS)}")
+    return PRESETS[name]()
+
+
+def _field_types() -> dict[str, typing.Any]:
+    return typing.get_type_hints(TrainConfig)
+
+
+def _check_type(name: str, value, hint) -> object:
+    """Return value coerced to the field's type (int -> float only), or raise ConfigError."""
+    origin = typing.get_origin(hint)
+    if origin in (typing.Union, types.UnionType):
+        if value is None and type(None) in typing.get_args(hint):
+            return None
+        errors = []
+        for arg in typing.get_args(hint):
+            if arg is type(None):
+                continue
+            try:
+                return _check_type(name, value, arg)
+            except ConfigError as e:
+                errors.append(e)
+        raise ConfigError(f"{name}={value!r} has the wrong type; allowed: {_type_name(hint)}")
+    if origin is list:
+        (item,) = typing.get_args(hint)
+        if not isinstance(value, (list, tuple)):
+            raise ConfigError(f"{name}={value!r} has the wrong type; allowed: {_type_name(hint)}")
+        return [_check_type(name, v, item) for v in value]
+    if hint is float and isinstance(value, int) and not isinstance(value, bool):
+        return float(value)
+    if hint is dict and isinstance(value, dict):
+        return dict(value)
+    if hint in (int, float, str, bool) and type(value) is hint:
+        return value
+    raise ConfigError(f"{name}={value!r} has the wrong type; allowed: {_type_name(hint)}")
+
+
+def _type_name(hint) -> str:
+    return str(hint).replace("typing.", "").replace("<class '", "").replace("'>", "")
+
+
+def from_dict(values: dict, base: TrainConfig | None = None) -> TrainConfig:
+    """A copy of `base` (defaults if None) with `values` applied; unknown keys and wrong types fail."""
+    cfg = dataclasses.replace(base) if base is not None else TrainConfig()
+    hints = _field_types()
+    for key, value in values.items():
+        if key not in hints:
+            near = [f for f in hints if key.lower() in f or f in key.lower()]
+            hint = f"; did you mean {', '.join(near)}?" if near else "; see kit/config.py for the fields"
+            raise ConfigError(f"unknown config field {key!r}{hint}")
+        setattr(cfg, key, _check_type(key, value, hints[key]))
+    return cfg
+
+
+def parse_override(text: str) -> tuple[str, object]:
+    """`key=value` with the value read as YAML (so 1e-4, true, [1, 2] and null work); str fields stay raw."""
+    import yaml
+
+    if "=" not in text:
+        raise ConfigError(f"override {text!r} is not key=value")
+    key, raw = (part.strip() for part in text.split("=", 1))
+    if _field_types().get(key) is str:
+        return key, raw
+    try:
+        value = yaml.safe_load(raw)
+    except yaml.YAMLError:
+        value = raw
+    if isinstance(value, str) and re.fullmatch(r"[-+]?(\d+\.?\d*|\.\d+)([eE][-+]?\d+)?", value):
+        value = float(value)  # YAML 1.1 reads 1e-4 (no dot) as a string
+    return key, value
+
+
+def load_file(path: str | Path) -> dict:
+    path = Path(path)
+    if not path.exists():
+        raise ConfigError(f"config file {str(path)!r} does not exist")
+    text = path.read_text()
+    if path.suffix == ".json":
+        data = json.loads(text)
+    else:
+        import yaml
+
+        data = yaml.safe_load(text) or {}
+    if not isinstance(data, dict):
+        raise ConfigError(f"config file {str(path)!r} must hold a mapping of field: value")
+    return data
+
+
+def load_config(preset_name: str | None = None, path: str | Path | None = None,
+                overrides: list[str] | None = None) -> TrainConfig:
+    """Preset, then file, then `key=value` overrides; validated."""
+    cfg = preset(preset_name) if preset_name else TrainConfig()
+    if path:
+        values = load_file(path)
+        if "preset" in values:  # a file may name its preset
+            cfg = preset(values.pop("preset"))
+        cfg = from_dict(values, cfg)
+    cfg = from_dict(dict(parse_override(o) for o in overrides or []), cfg)
+    return validate(cfg)
+
+
+def validate(cfg: TrainConfig) -> TrainConfig:
+    """Raise ConfigError on the first bad value; return cfg unchanged otherwise."""
+    from_dict(dataclasses.asdict(cfg))  # types
+    for name, allowed in CHOICES.items():
+        if getattr(cfg, name) not in allowed:
+            raise ConfigError(f"{name}={getattr(cfg, name)!r} is not allowed; allowed: {', '.join(allowed)}")
+
+    def need(ok: bool, name: str, allowed: str):
+        if not ok:
+            raise ConfigError(f"{name}={getattr(cfg, name)!r} is not allowed; allowed: {allowed}")
+
+    need(cfg.num_agents >= 1, "num_agents", "an integer >= 1")
+    need(cfg.num_generations >= 2, "num_generations", "an integer >= 2 (the group baseline needs 2 samples)")
+    need(0 < cfg.top_p <= 1, "top_p", "a number in (0, 1]")
+    need(cfg.temperature > 0, "temperature", "a number > 0 (training samples; evaluation is greedy)")
+    need(cfg.top_k >= 0, "top_k", "an integer >= 0")
+    need(cfg.max_new_tokens >= 1, "max_new_tokens", "an integer >= 1")
+    need(cfg.num_turns >= 1, "num_turns", "an integer >= 1")
+    need(0 <= cfg.discount <= 1, "discount", "a number in [0, 1]")
+    need(cfg.advantage_clip is None or cfg.advantage_clip > 0, "advantage_clip", "null or a number > 0")
+    need(cfg.beta >= 0, "beta", "a number >= 0")
+    need(cfg.num_steps >= 1, "num_steps", "an integer >= 1")
+    need(cfg.batch_size >= 1, "batch_size", "an integer >= 1")
+    need(cfg.micro_batch_size >= 0, "micro_batch_size", "an integer >= 0")
+    need(cfg.learning_rate > 0, "learning_rate", "a number > 0")
+    need(cfg.weight_decay >= 0, "weight_decay", "a number >= 0")
+    need(cfg.warmup_steps >= 0, "warmup_steps", "an integer >= 0")
+    need(cfg.max_grad_norm >= 0, "max_grad_norm", "a number >= 0 (0: no clipping)")
+    need(cfg.lora_r >= 1, "lora_r", "an integer >= 1")
+    need(cfg.lora_alpha >= 1, "lora_alpha", "an integer >= 1")
+    need(0 <= cfg.lora_dropout < 1, "lora_dropout", "a number in [0, 1)")
+    need(cfg.eval_every >= 0, "eval_every", "an integer >= 0")
+    need(cfg.save_every >= 0, "save_every", "an integer >= 0")
+    need(cfg.keep_last >= 1, "keep_last", "an integer >= 1")
+    need(cfg.reward_workers >= 0, "reward_workers", "an integer >= 0")
+    need(cfg.num_eval_items >= 0, "num_eval_items", "an integer >= 0")
+    need(bool(cfg.model_name), "model_name", "a hub name, a local path, or 'tiny'")
+    if cfg.agent_models is not None:
+        need(len(cfg.agent_models) == cfg.num_agents, "agent_models",
+             f"a list of {cfg.num_agents} model names (one per agent, num_agents={cfg.num_agents})")
+        need(not cfg.share_adapter or len(set(cfg.agent_models)) == 1, "agent_models",
+             "a single base model when share_adapter=true (an adapter lives on one base)")
+    if cfg.reward_weights is not None:
+        need(all(isinstance(w, float) for w in cfg.reward_weights), "reward_weights", "a list of numbers")
+    if importlib.util.find_spec(f"kit.tasks.{cfg.task}") is None:
+        tasks = sorted(p.stem for p in (Path(__file__).parent / "tasks").glob("*.py") if p.stem != "__init__")
+        raise ConfigError(f"task={cfg.task!r} does not exist; allowed: {', '.join(tasks)}")
+    from kit.rewards import parse_processor
+
+    try:
+        parse_processor(cfg.reward_processor)
+    except ValueError as err:
+        raise ConfigError(f"reward_processor={cfg.reward_processor!r}: {err}") from None
+    return cfg
+
+
+def to_dict(cfg: TrainConfig) -> dict:
+    return dataclasses.asdict(cfg)
+
+
+def save(cfg: TrainConfig, path: str | Path) -> None:
+    Path(path).write_text(json.dumps(to_dict(cfg), indent=2) + "\n")
+
+
+def training_diff(old: dict, new: TrainConfig) -> list[str]:
+    """Fields that change training and differ between a saved config and a new one, as 'field: old -> new'."""
+    cur = to_dict(new)
+    diff = []
+    for key in sorted(set(old) | set(cur)):
+        if key in NON_TRAINING and not (key == "num_steps" and cur.get("lr_scheduler") != "constant"):
+            continue
+        if old.get(key) != cur.get(key):
+            diff.append(f"{key}: {old.get(key)!r} -> {cur.get(key)!r}")
+    return diff

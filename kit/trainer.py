@@ -1,0 +1,382 @@
+"""The MAGRPO training loop: sample -> score -> advantages -> loss -> step -> log -> checkpoint.
+
+    trainer = Trainer(load_config("tiny_cpu"))      # or Trainer(cfg, task=my_task, reward_funcs=[f, g])
+    summary = trainer.train()
+
+One step takes `batch_size` items. Turn 0: every agent samples G completions for every item in ONE batched
+generate call (rows routed to each agent's adapter); the joint actions (aligned or cross) are scored together,
+in a worker pool when asked. With `num_turns > 1` the task's `feedback` turns each joint action into next-turn
+prompts and the tree grows one level per turn (again one generate call per level); returns flow back up the
+tree (kit/magrpo.py). Advantages are group-relative over each agent's G completions at a node. Then each
+adapter takes one AdamW step on its own rows; the other adapters and the base never move.
+
+Reproducibility: every step reseeds python/numpy/torch from (seed, step) and the data order is a function of
+(seed, epoch), so a resumed run continues exactly (bitwise on a CPU) where it stopped.
+
+Not covered: multi-GPU, off-policy reuse of samples (no ratio, no clipping: on-policy, one step per batch),
+early termination of tree branches (CoMLRL's early_termination_threshold).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import random
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from kit import checkpoint, magrpo
+from kit import config as config_mod
+from kit.config import TrainConfig, validate
+from kit.rewards import Reward, RewardModel, Scorer
+from kit.rollout import Rollout, completion_logprobs, generate
+
+PERF_PREFIX = "perf/"  # metrics that measure time; the only ones that differ between identical runs
+
+
+@dataclass
+class Level:
+    """One turn of the rollout tree for the whole batch."""
+
+    turn: int
+    nodes: list[dict]  # {"item": int, "prompts": [str]*N, "parent": (node, joint) | None}
+    rollout: Rollout
+    rewards: list[list[Reward]]  # [node][joint]
+    returns: np.ndarray | None = None  # (nodes, J) processed returns
+    advantages: np.ndarray | None = None  # (nodes, N, G)
+
+
+def step_seed(seed: int, step: int) -> int:
+    return (seed * 1_000_003 + step * 7919 + 17) % (2**31 - 1)
+
+
+def seed_everything(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
+
+
+class Trainer:
+    def __init__(self, cfg: TrainConfig, task=None, reward_funcs=None, team=None, resume: bool = False,
+                 log=print):
+        self.cfg = validate(cfg)
+        self.log = log
+        self.run_dir = Path(cfg.run_dir)
+        if (self.run_dir / "config.json").exists() and not resume:
+            raise FileExistsError(f"run_dir {str(self.run_dir)!r} already holds a run; resume it (resume=True, "
+                                  "--resume) or choose another run_dir")
+        if task is None:
+            from kit.tasks import get_task
+
+            task = get_task(cfg.task, cfg.num_agents, **cfg.task_args)
+        self.task = task
+        self.reward_model = RewardModel(task if hasattr(task, "reward") else None, list(reward_funcs or []),
+                                        cfg.reward_weights, cfg.reward_processor)
+        if cfg.num_turns > 1 and not hasattr(task, "feedback"):
+            raise ValueError(f"num_turns={cfg.num_turns} needs a task with feedback(item, completions, reward)")
+        self.train_items = task.load("train")
+        self.eval_items = task.load("eval")[: cfg.num_eval_items]
+        if not self.train_items:
+            raise ValueError(f"task {getattr(task, 'name', task)!r} has no train items")
+        if team is None:
+            from kit.models import build_team
+
+            team = build_team(cfg, log=log)
+        self.team = team
+        self.team.roles = list(getattr(task, "roles", [])) or [f"agent_{i}" for i in range(cfg.num_agents)]
+        self.optimizers, self.schedulers = {}, {}
+        from transformers import get_scheduler
+
+        for adapter in team.adapters:
+            opt = torch.optim.AdamW(team.parameters_of(adapter), lr=cfg.learning_rate,
+                                    weight_decay=cfg.weight_decay)
+            self.optimizers[adapter] = opt
+            self.schedulers[adapter] = get_scheduler(cfg.lr_scheduler, opt, num_warmup_steps=cfg.warmup_steps,
+                                                     num_training_steps=cfg.num_steps)
+        self.step = 0
+        self.scorer = Scorer(self.reward_model, cfg.reward_workers, cfg.reward_pool)
+        self.wandb = None
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        if resume and (self.run_dir / "config.json").exists():
+            self._resume()
+        config_mod.save(self.cfg, self.run_dir / "config.json")
+
+    # ---- run directory
+
+    def _resume(self) -> None:
+        old = json.loads((self.run_dir / "config.json").read_text())
+        diff = config_mod.training_diff(old, self.cfg)
+        if diff:
+            raise ValueError("cannot resume: these fields change training and differ from the saved run: "
+                             + "; ".join(diff))
+        state = checkpoint.resume_latest(self.run_dir, self.team, self.optimizers, self.schedulers, log=self.log)
+        self.step = state["step"] if state else 0
+        # Lines written after the checkpoint belong to steps that will be run again: drop them.
+        for name in ("metrics.jsonl", "rollouts.jsonl"):
+            self._truncate(self.run_dir / name, self.step)
+
+    @staticmethod
+    def _truncate(path: Path, step: int) -> None:
+        if path.exists():
+            keep = [line for line in path.read_text().splitlines() if line and json.loads(line)["step"] <= step]
+            path.write_text("".join(line + "\n" for line in keep))
+
+    def _append(self, name: str, rows: list[dict]) -> None:
+        with open(self.run_dir / name, "a") as f:
+            for row in rows:
+                f.write(json.dumps(row) + "\n")
+
+    # ---- data
+
+    def batch_items(self, step: int) -> list[dict]:
+        """The items of a step: a fresh permutation per epoch, a function of (seed, epoch) only."""
+        n, B = len(self.train_items), self.cfg.batch_size
+        out = []
+        for k in range(step * B, (step + 1) * B):
+            epoch, pos = divmod(k, n)
+            perm = np.random.default_rng([self.cfg.seed, epoch]).permutation(n)
+            out.append(self.train_items[perm[pos]])
+        return out
+
+    # ---- rollout
+
+    def sample(self, items: list[dict], num_generations: int, temperature: float) -> list[Level]:
+        """Grow the rollout tree turn by turn; each level is one batched generate and one batched scoring."""
+        cfg, N = self.cfg, self.cfg.num_agents
+        G = num_generations
+        joints = magrpo.joint_actions(N, G, cfg.joint_mode if G > 1 else "aligned")
+        nodes = [{"item": i, "prompts": list(self.task.prompts(item)), "parent": None} for i, item in enumerate(items)]
+        for node in nodes:
+            if len(node["prompts"]) != N:
+                raise ValueError(f"task.prompts returned {len(node['prompts'])} prompts for {N} agents")
+        levels: list[Level] = []
+        for turn in range(cfg.num_turns):
+            requests = [(a, node["prompts"][a]) for node in nodes for a in range(N)]
+            ro = generate(self.team, requests, G, max_new_tokens=cfg.max_new_tokens, temperature=temperature,
+                          top_p=cfg.top_p, top_k=cfg.top_k, use_chat_template=cfg.use_chat_template,
+                          max_prompt_tokens=cfg.max_prompt_tokens)
+            jobs = [(items[node["item"]], self.joint(ro, n, idx)) for n, node in enumerate(nodes) for idx in joints]
+            rewards = [f.result() for f in self.scorer.submit(jobs)]
+            per_node = [rewards[n * len(joints):(n + 1) * len(joints)] for n in range(len(nodes))]
+            levels.append(Level(turn, nodes, ro, per_node))
+            if turn + 1 < cfg.num_turns:
+                nodes = [{"item": node["item"], "parent": (n, j),
+                          "prompts": list(self.task.feedback(items[node["item"]], self.joint(ro, n, idx),
+                                                             per_node[n][j]))}
+                         for n, node in enumerate(nodes) for j, idx in enumerate(joints)]
+        self._returns_and_advantages(levels, joints, G)
+        return levels
+
+    def joint(self, ro: Rollout, node: int, idx: tuple[int, ...]) -> tuple[str, ...]:
+        N = self.cfg.num_agents
+        return tuple(ro.texts[node * N + a][g] for a, g in enumerate(idx))
+
+    def _returns_and_advantages(self, levels: list[Level], joints, G: int) -> None:
+        cfg, N = self.cfg, self.cfg.num_agents
+        child_returns = None
+        for level in reversed(levels):
+            returns = []
+            for n, node_rewards in enumerate(level.rewards):
+                r = [self.reward_model.process(x.total) for x in node_rewards]
+                kids = None if child_returns is None else [child_returns[n * len(joints) + j]
+                                                          for j in range(len(joints))]
+                returns.append(magrpo.node_returns(r, kids, cfg.discount))
+            level.returns = np.array(returns)  # (nodes, J)
+            per_agent = np.stack([magrpo.per_agent_returns(R, joints, N, G) for R in level.returns])
+            level.advantages = magrpo.advantages(per_agent, cfg.advantage_mode, cfg.scale_rewards,
+                                                 cfg.advantage_clip)  # (nodes, N, G)
+            child_returns = list(level.returns)
+
+    # ---- update
+
+    def update(self, levels: list[Level]) -> dict:
+        """One optimizer step per adapter on its own rows; returns loss/grad-norm stats."""
+        cfg, team = self.cfg, self.team
+        stats = {}
+        for adapter in team.adapters:
+            agents = team.agents_of_adapter(adapter)
+            model = team.model_of(agents[0])
+            model.set_adapter(adapter)
+            model.train()
+            opt = self.optimizers[adapter]
+            opt.zero_grad(set_to_none=True)
+            chunks = []
+            for level in levels:
+                seg = level.rollout.segments[[s.base for s in level.rollout.segments].index(team.base_of[agents[0]])]
+                seg = seg.rows(agents)
+                adv = torch.tensor(level.advantages.reshape(-1)[seg.sample.cpu().numpy()], device=seg.input_ids.device)
+                step = cfg.micro_batch_size or len(adv)
+                chunks += [(seg, adv, i, min(i + step, len(adv))) for i in range(0, len(adv), step)]
+            total_rows = sum(hi - lo for _, _, lo, hi in chunks)
+            total_tokens = sum(int(s.completion_mask[lo:hi].sum()) for s, _, lo, hi in chunks)
+            loss_sum, kl_sum = 0.0, 0.0
+            for seg, adv, lo, hi in chunks:
+                sub = _slice(seg, lo, hi)
+                logp = completion_logprobs(model, sub)  # (R, T)
+                ref = None
+                if cfg.beta > 0:
+                    with torch.no_grad(), model.disable_adapter():
+                        ref = completion_logprobs(model, sub)
+                loss, st = magrpo.policy_loss(logp, sub.completion_mask, adv[lo:hi], cfg.loss_type, ref, cfg.beta)
+                # each chunk's mean is weighted so the sum over chunks is the mean over all rows (or tokens)
+                weight = ((hi - lo) / total_rows if cfg.loss_type == "sum"
+                          else int(sub.completion_mask.sum()) / max(total_tokens, 1))
+                (loss * weight).backward()
+                loss_sum += float(loss.detach()) * weight
+                kl_sum += st.get("kl", 0.0) * weight
+            params = team.parameters_of(adapter)
+            norm = torch.nn.utils.clip_grad_norm_(params, cfg.max_grad_norm if cfg.max_grad_norm > 0 else math.inf)
+            opt.step()
+            self.schedulers[adapter].step()
+            model.eval()
+            stats[f"loss/{adapter}"] = loss_sum
+            stats[f"grad_norm/{adapter}"] = float(norm)
+            if cfg.beta > 0:
+                stats[f"kl/{adapter}"] = kl_sum
+        return stats
+
+    # ---- evaluation
+
+    @torch.no_grad()
+    def evaluate(self, items: list[dict] | None = None) -> dict:
+        """Greedy joint output per held-out item; mean reward and parts, under `eval/`."""
+        items = self.eval_items if items is None else items
+        if not items:
+            return {}
+        N = self.cfg.num_agents
+        requests = [(a, p) for item in items for a, p in enumerate(self.task.prompts(item))]
+        ro = generate(self.team, requests, 1, max_new_tokens=self.cfg.max_new_tokens, temperature=0.0,
+                      use_chat_template=self.cfg.use_chat_template, max_prompt_tokens=self.cfg.max_prompt_tokens)
+        jobs = [(item, tuple(ro.texts[k * N + a][0] for a in range(N))) for k, item in enumerate(items)]
+        rewards = self.scorer.score(jobs)
+        out = {"eval/reward_mean": float(np.mean([r.total for r in rewards]))}
+        for key in sorted({k for r in rewards for k in r.parts}):
+            out[f"eval/{key}"] = float(np.mean([r.parts.get(key, 0.0) for r in rewards]))
+        return out
+
+    # ---- logging
+
+    def metrics(self, levels: list[Level], update_stats: dict, times: dict, num_tokens: int) -> dict:
+        rewards = [r for lv in levels for node in lv.rewards for r in node]
+        totals = np.array([r.total for r in rewards])
+        row = {"step": self.step, "reward/mean": float(totals.mean()), "reward/std": float(totals.std())}
+        for key in sorted({k for r in rewards for k in r.parts}):
+            row[f"reward/{key}"] = float(np.mean([r.parts.get(key, 0.0) for r in rewards]))
+        if len(levels) > 1:
+            for lv in levels:
+                row[f"reward/turn_{lv.turn}"] = float(np.mean([r.total for node in lv.rewards for r in node]))
+        row["return/mean"] = float(np.mean(levels[0].returns))
+        row["advantage/abs_mean"] = float(np.mean([np.abs(lv.advantages).mean() for lv in levels]))
+        row.update(update_stats)
+        row["lr"] = self.schedulers[self.team.adapters[0]].get_last_lr()[0]
+        row["completion/tokens"] = num_tokens
+        row["perf/tokens_per_s"] = num_tokens / max(times["generate"], 1e-9)
+        for k, v in times.items():
+            row[f"perf/{k}_s"] = v
+        return row
+
+    def rollout_rows(self, levels: list[Level], items: list[dict]) -> list[dict]:
+        N, G = self.cfg.num_agents, self.cfg.num_generations
+        joints = magrpo.joint_actions(N, G, self.cfg.joint_mode)
+        rows = []
+        for lv in levels:
+            for n, node in enumerate(lv.nodes):
+                for j, idx in enumerate(joints):
+                    r = lv.rewards[n][j]
+                    rows.append({"step": self.step, "item": items[node["item"]]["id"], "turn": lv.turn, "node": n,
+                                 "parent": node["parent"], "joint": list(idx), "prompts": node["prompts"],
+                                 "completions": list(self.joint(lv.rollout, n, idx)), "reward": r.total,
+                                 "parts": r.parts, "return": float(lv.returns[n, j]),
+                                 "advantages": [float(lv.advantages[n, a, g]) for a, g in enumerate(idx)]})
+        return rows
+
+    def _wandb(self, row: dict) -> None:
+        if not self.cfg.use_wandb:
+            return
+        if self.wandb is None:
+            try:
+                import wandb
+            except ImportError:
+                self.log("[kit] use_wandb=true but wandb is not installed: logging to files only")
+                self.cfg.use_wandb = False
+                return
+            self.wandb = wandb.init(project=self.cfg.wandb_project, config=config_mod.to_dict(self.cfg),
+                                    name=self.run_dir.name, resume="allow")
+        self.wandb.log(row, step=row["step"])
+
+    # ---- the loop
+
+    def train(self, max_steps: int | None = None) -> dict:
+        """Run until num_steps (or `max_steps` more steps, e.g. to simulate a disconnect). Returns a summary."""
+        from tqdm.auto import tqdm
+
+        cfg = self.cfg
+        end = cfg.num_steps if max_steps is None else min(cfg.num_steps, self.step + max_steps)
+        first = None
+        if self.step == 0 and cfg.eval_every and self.eval_items:
+            first = {"step": 0, **self.evaluate()}
+            self._append("metrics.jsonl", [first])
+        bar = tqdm(total=cfg.num_steps, initial=self.step, desc="MAGRPO", disable=not cfg.progress)
+        last_ckpt = None
+        history = []
+        while self.step < end:
+            t0 = time.perf_counter()
+            items = self.batch_items(self.step)
+            seed_everything(step_seed(cfg.seed, self.step))
+            levels = self.sample(items, cfg.num_generations, cfg.temperature)
+            t1 = time.perf_counter()
+            stats = self.update(levels)
+            t2 = time.perf_counter()
+            rollouts = self.rollout_rows(levels, items) if cfg.log_rollouts else []
+            self.step += 1
+            tokens = sum(lv.rollout.num_tokens for lv in levels)
+            row = self.metrics(levels, stats, {"sample": t1 - t0, "update": t2 - t1, "generate": t1 - t0,
+                                               "step": time.perf_counter() - t0}, tokens)
+            if cfg.eval_every and self.step % cfg.eval_every == 0:
+                row.update(self.evaluate())
+            for r in rollouts:
+                r["step"] = self.step
+            self._append("metrics.jsonl", [row])
+            self._append("rollouts.jsonl", rollouts)
+            self._wandb(row)
+            history.append(row["reward/mean"])
+            bar.set_postfix(reward=f"{row['reward/mean']:.3f}", refresh=False)
+            bar.update(1)
+            if (cfg.save_every and self.step % cfg.save_every == 0) or self.step == cfg.num_steps:
+                last_ckpt = self.save()
+        bar.close()
+        return self.summary(first, history, last_ckpt)
+
+    def save(self) -> Path:
+        state = {"data": {"seed": self.cfg.seed, "num_items": len(self.train_items),
+                          "items_seen": self.step * self.cfg.batch_size}}
+        return checkpoint.save(self.run_dir, self.step, self.team, self.optimizers, self.schedulers, state,
+                               self.cfg.keep_last)
+
+    def summary(self, first: dict | None, history: list[float], last_ckpt: Path | None) -> dict:
+        rows = [json.loads(line) for line in (self.run_dir / "metrics.jsonl").read_text().splitlines() if line]
+        train = [r["reward/mean"] for r in rows if "reward/mean" in r]
+        evals = [r for r in rows if "eval/reward_mean" in r]
+        k = max(1, min(10, len(train) // 5))
+        ckpts = checkpoint.complete_checkpoints(self.run_dir)
+        return {"steps": self.step, "reward_start": float(np.mean(train[:k])) if train else None,
+                "reward_end": float(np.mean(train[-k:])) if train else None,
+                "eval_start": evals[0]["eval/reward_mean"] if evals else None,
+                "eval_end": evals[-1]["eval/reward_mean"] if evals else None,
+                "checkpoint": str(ckpts[0]) if ckpts else None, "run_dir": str(self.run_dir)}
+
+    def close(self):
+        self.scorer.close()
+        if self.wandb is not None:
+            self.wandb.finish()
+
+
+def _slice(seg, lo: int, hi: int):
+    from kit.rollout import Segment
+
+    return Segment(seg.base, seg.input_ids[lo:hi], seg.attention_mask[lo:hi], seg.completion_mask[lo:hi],
+                   seg.prompt_len, seg.sample[lo:hi], seg.agent[lo:hi])
