@@ -20,6 +20,7 @@ Not covered: multi-GPU placement, full fine-tuning (the kit trains adapters only
 
 from __future__ import annotations
 
+import functools
 import os
 from dataclasses import dataclass, field
 
@@ -55,10 +56,20 @@ def build_tiny_tokenizer():
 
 def build_tiny_model(seed: int = 0, hidden_size: int = 64, num_layers: int = 2, warmup_steps: int = 60):
     """A small Qwen2 causal LM with seeded random weights; returns (model, tokenizer)."""
-    from transformers import Qwen2Config, Qwen2ForCausalLM
+    from transformers import Qwen2ForCausalLM
 
     tok = build_tiny_tokenizer()
-    config = Qwen2Config(
+    model = Qwen2ForCausalLM(_tiny_config(tok, hidden_size, num_layers))
+    model.load_state_dict(_tiny_weights(seed, hidden_size, num_layers, warmup_steps))
+    model.generation_config.pad_token_id = tok.pad_token_id
+    model.generation_config.eos_token_id = tok.eos_token_id
+    return model.eval(), tok
+
+
+def _tiny_config(tok, hidden_size: int, num_layers: int):
+    from transformers import Qwen2Config
+
+    return Qwen2Config(
         vocab_size=len(tok), hidden_size=hidden_size, intermediate_size=2 * hidden_size,
         num_hidden_layers=num_layers, num_attention_heads=4, num_key_value_heads=2,
         max_position_embeddings=2048, tie_word_embeddings=True,
@@ -68,17 +79,23 @@ def build_tiny_model(seed: int = 0, hidden_size: int = 64, num_layers: int = 2, 
         initializer_range=hidden_size ** -0.5,
         pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id, bos_token_id=None,
     )
-    state = torch.random.get_rng_state()
+
+
+@functools.lru_cache(maxsize=4)
+def _tiny_weights(seed: int, hidden_size: int, num_layers: int, warmup_steps: int) -> dict:
+    """The tiny model's weights, built once per process (the warm-up takes seconds); callers get copies."""
+    from transformers import Qwen2ForCausalLM
+
+    tok = build_tiny_tokenizer()
+    rng_state = torch.random.get_rng_state()
     torch.manual_seed(seed)
     try:
-        model = Qwen2ForCausalLM(config)
+        model = Qwen2ForCausalLM(_tiny_config(tok, hidden_size, num_layers))
+        if warmup_steps:
+            _warm_up(model, tok, warmup_steps, seed)
     finally:
-        torch.random.set_rng_state(state)  # building the model must not disturb the caller's RNG stream
-    model.generation_config.pad_token_id = tok.pad_token_id
-    model.generation_config.eos_token_id = tok.eos_token_id
-    if warmup_steps:
-        _warm_up(model, tok, warmup_steps, seed)
-    return model.eval(), tok
+        torch.random.set_rng_state(rng_state)  # building the model must not disturb the caller's RNG stream
+    return {k: v.detach().clone() for k, v in model.state_dict().items()}
 
 
 def _warm_up(model, tok, steps: int, seed: int) -> None:

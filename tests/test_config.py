@@ -1,0 +1,100 @@
+"""Config loading and validation: bad input fails before any model loads, naming field, value, allowed.
+
+Run: python -m pytest tests/test_config.py
+"""
+
+import json
+
+import pytest
+
+from kit.config import ConfigError, TrainConfig, load_config, preset, training_diff, to_dict
+
+
+def test_presets_exist_and_validate():
+    for name in ("tiny_cpu", "colab_t4", "colab_a100"):
+        assert load_config(name).num_generations >= 2
+
+
+def test_colab_a100_is_the_paper_recipe_in_4bit():
+    cfg = preset("colab_a100")
+    assert (cfg.model_name, cfg.num_agents, cfg.num_generations, cfg.max_new_tokens) == \
+        ("Qwen/Qwen2.5-Coder-3B-Instruct", 2, 4, 256)
+    assert (cfg.temperature, cfg.top_p, cfg.lora_r, cfg.lora_alpha, cfg.quantization) == (0.7, 0.9, 16, 32, "auto")
+
+
+def test_unknown_preset_names_the_allowed_ones():
+    with pytest.raises(ConfigError, match=r"preset='big'.*tiny_cpu, colab_t4, colab_a100"):
+        load_config("big")
+
+
+def test_unknown_key_is_named():
+    with pytest.raises(ConfigError, match="unknown config field 'num_generation'.*num_generations"):
+        load_config("tiny_cpu", overrides=["num_generation=4"])
+
+
+def test_wrong_type_names_field_value_and_type():
+    with pytest.raises(ConfigError, match=r"num_generations='four'.*allowed: int"):
+        load_config(overrides=["num_generations=four"])
+
+
+def test_group_of_one_is_refused():
+    with pytest.raises(ConfigError, match=r"num_generations=1 .*>= 2"):
+        load_config(overrides=["num_generations=1"])
+
+
+def test_zero_agents_is_refused():
+    with pytest.raises(ConfigError, match=r"num_agents=0 .*>= 1"):
+        load_config(overrides=["num_agents=0"])
+
+
+@pytest.mark.parametrize("value", ["0", "1.5", "-0.1"])
+def test_top_p_outside_unit_interval_is_refused(value):
+    with pytest.raises(ConfigError, match=r"top_p=.*\(0, 1\]"):
+        load_config(overrides=[f"top_p={value}"])
+
+
+def test_choice_fields_list_their_choices():
+    with pytest.raises(ConfigError, match="joint_mode='pairs'.*aligned, cross"):
+        load_config(overrides=["joint_mode=pairs"])
+
+
+def test_unknown_task_lists_the_tasks():
+    with pytest.raises(ConfigError, match="task='chess'.*toy"):
+        load_config(overrides=["task=chess"])
+
+
+def test_bad_reward_processor_is_named():
+    with pytest.raises(ConfigError, match="reward_processor='scale\\(2\\)\\|cube'"):
+        load_config(overrides=["reward_processor=scale(2)|cube"])
+
+
+def test_overrides_parse_numbers_bools_lists_and_null():
+    cfg = load_config(overrides=["learning_rate=1e-4", "use_wandb=true", "reward_weights=[1, 0.5]",
+                                 "advantage_clip=null", "lora_target_modules=[q_proj, v_proj]"])
+    assert cfg.learning_rate == 1e-4 and cfg.use_wandb is True
+    assert cfg.reward_weights == [1.0, 0.5] and cfg.advantage_clip is None
+    assert cfg.lora_target_modules == ["q_proj", "v_proj"]
+
+
+def test_yaml_file_then_overrides(tmp_path):
+    f = tmp_path / "c.yaml"
+    f.write_text("preset: tiny_cpu\nlearning_rate: 0.01\nnum_steps: 7\n")
+    cfg = load_config(path=f, overrides=["num_steps=9"])
+    assert (cfg.model_name, cfg.learning_rate, cfg.num_steps) == ("tiny", 0.01, 9)
+
+
+def test_json_file(tmp_path):
+    f = tmp_path / "c.json"
+    f.write_text(json.dumps({"num_generations": 6}))
+    assert load_config(path=f).num_generations == 6
+
+
+def test_missing_file_is_named(tmp_path):
+    with pytest.raises(ConfigError, match="does not exist"):
+        load_config(path=tmp_path / "nope.yaml")
+
+
+def test_training_diff_ignores_logging_fields_and_lists_training_ones():
+    old = to_dict(TrainConfig())
+    new = TrainConfig(save_every=1, eval_every=3, learning_rate=0.5, seed=3)
+    assert training_diff(old, new) == ["learning_rate: 0.0001 -> 0.5", "seed: 0 -> 3"]

@@ -1,0 +1,117 @@
+"""The MAGRPO maths against hand-computed values. Run: python -m pytest tests/test_magrpo.py"""
+
+import numpy as np
+import pytest
+import torch
+
+from kit import magrpo
+
+
+def test_aligned_joint_actions_pair_the_gth_completions():
+    assert magrpo.joint_actions(2, 3, "aligned") == [(0, 0), (1, 1), (2, 2)]
+
+
+def test_cross_joint_actions_are_the_cartesian_product():
+    assert magrpo.joint_actions(2, 2, "cross") == [(0, 0), (0, 1), (1, 0), (1, 1)]
+    assert len(magrpo.joint_actions(3, 4, "cross")) == 64
+
+
+def test_unknown_joint_mode_is_named():
+    with pytest.raises(ValueError, match="joint_mode='pairs'"):
+        magrpo.joint_actions(2, 2, "pairs")
+
+
+def test_cross_per_agent_return_is_the_mean_over_partners():
+    joints = magrpo.joint_actions(2, 2, "cross")  # (0,0) (0,1) (1,0) (1,1)
+    r = magrpo.per_agent_returns([1.0, 3.0, 5.0, 7.0], joints, 2, 2)
+    # agent 0, completion 0 is in (0,0),(0,1): (1+3)/2; completion 1: (5+7)/2
+    # agent 1, completion 0 is in (0,0),(1,0): (1+5)/2; completion 1: (3+7)/2
+    np.testing.assert_allclose(r, [[2.0, 6.0], [3.0, 5.0]])
+
+
+def test_aligned_per_agent_return_is_the_joint_return():
+    joints = magrpo.joint_actions(2, 3, "aligned")
+    np.testing.assert_allclose(magrpo.per_agent_returns([1, 2, 3], joints, 2, 3), [[1, 2, 3], [1, 2, 3]])
+
+
+def test_mean_advantage_is_return_minus_group_mean():
+    np.testing.assert_allclose(magrpo.advantages([1.0, 2.0, 3.0, 6.0]), [-2.0, -1.0, 0.0, 3.0])
+
+
+def test_rloo_advantage_leaves_one_out():
+    # 1 - (2+3+6)/3 = -8/3 ; 2 - 10/3 = -4/3 ; 3 - 3 = 0 ; 6 - 2 = 4
+    np.testing.assert_allclose(magrpo.advantages([1.0, 2.0, 3.0, 6.0], "rloo"), [-8 / 3, -4 / 3, 0.0, 4.0])
+
+
+def test_none_advantage_is_the_return():
+    np.testing.assert_allclose(magrpo.advantages([1.0, 2.0], "none"), [1.0, 2.0])
+
+
+def test_std_scaling_divides_by_population_std():
+    # returns [1, 3]: mean 2, population std 1 -> [-1, 1]
+    np.testing.assert_allclose(magrpo.advantages([1.0, 3.0], scale=True, eps=0.0), [-1.0, 1.0])
+
+
+def test_clipping_bounds_advantages():
+    np.testing.assert_allclose(magrpo.advantages([0.0, 10.0], clip=2.0), [-2.0, 2.0])
+
+
+def test_advantages_are_per_group_on_the_last_axis():
+    a = magrpo.advantages([[0.0, 2.0], [10.0, 20.0]])
+    np.testing.assert_allclose(a, [[-1.0, 1.0], [-5.0, 5.0]])
+
+
+def test_leaf_returns_are_the_rewards():
+    np.testing.assert_allclose(magrpo.node_returns([0.5, 1.0]), [0.5, 1.0])
+
+
+def test_multi_turn_return_adds_the_mean_of_the_children():
+    # joint 0 led to a child whose returns are [1, 3] (mean 2); joint 1 to [0, 0]
+    np.testing.assert_allclose(magrpo.node_returns([0.5, 1.0], [[1.0, 3.0], [0.0, 0.0]]), [2.5, 1.0])
+
+
+def test_discount_weights_the_future():
+    np.testing.assert_allclose(magrpo.node_returns([1.0], [[2.0, 4.0]], discount=0.5), [2.5])
+
+
+def test_token_logprobs_match_log_softmax():
+    logits = torch.tensor([[[0.0, 1.0, 2.0], [3.0, 0.0, 0.0]]])
+    targets = torch.tensor([[2, 0]])
+    expected = torch.log_softmax(logits, -1).gather(-1, targets[..., None]).squeeze(-1)
+    torch.testing.assert_close(magrpo.token_logprobs(logits, targets), expected)
+
+
+def test_sum_loss_on_a_hand_made_batch():
+    logp = torch.tensor([[-1.0, -2.0, -9.0], [-0.5, -0.5, -0.5]])
+    mask = torch.tensor([[1, 1, 0], [1, 1, 1]])  # row 0's third token is padding
+    adv = torch.tensor([2.0, -1.0])
+    # row sums: -3 and -1.5 ; loss = -mean(2*-3, -1*-1.5) = -mean(-6, 1.5) = 2.25
+    loss, _ = magrpo.policy_loss(logp, mask, adv, "sum")
+    assert float(loss) == pytest.approx(2.25)
+
+
+def test_token_mean_loss_on_a_hand_made_batch():
+    logp = torch.tensor([[-1.0, -2.0, -9.0], [-0.5, -0.5, -0.5]])
+    mask = torch.tensor([[1, 1, 0], [1, 1, 1]])
+    adv = torch.tensor([2.0, -1.0])
+    # -(2*(-1-2) + -1*(-1.5)) / 5 tokens = -(-6 + 1.5)/5 = 0.9
+    loss, _ = magrpo.policy_loss(logp, mask, adv, "token_mean")
+    assert float(loss) == pytest.approx(0.9)
+
+
+def test_padding_never_enters_the_loss_or_its_gradient():
+    logp = torch.tensor([[-1.0, -2.0, -9.0]], requires_grad=True)
+    mask = torch.tensor([[1, 1, 0]])
+    loss, _ = magrpo.policy_loss(logp, mask, torch.tensor([1.0]))
+    loss.backward()
+    assert logp.grad[0, 2] == 0 and logp.grad[0, 0] != 0
+
+
+def test_kl_is_zero_when_policy_equals_reference_and_positive_otherwise():
+    logp = torch.tensor([[-1.0, -2.0]])
+    mask = torch.ones(1, 2)
+    _, same = magrpo.policy_loss(logp, mask, torch.zeros(1), beta=0.1, ref_logp=logp.clone())
+    _, diff = magrpo.policy_loss(logp, mask, torch.zeros(1), beta=0.1, ref_logp=logp - 0.5)
+    assert same["kl"] == pytest.approx(0.0)
+    # k3 per token: exp(-0.5) + 0.5 - 1 ; two tokens summed
+    assert diff["kl"] == pytest.approx(2 * (np.exp(-0.5) + 0.5 - 1))
