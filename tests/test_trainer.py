@@ -226,3 +226,9 @@ def test_cli_config_error_exits_2_with_the_message(tmp_path):
     out = subprocess.run([sys.executable, "-m", "kit", "train", "--preset", "tiny_cpu", "--set", "top_p=2"],
                          capture_output=True, text=True, timeout=120)
     assert out.returncode == 2 and "top_p=2" in out.stderr and "(0, 1]" in out.stderr
+
+
+def test_bad_task_args_name_the_task_and_its_arguments(tmp_path):
+    cfg = cfg_for(tmp_path, "task_args={colour: red}")
+    with pytest.raises(ValueError, match=r"task_args=\{'colour': 'red'\} do not fit task 'toy'"):
+        Trainer(cfg, log=lambda *_: None)

@@ -14,7 +14,11 @@ from typing import Callable
 
 def get_task(name: str, num_agents: int, **task_args):
     module = importlib.import_module(f"kit.tasks.{name}")
-    task = module.make_task(num_agents=num_agents, **task_args)
+    try:
+        task = module.make_task(num_agents=num_agents, **task_args)
+    except TypeError as err:
+        raise ValueError(f"task_args={task_args!r} do not fit task {name!r}: {err}. "
+                         f"See make_task in kit/tasks/{name}.py for its arguments") from None
     check_task(task, num_agents)
     return task
 
