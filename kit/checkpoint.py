@@ -57,13 +57,12 @@ def save(run_dir: str | Path, step: int, team, optimizers: dict, schedulers: dic
     root = ckpt_dir(run_dir)
     root.mkdir(parents=True, exist_ok=True)
     tmp, final = root / f".tmp_{step_name(step)}", root / step_name(step)
+    if "default" in team.adapters:  # PEFT writes the default adapter at the top, others in a subfolder
+        raise ValueError("adapter name 'default' is reserved; name adapters agent_i or shared")
     shutil.rmtree(tmp, ignore_errors=True)
     (tmp / "adapters").mkdir(parents=True)
     for adapter in team.adapters:
-        model = team.models[team.base_of[team.agents_of_adapter(adapter)[0]]]
-        model.save_pretrained(tmp / "adapters", selected_adapters=[adapter])
-        if adapter == "default":  # PEFT writes the default adapter at the top, others in a subfolder
-            raise ValueError("adapter name 'default' is reserved; name adapters agent_i or shared")
+        team.model_of(team.agents_of_adapter(adapter)[0]).save_pretrained(tmp / "adapters", selected_adapters=[adapter])
     torch.save({a: {"optimizer": optimizers[a].state_dict(), "scheduler": schedulers[a].state_dict()}
                 for a in team.adapters}, tmp / "optim.pt")
     torch.save(rng_state(), tmp / "rng.pt")
@@ -86,7 +85,7 @@ def complete_checkpoints(run_dir: str | Path) -> list[Path]:
         return []
     found = [(int(m.group(1)), p) for p in root.iterdir() if (m := STEP_RE.match(p.name)) and p.is_dir()]
     complete = []
-    for step, p in sorted(found, reverse=True):
+    for _, p in sorted(found, reverse=True):
         if (p / "COMPLETE").exists():
             complete.append(p)
         else:
@@ -108,7 +107,7 @@ def load_into(path: Path, team, optimizers: dict, schedulers: dict) -> dict:
     optim = torch.load(path / "optim.pt", weights_only=False)
     rng = torch.load(path / "rng.pt", weights_only=False)
     for adapter in team.adapters:
-        model = team.models[team.base_of[team.agents_of_adapter(adapter)[0]]]
+        model = team.model_of(team.agents_of_adapter(adapter)[0])
         weights = load_file(str(path / "adapters" / adapter / "adapter_model.safetensors"),
                             device=str(team.device))
         result = set_peft_model_state_dict(model, weights, adapter_name=adapter)

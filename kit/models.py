@@ -21,7 +21,6 @@ Not covered: multi-GPU placement, full fine-tuning (the kit trains adapters only
 from __future__ import annotations
 
 import functools
-import os
 from dataclasses import dataclass, field
 
 import torch
@@ -111,6 +110,7 @@ def _warm_up(model, tok, steps: int, seed: int) -> None:
     gen = torch.Generator().manual_seed(seed)
     opt = torch.optim.Adam(model.parameters(), lr=3e-3)
     tok.padding_side = "left"
+    digit_ids = torch.tensor(tok.convert_tokens_to_ids([str(d) for d in range(10)]))
     model.train()
     for _ in range(steps):
         prompts = [f"{rng.choice(['a0', 'a1', 'a2', 'x'])} {rng.choice(['sum', 'n', 'go'])} {rng.randint(0, 99)}"
@@ -120,7 +120,6 @@ def _warm_up(model, tok, steps: int, seed: int) -> None:
                  for p in prompts]
         enc = tok(texts, return_tensors="pt", padding=True, add_special_tokens=False)
         answers = torch.randint(0, 10, (len(texts),), generator=gen)
-        digit_ids = torch.tensor(tok.convert_tokens_to_ids([str(d) for d in range(10)]))
         ids = torch.cat([enc["input_ids"], digit_ids[answers][:, None],
                          torch.full((len(texts), 1), tok.eos_token_id)], 1)
         att = torch.cat([enc["attention_mask"], torch.ones(len(texts), 2, dtype=torch.long)], 1)

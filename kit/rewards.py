@@ -14,6 +14,7 @@ start their own sandboxed subprocesses.
 
 from __future__ import annotations
 
+import functools
 import math
 import re
 from concurrent.futures import Executor, Future, ProcessPoolExecutor, ThreadPoolExecutor
@@ -74,6 +75,7 @@ def compose(*fns: Callable[[float], float]) -> Callable[[float], float]:
     return run
 
 
+@functools.lru_cache(maxsize=32)  # called per joint action; a spec is parsed once
 def parse_processor(spec: str) -> Callable[[float], float]:
     """`"scale(0.25)|clamp(-1, 1)"` -> a function. Raises ValueError naming the bad piece."""
     fns = []

@@ -13,7 +13,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+import time
+
 import torch
+
+from kit.magrpo import token_logprobs
 
 
 @dataclass
@@ -53,6 +57,10 @@ class Rollout:
     texts: list[list[str]]
     segments: list[Segment] = field(default_factory=list)
     num_tokens: int = 0
+    seconds: float = 0.0  # wall time inside generate calls
+
+    def segment(self, base: int) -> Segment:
+        return next(s for s in self.segments if s.base == base)
 
 
 def eos_ids(model, tokenizer) -> list[int]:
@@ -104,8 +112,10 @@ def generate(team, requests: list[tuple[int, str]], num_generations: int, *, max
             else dict(do_sample=False, temperature=None, top_p=None, top_k=None)
         was_training = model.training
         model.eval()
+        t0 = time.perf_counter()
         seq = model.generate(**enc, adapter_names=adapter_names, max_new_tokens=max_new_tokens,
                              eos_token_id=eos, pad_token_id=tok.pad_token_id, **sampling)  # (R, P + T)
+        out.seconds += time.perf_counter() - t0
         model.train(was_training)
         P = enc["input_ids"].shape[1]
         comp = seq[:, P:]
@@ -132,6 +142,4 @@ def completion_logprobs(model, seg: Segment) -> torch.Tensor:
     out = model(input_ids=seg.input_ids, attention_mask=seg.attention_mask,
                 position_ids=position_ids(seg.attention_mask), use_cache=False, logits_to_keep=T + 1)
     logits = out.logits[:, :-1]  # (R, T, V): position t predicts completion token t
-    from kit.magrpo import token_logprobs
-
     return token_logprobs(logits, seg.input_ids[:, -T:])

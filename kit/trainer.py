@@ -45,6 +45,7 @@ class Level:
     turn: int
     nodes: list[dict]  # {"item": int, "prompts": [str]*N, "parent": (node, joint) | None}
     rollout: Rollout
+    joints: list[tuple[int, ...]]  # the joint actions of every node (one completion index per agent)
     rewards: list[list[Reward]]  # [node][joint]
     returns: np.ndarray | None = None  # (nodes, J) processed returns
     advantages: np.ndarray | None = None  # (nodes, N, G)
@@ -100,6 +101,7 @@ class Trainer:
         self.step = 0
         self.scorer = Scorer(self.reward_model, cfg.reward_workers, cfg.reward_pool)
         self.wandb = None
+        self.use_wandb = cfg.use_wandb  # switched off (not the config) when wandb is missing
         self.run_dir.mkdir(parents=True, exist_ok=True)
         if resume and (self.run_dir / "config.json").exists():
             self._resume()
@@ -135,20 +137,21 @@ class Trainer:
     def batch_items(self, step: int) -> list[dict]:
         """The items of a step: a fresh permutation per epoch, a function of (seed, epoch) only."""
         n, B = len(self.train_items), self.cfg.batch_size
+        perms = {}
         out = []
         for k in range(step * B, (step + 1) * B):
             epoch, pos = divmod(k, n)
-            perm = np.random.default_rng([self.cfg.seed, epoch]).permutation(n)
-            out.append(self.train_items[perm[pos]])
+            if epoch not in perms:
+                perms[epoch] = np.random.default_rng([self.cfg.seed, epoch]).permutation(n)
+            out.append(self.train_items[perms[epoch][pos]])
         return out
 
     # ---- rollout
 
-    def sample(self, items: list[dict], num_generations: int, temperature: float) -> list[Level]:
+    def sample(self, items: list[dict]) -> list[Level]:
         """Grow the rollout tree turn by turn; each level is one batched generate and one batched scoring."""
-        cfg, N = self.cfg, self.cfg.num_agents
-        G = num_generations
-        joints = magrpo.joint_actions(N, G, cfg.joint_mode if G > 1 else "aligned")
+        cfg, N, G = self.cfg, self.cfg.num_agents, self.cfg.num_generations
+        joints = magrpo.joint_actions(N, G, cfg.joint_mode)
         nodes = [{"item": i, "prompts": list(self.task.prompts(item)), "parent": None} for i, item in enumerate(items)]
         for node in nodes:
             if len(node["prompts"]) != N:
@@ -156,29 +159,30 @@ class Trainer:
         levels: list[Level] = []
         for turn in range(cfg.num_turns):
             requests = [(a, node["prompts"][a]) for node in nodes for a in range(N)]
-            ro = generate(self.team, requests, G, max_new_tokens=cfg.max_new_tokens, temperature=temperature,
+            ro = generate(self.team, requests, G, max_new_tokens=cfg.max_new_tokens, temperature=cfg.temperature,
                           top_p=cfg.top_p, top_k=cfg.top_k, use_chat_template=cfg.use_chat_template,
                           max_prompt_tokens=cfg.max_prompt_tokens)
             jobs = [(items[node["item"]], self.joint(ro, n, idx)) for n, node in enumerate(nodes) for idx in joints]
             rewards = [f.result() for f in self.scorer.submit(jobs)]
             per_node = [rewards[n * len(joints):(n + 1) * len(joints)] for n in range(len(nodes))]
-            levels.append(Level(turn, nodes, ro, per_node))
+            levels.append(Level(turn, nodes, ro, joints, per_node))
             if turn + 1 < cfg.num_turns:
                 nodes = [{"item": node["item"], "parent": (n, j),
                           "prompts": list(self.task.feedback(items[node["item"]], self.joint(ro, n, idx),
                                                              per_node[n][j]))}
                          for n, node in enumerate(nodes) for j, idx in enumerate(joints)]
-        self._returns_and_advantages(levels, joints, G)
+        self._returns_and_advantages(levels)
         return levels
 
     def joint(self, ro: Rollout, node: int, idx: tuple[int, ...]) -> tuple[str, ...]:
         N = self.cfg.num_agents
         return tuple(ro.texts[node * N + a][g] for a, g in enumerate(idx))
 
-    def _returns_and_advantages(self, levels: list[Level], joints, G: int) -> None:
-        cfg, N = self.cfg, self.cfg.num_agents
+    def _returns_and_advantages(self, levels: list[Level]) -> None:
+        cfg, N, G = self.cfg, self.cfg.num_agents, self.cfg.num_generations
         child_returns = None
         for level in reversed(levels):
+            joints = level.joints
             returns = []
             for n, node_rewards in enumerate(level.rewards):
                 r = [self.reward_model.process(x.total) for x in node_rewards]
@@ -206,8 +210,7 @@ class Trainer:
             opt.zero_grad(set_to_none=True)
             chunks = []
             for level in levels:
-                seg = level.rollout.segments[[s.base for s in level.rollout.segments].index(team.base_of[agents[0]])]
-                seg = seg.rows(agents)
+                seg = level.rollout.segment(team.base_of[agents[0]]).rows(agents)
                 adv = torch.tensor(level.advantages.reshape(-1)[seg.sample.cpu().numpy()], device=seg.input_ids.device)
                 step = cfg.micro_batch_size or len(adv)
                 chunks += [(seg, adv, i, min(i + step, len(adv))) for i in range(0, len(adv), step)]
@@ -260,7 +263,7 @@ class Trainer:
 
     # ---- logging
 
-    def metrics(self, levels: list[Level], update_stats: dict, times: dict, num_tokens: int) -> dict:
+    def metrics(self, levels: list[Level], update_stats: dict, times: dict) -> dict:
         rewards = [r for lv in levels for node in lv.rewards for r in node]
         totals = np.array([r.total for r in rewards])
         row = {"step": self.step, "reward/mean": float(totals.mean()), "reward/std": float(totals.std())}
@@ -273,6 +276,7 @@ class Trainer:
         row["advantage/abs_mean"] = float(np.mean([np.abs(lv.advantages).mean() for lv in levels]))
         row.update(update_stats)
         row["lr"] = self.schedulers[self.team.adapters[0]].get_last_lr()[0]
+        num_tokens = sum(lv.rollout.num_tokens for lv in levels)
         row["completion/tokens"] = num_tokens
         row["perf/tokens_per_s"] = num_tokens / max(times["generate"], 1e-9)
         for k, v in times.items():
@@ -280,12 +284,10 @@ class Trainer:
         return row
 
     def rollout_rows(self, levels: list[Level], items: list[dict]) -> list[dict]:
-        N, G = self.cfg.num_agents, self.cfg.num_generations
-        joints = magrpo.joint_actions(N, G, self.cfg.joint_mode)
         rows = []
         for lv in levels:
             for n, node in enumerate(lv.nodes):
-                for j, idx in enumerate(joints):
+                for j, idx in enumerate(lv.joints):
                     r = lv.rewards[n][j]
                     rows.append({"step": self.step, "item": items[node["item"]]["id"], "turn": lv.turn, "node": n,
                                  "parent": node["parent"], "joint": list(idx), "prompts": node["prompts"],
@@ -295,14 +297,14 @@ class Trainer:
         return rows
 
     def _wandb(self, row: dict) -> None:
-        if not self.cfg.use_wandb:
+        if not self.use_wandb:
             return
         if self.wandb is None:
             try:
                 import wandb
             except ImportError:
                 self.log("[kit] use_wandb=true but wandb is not installed: logging to files only")
-                self.cfg.use_wandb = False
+                self.use_wandb = False
                 return
             self.wandb = wandb.init(project=self.cfg.wandb_project, config=config_mod.to_dict(self.cfg),
                                     name=self.run_dir.name, resume="allow")
@@ -316,26 +318,22 @@ class Trainer:
 
         cfg = self.cfg
         end = cfg.num_steps if max_steps is None else min(cfg.num_steps, self.step + max_steps)
-        first = None
         if self.step == 0 and cfg.eval_every and self.eval_items:
-            first = {"step": 0, **self.evaluate()}
-            self._append("metrics.jsonl", [first])
+            self._append("metrics.jsonl", [{"step": 0, **self.evaluate()}])
         bar = tqdm(total=cfg.num_steps, initial=self.step, desc="MAGRPO", disable=not cfg.progress)
-        last_ckpt = None
-        history = []
         while self.step < end:
             t0 = time.perf_counter()
             items = self.batch_items(self.step)
             seed_everything(step_seed(cfg.seed, self.step))
-            levels = self.sample(items, cfg.num_generations, cfg.temperature)
+            levels = self.sample(items)
             t1 = time.perf_counter()
             stats = self.update(levels)
             t2 = time.perf_counter()
             rollouts = self.rollout_rows(levels, items) if cfg.log_rollouts else []
             self.step += 1
-            tokens = sum(lv.rollout.num_tokens for lv in levels)
-            row = self.metrics(levels, stats, {"sample": t1 - t0, "update": t2 - t1, "generate": t1 - t0,
-                                               "step": time.perf_counter() - t0}, tokens)
+            generate_s = sum(lv.rollout.seconds for lv in levels)
+            row = self.metrics(levels, stats, {"sample": t1 - t0, "generate": generate_s, "update": t2 - t1,
+                                               "step": time.perf_counter() - t0})
             if cfg.eval_every and self.step % cfg.eval_every == 0:
                 row.update(self.evaluate())
             for r in rollouts:
@@ -343,13 +341,12 @@ class Trainer:
             self._append("metrics.jsonl", [row])
             self._append("rollouts.jsonl", rollouts)
             self._wandb(row)
-            history.append(row["reward/mean"])
             bar.set_postfix(reward=f"{row['reward/mean']:.3f}", refresh=False)
             bar.update(1)
             if (cfg.save_every and self.step % cfg.save_every == 0) or self.step == cfg.num_steps:
-                last_ckpt = self.save()
+                self.save()
         bar.close()
-        return self.summary(first, history, last_ckpt)
+        return self.summary()
 
     def save(self) -> Path:
         state = {"data": {"seed": self.cfg.seed, "num_items": len(self.train_items),
@@ -357,7 +354,8 @@ class Trainer:
         return checkpoint.save(self.run_dir, self.step, self.team, self.optimizers, self.schedulers, state,
                                self.cfg.keep_last)
 
-    def summary(self, first: dict | None, history: list[float], last_ckpt: Path | None) -> dict:
+    def summary(self) -> dict:
+        """Reward at the start and end of the whole run (read back from metrics.jsonl, so resumes count)."""
         rows = [json.loads(line) for line in (self.run_dir / "metrics.jsonl").read_text().splitlines() if line]
         train = [r["reward/mean"] for r in rows if "reward/mean" in r]
         evals = [r for r in rows if "eval/reward_mean" in r]

@@ -4,7 +4,6 @@ Run: python -m pytest tests/test_trainer.py      (the learning test takes ~30 s)
 """
 
 import json
-import shutil
 import subprocess
 import sys
 import time
@@ -14,7 +13,7 @@ import torch
 
 from kit import checkpoint
 from kit.config import load_config
-from kit.rewards import Reward, parse_processor
+from kit.rewards import parse_processor
 from kit.tasks.toy import DigitSum
 from kit.trainer import PERF_PREFIX, Trainer
 
