@@ -36,7 +36,7 @@ class TrainConfig:
     lora_dropout: float = 0.0  # dropout on the LoRA input
     lora_target_modules: str | list[str] = "all-linear"  # peft target_modules
     # --- task
-    task: str = "toy"  # a module in kit/tasks (toy, ...)
+    task: str = "toy"  # a module in kit/tasks (toy, code, ...)
     task_args: dict = field(default_factory=dict)  # keyword arguments for the task's constructor
     num_eval_items: int = 16  # held-out items scored at each evaluation
     # --- sampling
@@ -107,16 +107,19 @@ def _preset_tiny_cpu() -> TrainConfig:
 
 
 def _preset_colab_t4() -> TrainConfig:
-    """A free-tier Colab T4 (16 GB, no bf16): the 1.5B coder in 4-bit, fp16 compute."""
-    return TrainConfig(model_name="Qwen/Qwen2.5-Coder-1.5B-Instruct", dtype="float16", num_generations=4,
+    """A free-tier Colab T4 (16 GB, no bf16): the 1.5B coder in 4-bit, fp16 compute, on the code task."""
+    return TrainConfig(model_name="Qwen/Qwen2.5-Coder-1.5B-Instruct", dtype="float16", task="code",
+                       reward_workers=2, num_generations=4,
                        max_new_tokens=256, temperature=0.7, top_p=0.9, lora_r=16, lora_alpha=32,
                        learning_rate=5e-5, batch_size=1, num_steps=500, gradient_checkpointing=True,
                        eval_every=50, save_every=25, run_dir="checkpoints/colab_t4")
 
 
 def _preset_colab_a100() -> TrainConfig:
-    """The paper's recipe adapted to 4-bit LoRA on one A100: Qwen2.5-Coder-3B, 2 agents, G=4."""
-    return TrainConfig(model_name="Qwen/Qwen2.5-Coder-3B-Instruct", num_agents=2, num_generations=4,
+    """The paper's recipe adapted to 4-bit LoRA on one A100: Qwen2.5-Coder-3B, 2 agents, G=4, code task
+    (HumanEval train split, sandboxed tests in 8 threads)."""
+    return TrainConfig(model_name="Qwen/Qwen2.5-Coder-3B-Instruct", task="code", reward_workers=8,
+                       num_agents=2, num_generations=4,
                        max_new_tokens=256, temperature=0.7, top_p=0.9, lora_r=16, lora_alpha=32,
                        learning_rate=5e-5, batch_size=2, num_steps=1000, eval_every=50, save_every=25,
                        run_dir="checkpoints/colab_a100")

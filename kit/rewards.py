@@ -24,10 +24,12 @@ from typing import Callable
 
 @dataclass
 class Reward:
-    """The joint reward of one joint action and its named components."""
+    """The joint reward of one joint action, its named components, and (optionally) what a task found while
+    scoring (failing tests, errors) for its multi-turn feedback; details are not logged as metrics."""
 
     total: float
     parts: dict[str, float] = field(default_factory=dict)
+    details: dict = field(default_factory=dict, compare=False)
 
 
 def as_reward(value) -> Reward:
@@ -116,14 +118,15 @@ class RewardModel:
         sources = ([self.task.reward] if self.task is not None and hasattr(self.task, "reward") else []) + \
             list(self.funcs)
         weights = self.weights or [1.0] * len(sources)
-        total, parts = 0.0, {}
+        total, parts, details = 0.0, {}, {}
         for i, (fn, w) in enumerate(zip(sources, weights)):
             r = as_reward(fn(item, tuple(completions)))
             total += w * r.total
             parts.update(r.parts)
+            details.update(r.details)
             if len(sources) > 1 or not r.parts:
                 parts[_name(fn, i)] = r.total
-        return Reward(total, parts)
+        return Reward(total, parts, details)
 
     def process(self, total: float) -> float:
         return parse_processor(self.processor)(total)

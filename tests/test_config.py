@@ -20,6 +20,7 @@ def test_colab_a100_is_the_paper_recipe_in_4bit():
     assert (cfg.model_name, cfg.num_agents, cfg.num_generations, cfg.max_new_tokens) == \
         ("Qwen/Qwen2.5-Coder-3B-Instruct", 2, 4, 256)
     assert (cfg.temperature, cfg.top_p, cfg.lora_r, cfg.lora_alpha, cfg.quantization) == (0.7, 0.9, 16, 32, "auto")
+    assert cfg.task == "code" and cfg.reward_workers > 0
 
 
 def test_unknown_preset_names_the_allowed_ones():

@@ -143,7 +143,10 @@ def test_cpu_load_without_cuda_says_so_in_one_line(tmp_path):
 
 
 def test_bad_hub_name_says_what_to_do(monkeypatch):
-    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    import huggingface_hub.constants
+
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")  # read at import time, so also patch the constant: no network wait
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
     with pytest.raises(RuntimeError, match="local folder"):
         load_base("no-such-org/no-such-model", device="cpu", log=lambda *_: None)
 

