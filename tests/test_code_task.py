@@ -273,3 +273,20 @@ def test_tiny_model_trains_on_the_code_task_for_two_turns(tmp_path):
     second = [r for r in rollouts if r["turn"] == 1][0]
     assert all("Your previous code:" in p and "What happened when the team's program ran" in p
                for p in second["prompts"])
+
+
+def test_hub_loader_converts_humaneval_format_rows(monkeypatch):
+    """The Colab path (hub:OpenMLRL/CoopHumanEval) with `datasets.load_dataset` faked: no network here."""
+    datasets = pytest.importorskip("datasets")
+    row = {"task_id": "Coop/0", "prompt": "def f(x):\n    \"\"\"Double x.\"\"\"\n", "entry_point": "f",
+           "test": "def check(candidate):\n    assert candidate(2) == 4\n    assert candidate(0) == 0\n"}
+    fake = datasets.Dataset.from_list([row] * 20)
+    monkeypatch.setattr(datasets, "load_dataset", lambda name, split: fake)
+    task = CodeTask(dataset="hub:OpenMLRL/CoopHumanEval")
+    assert len(task.load("eval")) == 16 and len(task.load("train")) == 4
+    item = task.load("eval")[0]
+    assert item["tests"] == ["assert candidate(2) == 4", "assert candidate(0) == 0"]
+    assert task.reward(item, (AUX_OK, "def f(x):\n    return aux(x)\n")).parts["tests"] == 1.0
+    monkeypatch.setattr(datasets, "load_dataset", lambda name, split: datasets.Dataset.from_list([{"q": "?"}]))
+    with pytest.raises(ValueError, match="missing"):
+        CodeTask(dataset="hub:someone/other").load("train")

