@@ -254,9 +254,10 @@ class _Timeout(BaseException):
 def _on_alarm(signum, frame):
     raise _Timeout()
 
-_DUNDERS = ("__eq__", "__ne__", "__lt__", "__le__", "__gt__", "__ge__", "__bool__", "__len__", "__hash__",
-            "__abs__", "__sub__", "__rsub__", "__float__", "__int__", "__index__", "__contains__", "__iter__",
-            "__getitem__", "__round__", "__str__", "__repr__", "__format__")
+# what a comparison, a truth test or the arithmetic in a test can call (not __repr__: namedtuples define it)
+_DUNDERS = ("__eq__", "__ne__", "__lt__", "__le__", "__gt__", "__ge__", "__bool__", "__len__", "__abs__",
+            "__sub__", "__rsub__", "__float__", "__int__", "__index__", "__contains__", "__iter__", "__getitem__",
+            "__round__")
 
 def __kit_honest__(value, _type=type, _fn=types.FunctionType, _vars=vars, _err=AssertionError):
     # Refuse objects whose class defines comparison or truth in Python: the always-equal trick.

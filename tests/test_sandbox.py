@@ -197,10 +197,12 @@ def test_always_equal_object_fails_the_test():
 
 
 def test_honest_results_of_any_builtin_type_pass():
-    prog = "def f():\n    return {'a': [1, 2.5, (None, True)], 'b': {3}, 'c': frozenset(), 'd': b'x'}\n"
-    r = run(prog, ["assert f() == {'a': [1, 2.5, (None, True)], 'b': {3}, 'c': frozenset(), 'd': b'x'}"],
-            call_names=["f"])
-    assert r.passed == [True]
+    prog = ("import collections\nP = collections.namedtuple('P', 'x y')\n"
+            "def f():\n    return {'a': [1, 2.5, (None, True)], 'b': {3}, 'c': frozenset(), 'd': b'x'}\n"
+            "def g():\n    return P(1, 2)\n")
+    r = run(prog, ["assert f() == {'a': [1, 2.5, (None, True)], 'b': {3}, 'c': frozenset(), 'd': b'x'}",
+                   "assert g() == (1, 2)"], call_names=["f", "g"])
+    assert r.passed == [True, True]
 
 
 def test_the_working_directory_is_removed_afterwards():
