@@ -100,12 +100,23 @@ def prune(run_dir: str | Path, keep_last: int) -> None:
 
 def load_into(path: Path, team, optimizers: dict, schedulers: dict) -> dict:
     """Load adapters, optimizer, scheduler and RNG state from `path`; returns state.json."""
-    from peft import set_peft_model_state_dict
-    from safetensors.torch import load_file
-
     state = json.loads((path / "state.json").read_text())
     optim = torch.load(path / "optim.pt", weights_only=False)
     rng = torch.load(path / "rng.pt", weights_only=False)
+    load_adapters(path, team)
+    for adapter in team.adapters:
+        optimizers[adapter].load_state_dict(optim[adapter]["optimizer"])
+        schedulers[adapter].load_state_dict(optim[adapter]["scheduler"])
+    set_rng_state(rng)
+    return state
+
+
+def load_adapters(path: Path, team) -> int:
+    """Load only the adapters' weights from a checkpoint (for evaluation); returns its step."""
+    from peft import set_peft_model_state_dict
+    from safetensors.torch import load_file
+
+    path = Path(path)
     for adapter in team.adapters:
         model = team.model_of(team.agents_of_adapter(adapter)[0])
         weights = load_file(str(path / "adapters" / adapter / "adapter_model.safetensors"),
@@ -114,10 +125,7 @@ def load_into(path: Path, team, optimizers: dict, schedulers: dict) -> dict:
         missing = [k for k in result.missing_keys if "lora_" in k and f".{adapter}." in k]
         if missing:
             raise ValueError(f"checkpoint {path} lacks weights for adapter {adapter}: {missing[:3]}...")
-        optimizers[adapter].load_state_dict(optim[adapter]["optimizer"])
-        schedulers[adapter].load_state_dict(optim[adapter]["scheduler"])
-    set_rng_state(rng)
-    return state
+    return json.loads((path / "state.json").read_text())["step"]
 
 
 def resume_latest(run_dir: str | Path, team, optimizers: dict, schedulers: dict, log=print) -> dict | None:

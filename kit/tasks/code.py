@@ -69,6 +69,16 @@ Instructions:
 """
 
 
+SINGLE_PROMPT = """Solve this coding problem with two functions: a helper `aux` and `{entry}`, which calls `aux`.
+
+Problem:
+{prompt}
+Instructions:
+- Write `aux` first, then `{entry}`; `{entry}` must use what `aux` returns.
+- Output only Python code, no explanations and no tests.
+"""
+
+
 # --- data
 
 
@@ -269,6 +279,20 @@ class CodeTask:
         if use.uses:
             parts["cooperation"] = 0.5 + 1.0 * (not use.wrapper) - 0.5 * use.ignored
         return _done(parts, details)
+
+    def is_pass(self, reward: Reward) -> bool:
+        """A joint action passes (for pass@k) when every assert passes."""
+        return reward.parts.get("tests", 0.0) >= 1.0
+
+    # --- baselines (kit/baselines.py)
+
+    def single_prompt(self, item: dict) -> str:
+        """The fixed single-model baseline: one model writes both functions."""
+        return SINGLE_PROMPT.format(prompt=item["prompt"].rstrip() + "\n", entry=item["entry_point"])
+
+    def split_single(self, item: dict, text: str) -> tuple[str, str]:
+        """A single completion holds both functions; the program joiner takes aux from it and main from it."""
+        return text, text
 
     # --- multi-turn
 

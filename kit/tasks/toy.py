@@ -54,6 +54,18 @@ class DigitSum:
             total_sum = (1 - self.format_weight) * max(0.0, 1.0 - abs(sum(digits) - item["target"]) / self.tolerance)
         return Reward(fmt + total_sum, {"format": fmt, "sum": total_sum})
 
+    def is_pass(self, reward: Reward) -> bool:
+        """For pass@k: the digits add up to the target exactly."""
+        return reward.total >= 1.0 - 1e-9
+
+    def single_prompt(self, item: dict) -> str:
+        """The single-model baseline: one model answers every agent's digit, in a row."""
+        return f"all sum {item['target']}"
+
+    def split_single(self, item: dict, text: str) -> tuple[str, ...]:
+        text = text.strip()
+        return tuple(text[i:i + 1] for i in range(self.num_agents))
+
     def feedback(self, item: dict, completions: tuple[str, ...], reward: Reward) -> list[str]:
         digits = [self.digit(c) for c in completions]
         got = sum(d for d in digits if d is not None)

@@ -1,0 +1,193 @@
+"""Evaluation: pass@k, mean reward and parts, cooperation rate and tokens/s, for a team or a run's checkpoints.
+
+    python -m kit eval --run-dir checkpoints/colab_a100 --steps all --n 10     # every checkpoint + the base
+    python -m kit eval --run-dir checkpoints/colab_a100 --steps newest
+
+For each held-out item every agent samples n completions in one batched call; the g-th samples form the g-th
+joint action, which the task scores. pass@k uses the unbiased estimator of Chen et al. (2021),
+pass@k = E_items[1 - C(n - c, k) / C(n, k)], with c the joint actions that pass (`task.is_pass(reward)`: for the
+code task, every assert passes). The cooperation rate is the share of joint actions whose `cooperation` part is
+positive (main's use of aux earned the bonus). Results go to `<run_dir>/eval/step_NNNNNN.json` (step 0 is the
+untrained base: LoRA adapters start as the identity), so 02_evaluate can draw learning curves on held-out data.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import numpy as np
+
+from kit.rewards import RewardModel, Scorer
+from kit.rollout import generate
+
+KS = (1, 3, 5, 10)
+
+
+def pass_at_k(n: int, c: int, k: int) -> float:
+    """1 - C(n-c, k) / C(n, k) in the numerically stable product form; n samples, c correct."""
+    if not 0 <= c <= n or k < 1 or k > n:
+        raise ValueError(f"pass_at_k needs 0 <= c <= n and 1 <= k <= n; got n={n}, c={c}, k={k}")
+    if n - c < k:
+        return 1.0
+    return float(1.0 - np.prod(1.0 - k / np.arange(n - c + 1, n + 1)))
+
+
+def summarize(task, rewards: list[list], *, ks=KS, num_tokens: int = 0, seconds: float = 0.0) -> dict:
+    """Metrics over items x n joint-action rewards."""
+    flat = [r for per_item in rewards for r in per_item]
+    n = min(len(per_item) for per_item in rewards) if rewards else 0
+    out = {"num_items": len(rewards), "num_samples": n,
+           "reward/mean": float(np.mean([r.total for r in flat])) if flat else 0.0}
+    for key in sorted({k for r in flat for k in r.parts}):
+        out[f"reward/{key}"] = float(np.mean([r.parts.get(key, 0.0) for r in flat]))
+    if any("cooperation" in r.parts for r in flat):
+        out["cooperation_rate"] = float(np.mean([r.parts.get("cooperation", 0.0) > 0 for r in flat]))
+    if hasattr(task, "is_pass") and n:
+        correct = [sum(bool(task.is_pass(r)) for r in per_item[:n]) for per_item in rewards]
+        for k in ks:
+            if k <= n:
+                out[f"pass@{k}"] = float(np.mean([pass_at_k(n, c, k) for c in correct]))
+    out["tokens"] = num_tokens
+    out["tokens_per_s"] = num_tokens / seconds if seconds > 0 else 0.0
+    return out
+
+
+def sampling_args(cfg) -> dict:
+    return dict(max_new_tokens=cfg.max_new_tokens, temperature=cfg.temperature, top_p=cfg.top_p, top_k=cfg.top_k,
+                use_chat_template=cfg.use_chat_template, max_prompt_tokens=cfg.max_prompt_tokens)
+
+
+def sample_joint(team, task, items: list[dict], n: int, cfg, scorer: Scorer):
+    """n joint actions per item from the task's own prompts (agents in parallel, one batched generate)."""
+    N = len(task.prompts(items[0])) if items else 0
+    requests = [(a, p) for item in items for a, p in enumerate(task.prompts(item))]
+    ro = generate(team, requests, n, **sampling_args(cfg))
+    joints = [[tuple(ro.texts[k * N + a][g] for a in range(N)) for g in range(n)] for k in range(len(items))]
+    rewards = score(scorer, items, joints)
+    return joints, rewards, ro.num_tokens, ro.seconds
+
+
+def score(scorer: Scorer, items: list[dict], joints: list[list[tuple]]) -> list[list]:
+    futures = scorer.submit([(item, j) for item, per in zip(items, joints) for j in per])
+    flat = [f.result() for f in futures]
+    out, i = [], 0
+    for per in joints:
+        out.append(flat[i:i + len(per)])
+        i += len(per)
+    return out
+
+
+def evaluate_team(team, task, cfg, items: list[dict], n: int = 10, scorer: Scorer | None = None,
+                  seed: int | None = None) -> dict:
+    """Sample n joint actions per item, score them, summarise. Seeded, so two checkpoints see the same noise."""
+    from kit.trainer import seed_everything
+
+    seed_everything(cfg.seed + 10_007 if seed is None else seed)
+    own = scorer is None
+    scorer = scorer or Scorer(RewardModel(task), cfg.reward_workers, "thread")
+    try:
+        start = time.perf_counter()
+        _, rewards, tokens, gen_s = sample_joint(team, task, items, n, cfg, scorer)
+        out = summarize(task, rewards, num_tokens=tokens, seconds=gen_s)
+        out["wall_s"] = time.perf_counter() - start
+        return out
+    finally:
+        if own:
+            scorer.close()
+
+
+class RunContext:
+    """A run directory's config, task, held-out items and team, built once for many evaluations."""
+
+    def __init__(self, run_dir: str | Path, split: str = "eval", num_items: int | None = None, log=print):
+        from kit.config import load_config
+        from kit.models import build_team
+        from kit.tasks import get_task
+
+        self.run_dir = Path(run_dir)
+        if not (self.run_dir / "config.json").exists():
+            raise FileNotFoundError(f"{self.run_dir} has no config.json: is it a run directory made by "
+                                    "`python -m kit train`?")
+        self.cfg = load_config(path=self.run_dir / "config.json")
+        self.task = get_task(self.cfg.task, self.cfg.num_agents, **self.cfg.task_args)
+        items = self.task.load(split)
+        self.items = items[:num_items or self.cfg.num_eval_items or len(items)]
+        self.team = build_team(self.cfg, log=log)
+        self._fresh = {name: p.detach().clone() for m in self.team.models for name, p in m.named_parameters()
+                       if "lora_" in name}
+        self.scorer = Scorer(RewardModel(self.task), self.cfg.reward_workers, "thread")
+        self.log = log
+
+    def checkpoints(self) -> dict[int, Path]:
+        from kit.checkpoint import complete_checkpoints
+
+        return {int(p.name.split("_")[-1]): p for p in complete_checkpoints(self.run_dir)}
+
+    def use_step(self, step: int) -> None:
+        """Point the team at a checkpoint's adapters; step 0 is the untrained base (fresh adapters)."""
+        from kit.checkpoint import load_adapters
+
+        if step == 0:
+            for m in self.team.models:
+                for name, p in m.named_parameters():
+                    if name in self._fresh:
+                        p.data.copy_(self._fresh[name])
+            return
+        path = self.checkpoints().get(step)
+        if path is None:
+            raise ValueError(f"no complete checkpoint for step {step} in {self.run_dir}; "
+                             f"have: {sorted(self.checkpoints())}")
+        load_adapters(path, self.team)
+
+    def close(self):
+        self.scorer.close()
+
+
+def evaluate_run(run_dir: str | Path, steps: str | list[int] = "all", n: int = 10, split: str = "eval",
+                 num_items: int | None = None, log=print, ctx: RunContext | None = None) -> list[dict]:
+    """Evaluate the base (step 0) and checkpoints: steps = 'all', 'newest', or a list of step numbers.
+    Each result is written to <run_dir>/eval/step_NNNNNN.json and returned, ordered by step."""
+    ctx = ctx or RunContext(run_dir, split, num_items, log=log)
+    have = sorted(ctx.checkpoints())
+    if steps == "all":
+        chosen = [0] + have
+    elif steps == "newest":
+        chosen = have[-1:] or [0]
+    else:
+        chosen = [int(s) for s in steps]
+    out_dir = ctx.run_dir / "eval"
+    out_dir.mkdir(exist_ok=True)
+    rows = []
+    for step in chosen:
+        ctx.use_step(step)
+        row = {"step": step, "split": split, **evaluate_team(ctx.team, ctx.task, ctx.cfg, ctx.items, n, ctx.scorer)}
+        (out_dir / f"step_{step:06d}.json").write_text(json.dumps(row, indent=1))
+        log(f"[kit] eval step {step}: " + ", ".join(f"{k}={v:.3f}" for k, v in row.items()
+                                                     if k.startswith(("pass@", "reward/mean"))))
+        rows.append(row)
+    return rows
+
+
+def load_eval_rows(run_dir: str | Path) -> list[dict]:
+    """The eval results saved in a run directory, ordered by step."""
+    return sorted((json.loads(p.read_text()) for p in (Path(run_dir) / "eval").glob("step_*.json")),
+                  key=lambda r: r["step"])
+
+
+def format_table(rows: list[dict], columns: list[str] | None = None, first: str = "step") -> str:
+    """A markdown table; by default the first key, pass@k, mean reward, cooperation rate, tokens/s."""
+    if not rows:
+        return "(no results)"
+    if columns is None:
+        keys = list(dict.fromkeys(k for r in rows for k in r))
+        columns = [first] + [k for k in keys if k.startswith("pass@")] + \
+            [k for k in ("reward/mean", "cooperation_rate", "tokens_per_s", "wall_s") if k in keys]
+
+    def cell(v):
+        return f"{v:.3f}" if isinstance(v, float) else str(v)
+
+    lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
+    lines += ["| " + " | ".join(cell(r.get(c, "")) for c in columns) + " |" for r in rows]
+    return "\n".join(lines)
