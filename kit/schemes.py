@@ -1,0 +1,336 @@
+"""Cooperation schemes: how main uses the helper's functions, read from the AST (the paper's Appendix B).
+
+    classify(helper_code, main_code, entry_point) -> Schemes(found={...}, primary="...")
+    python -m kit schemes --run-dir checkpoints/colab_a100        # shares per training step from rollouts.jsonl
+
+    fallback         main calls aux inside a try whose handler does the work itself, or checks aux's result
+                     for failure (`is None`, `not r`, isinstance) and then computes it another way
+    decorator        main trusts aux for the core and adds around it: guards or early returns before the call,
+                     arguments prepared for it, or aux's result transformed before it is returned
+    coordinator      main calls aux in a loop or comprehension (or hands it to map/filter/sorted/min/max) and
+                     aggregates the results
+    strategy_filter  aux's result decides which branch main takes (an if/while/ternary/comprehension test)
+    wrapper          main's body only returns aux's result, its arguments passed straight through
+    no_use           main never reaches a helper function (or shadows the name locally)
+    unparseable      main's code does not parse
+A program can show several schemes; `primary` is the first of fallback, coordinator, strategy_filter, decorator
+in that order (the most specific first). Helper functions are every function the helper defines (`aux`,
+`aux1`, `aux2`, ...), followed through aliases (`h = aux`) and lambdas; comments and docstrings are never read.
+"""
+
+from __future__ import annotations
+
+import ast
+import json
+from collections import Counter, defaultdict
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from kit.codeparse import AUX, extract_code
+
+SCHEMES = ("fallback", "decorator", "coordinator", "strategy_filter", "wrapper", "no_use", "unparseable")
+PRIORITY = ("fallback", "coordinator", "strategy_filter", "decorator")
+_HIGHER_ORDER = {"map", "filter", "sorted", "min", "max", "sum", "any", "all", "reduce"}
+
+
+@dataclass
+class Schemes:
+    found: set[str] = field(default_factory=set)
+    primary: str = "no_use"
+
+
+def helper_names(helper_code: str, entry_point: str) -> set[str]:
+    """Functions the helper defines (aux and any siblings such as aux1/aux2), never the entry point."""
+    names = {AUX}
+    try:
+        tree = ast.parse(helper_code)
+    except (SyntaxError, ValueError):
+        return names
+    names |= {n.name for n in tree.body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))}
+    names.discard(entry_point)
+    return names
+
+
+def classify(helper_code: str, main_code: str, entry_point: str) -> Schemes:
+    try:
+        tree = ast.parse(main_code)
+    except (SyntaxError, ValueError):
+        return Schemes({"unparseable"}, "unparseable")
+    fn = None
+    for node in tree.body:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.name == entry_point:
+            fn = node
+    if fn is None:
+        return Schemes({"no_use"}, "no_use")
+    names = _reachable_names(fn, helper_names(helper_code, entry_point))
+    if not names:
+        return Schemes({"no_use"}, "no_use")
+    parents = {id(child): node for node in ast.walk(fn) for child in ast.iter_child_nodes(node)}
+    uses = [n for n in ast.walk(fn) if isinstance(n, ast.Name) and n.id in names and isinstance(n.ctx, ast.Load)
+            and not _is_alias_source(n, parents)]
+    if not uses:
+        return Schemes({"no_use"}, "no_use")
+    body = _body(fn)
+    if _is_wrapper([st for st in body if not _is_alias(st, names)], names):
+        return Schemes({"wrapper"}, "wrapper")
+    results = _result_names(fn, names)
+    found = set()
+    for use in uses:
+        chain = _ancestors(use, parents, fn)
+        call = parents.get(id(use)) if isinstance(parents.get(id(use)), ast.Call) and \
+            parents[id(use)].func is use else None
+        if any(isinstance(a, ast.Try) and _in_try_body(use, a, parents) and _handler_does_work(a) for a in chain):
+            found.add("fallback")
+        lam = next((a for a in chain if isinstance(a, ast.Lambda)), None)
+        if _repeated(use, parents, fn) or (call is None and _passed_to_higher_order(use, parents)) \
+                or (lam is not None and _passed_to_higher_order(lam, parents)):
+            found.add("coordinator")
+        if call is not None and _in_test(call, parents, fn):
+            found.add("strategy_filter")
+        if call is not None and _transformed(call, parents):
+            found.add("decorator")
+    found |= _result_checks(fn, results, parents)
+    if _guards_before_first_use(body, uses, parents, fn):
+        found.add("decorator")
+    if not found:
+        found.add("decorator")  # aux does the core; main prepares its arguments or adds steps around it
+    primary = next(s for s in PRIORITY if s in found)
+    return Schemes(found, primary)
+
+
+# --- helpers over the AST
+
+
+def _body(fn) -> list[ast.stmt]:
+    body = list(fn.body)
+    if body and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant) \
+            and isinstance(body[0].value.value, str):
+        body = body[1:]
+    return [s for s in body if not isinstance(s, ast.Pass)]
+
+
+def _reachable_names(fn, helpers: set[str]) -> set[str]:
+    """Helper names main can reach: minus those it rebinds locally, plus aliases of the rest."""
+    params = {a.arg for a in ast.walk(fn.args) if isinstance(a, ast.arg)}
+    shadowed = set(params)
+    for node in ast.walk(fn):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node is not fn:
+            shadowed.add(node.name)
+        elif isinstance(node, ast.Assign):
+            for t in node.targets:
+                if isinstance(t, ast.Name) and not (isinstance(node.value, ast.Name) and node.value.id in helpers):
+                    shadowed.add(t.id)
+    names = helpers - shadowed
+    changed = True
+    while changed:  # h = aux; g = h
+        changed = False
+        for node in ast.walk(fn):
+            if isinstance(node, ast.Assign) and isinstance(node.value, ast.Name) and node.value.id in names:
+                for t in node.targets:
+                    if isinstance(t, ast.Name) and t.id not in names:
+                        names.add(t.id)
+                        changed = True
+    return names
+
+
+def _is_alias(stmt, names) -> bool:
+    return isinstance(stmt, ast.Assign) and isinstance(stmt.value, ast.Name) and stmt.value.id in names
+
+
+def _is_alias_source(name: ast.Name, parents) -> bool:
+    parent = parents.get(id(name))
+    return isinstance(parent, ast.Assign) and parent.value is name
+
+
+def _ancestors(node, parents, stop) -> list[ast.AST]:
+    out = []
+    while id(node) in parents and node is not stop:
+        node = parents[id(node)]
+        out.append(node)
+    return out
+
+
+def _calls(node, names) -> bool:
+    return isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in names
+
+
+def _passthrough(call: ast.Call) -> bool:
+    args = list(call.args) + [k.value for k in call.keywords]
+    return all(isinstance(a, (ast.Name, ast.Constant)) or
+               (isinstance(a, ast.Starred) and isinstance(a.value, ast.Name)) for a in args)
+
+
+def _is_wrapper(body, names) -> bool:
+    if len(body) == 1 and isinstance(body[0], ast.Return) and _calls(body[0].value, names):
+        return _passthrough(body[0].value)
+    if len(body) == 2 and isinstance(body[0], ast.Assign) and len(body[0].targets) == 1 \
+            and isinstance(body[0].targets[0], ast.Name) and _calls(body[0].value, names) \
+            and isinstance(body[1], ast.Return) and isinstance(body[1].value, ast.Name) \
+            and body[1].value.id == body[0].targets[0].id:
+        return _passthrough(body[0].value)
+    return False
+
+
+def _in_try_body(node, try_node: ast.Try, parents) -> bool:
+    body_ids = {id(n) for stmt in try_node.body for n in ast.walk(stmt)}
+    return id(node) in body_ids
+
+
+def _handler_does_work(try_node: ast.Try) -> bool:
+    """A handler that computes something, not one that only re-raises, passes or returns None."""
+    for handler in try_node.handlers:
+        for stmt in handler.body:
+            if isinstance(stmt, (ast.Pass, ast.Raise)):
+                continue
+            if isinstance(stmt, ast.Return) and (stmt.value is None or (
+                    isinstance(stmt.value, ast.Constant) and stmt.value.value is None)):
+                continue
+            if isinstance(stmt, ast.Expr) and isinstance(stmt.value, ast.Constant):
+                continue
+            return True
+    return False
+
+
+def _repeated(node, parents, fn) -> bool:
+    """The node runs once per iteration: in a loop's body or a comprehension's element or filter (not in a
+    while test or the iterable, which run once or decide the loop)."""
+    while id(node) in parents and node is not fn:
+        parent = parents[id(node)]
+        if isinstance(parent, (ast.For, ast.AsyncFor, ast.While)) and (node in parent.body or node in parent.orelse):
+            return True
+        if isinstance(parent, (ast.ListComp, ast.SetComp, ast.GeneratorExp)) and node is parent.elt:
+            return True
+        if isinstance(parent, ast.DictComp) and node in (parent.key, parent.value):
+            return True
+        if isinstance(parent, ast.comprehension) and node in parent.ifs:
+            return True
+        node = parent
+    return False
+
+
+def _passed_to_higher_order(node, parents) -> bool:
+    """aux (or a lambda calling it) handed to map/filter/sorted/... or given as a key=."""
+    parent = parents.get(id(node))
+    if isinstance(parent, ast.keyword) and parent.arg == "key":
+        return True
+    return isinstance(parent, ast.Call) and node in parent.args and isinstance(parent.func, ast.Name) \
+        and parent.func.id in _HIGHER_ORDER
+
+
+def _in_test(call, parents, fn) -> bool:
+    """The call's value is (part of) the test of an if, while, ternary or comprehension filter."""
+    node = call
+    while id(node) in parents and node is not fn:
+        parent = parents[id(node)]
+        if isinstance(parent, (ast.If, ast.While, ast.IfExp)) and parent.test is node:
+            return True
+        if isinstance(parent, ast.comprehension) and node in parent.ifs:
+            return True
+        if isinstance(parent, (ast.stmt, ast.comprehension, ast.Lambda)):
+            return False
+        node = parent
+    return False
+
+
+def _transformed(call, parents) -> bool:
+    """aux's result feeds another expression (arithmetic, another call, an index, an attribute, a format)."""
+    parent = parents.get(id(call))
+    if isinstance(parent, (ast.BinOp, ast.UnaryOp, ast.Subscript, ast.Attribute, ast.FormattedValue)):
+        return True
+    return isinstance(parent, ast.Call) and call in parent.args and not (
+        isinstance(parent.func, ast.Name) and parent.func.id in _HIGHER_ORDER | {"list", "tuple", "set"})
+
+
+def _result_names(fn, names) -> set[str]:
+    out = set()
+    for node in ast.walk(fn):
+        if isinstance(node, ast.Assign) and _calls(node.value, names):
+            out |= {t.id for t in node.targets if isinstance(t, ast.Name)}
+    return out
+
+
+def _is_failure_check(test, results) -> bool:
+    """`r is None`, `r is not None`, `r == None`, `not r`, `isinstance(r, ...)` on an aux result."""
+    def is_result(n):
+        return isinstance(n, ast.Name) and n.id in results
+
+    if isinstance(test, ast.UnaryOp) and isinstance(test.op, ast.Not):
+        return is_result(test.operand) or _is_failure_check(test.operand, results)
+    if isinstance(test, ast.Compare) and is_result(test.left) and any(
+            isinstance(c, ast.Constant) and c.value is None for c in test.comparators):
+        return True
+    return isinstance(test, ast.Call) and isinstance(test.func, ast.Name) and test.func.id == "isinstance" \
+        and test.args and is_result(test.args[0])
+
+
+def _result_checks(fn, results, parents) -> set[str]:
+    """Tests on a stored aux result: a failure check means fallback; any other test, strategy_filter."""
+    found = set()
+    for node in ast.walk(fn):
+        if isinstance(node, (ast.If, ast.While, ast.IfExp)):
+            test = node.test
+            if _is_failure_check(test, results):
+                found.add("fallback")
+            elif any(isinstance(n, ast.Name) and n.id in results for n in ast.walk(test)):
+                found.add("strategy_filter")
+    for node in ast.walk(fn):  # r = aux(x) ... return r * 2: a transformed result
+        if isinstance(node, (ast.BinOp, ast.Subscript, ast.Attribute)) and any(
+                isinstance(n, ast.Name) and n.id in results for n in ast.iter_child_nodes(node)):
+            found.add("decorator")
+    return found
+
+
+def _guards_before_first_use(body, uses, parents, fn) -> bool:
+    """An `if ...: return/raise` at the top of main's body before the statement that first uses aux."""
+    use_ids = {id(u) for u in uses}
+    for stmt in body:
+        if any(id(n) in use_ids for n in ast.walk(stmt)):
+            return False
+        if isinstance(stmt, ast.If) and any(isinstance(s, (ast.Return, ast.Raise)) for s in stmt.body):
+            return True
+    return False
+
+
+# --- over a run's rollouts
+
+
+def scheme_of_completions(helper_text: str, main_text: str, entry_point: str) -> Schemes:
+    return classify(extract_code(helper_text), extract_code(main_text), entry_point)
+
+
+def scheme_shares(run_dir: str | Path, entry_points: dict[str, str] | None = None, turn: int = 0) -> list[dict]:
+    """Per training step: the share of each primary scheme among the joint actions in rollouts.jsonl.
+
+    `entry_points` maps item ids to entry points; by default it is read from the run's task."""
+    run_dir = Path(run_dir)
+    if entry_points is None:
+        entry_points = _entry_points(run_dir)
+    counts: dict[int, Counter] = defaultdict(Counter)
+    with open(run_dir / "rollouts.jsonl") as f:
+        for line in f:
+            row = json.loads(line)
+            if row.get("turn", 0) != turn or row["item"] not in entry_points:
+                continue
+            helper, main = row["completions"][:2]
+            counts[row["step"]][scheme_of_completions(helper, main, entry_points[row["item"]]).primary] += 1
+    rows = []
+    for step in sorted(counts):
+        total = sum(counts[step].values())
+        rows.append({"step": step, "count": total, **{s: counts[step][s] / total for s in SCHEMES}})
+    return rows
+
+
+def _entry_points(run_dir: Path) -> dict[str, str]:
+    from kit.config import load_config
+    from kit.tasks import get_task
+
+    cfg = load_config(path=run_dir / "config.json")
+    task = get_task(cfg.task, cfg.num_agents, **cfg.task_args)
+    out = {}
+    for split in ("train", "eval"):
+        for item in task.load(split):
+            if "entry_point" in item:
+                out[item["id"]] = item["entry_point"]
+    if not out:
+        raise ValueError(f"task {cfg.task!r} has no entry points: schemes apply to the code task")
+    return out
