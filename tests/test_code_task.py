@@ -273,6 +273,12 @@ def test_tiny_model_trains_on_the_code_task_for_two_turns(tmp_path):
     second = [r for r in rollouts if r["turn"] == 1][0]
     assert all("Your previous code:" in p and "What happened when the team's program ran" in p
                for p in second["prompts"])
+    from kit.schemes import scheme_shares
+
+    shares = scheme_shares(tmp_path / "code")  # entry points read from the run's own task
+    assert [s["step"] for s in shares] == [1, 2]
+    assert all(sum(s[k] for k in ("fallback", "decorator", "coordinator", "strategy_filter", "wrapper", "no_use",
+                                  "unparseable")) == pytest.approx(1.0) for s in shares)
 
 
 def test_hub_loader_converts_humaneval_format_rows(monkeypatch):

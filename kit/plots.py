@@ -1,0 +1,141 @@
+"""Figures from a run directory's files (matplotlib). Each returns a Figure; `path=` also saves a PNG.
+
+    learning_curves(run_dir)            reward total and per part over steps, smoothed, with a +-1 std band
+    eval_curves(rows)                   pass@k and mean reward over checkpoints (kit.evaluate rows)
+    baseline_bars(rows)                 pass@k by method (kit.baselines rows)
+    scheme_area(shares)                 scheme shares over training, stacked (kit.schemes.scheme_shares)
+Everything is rebuilt from files, so the figures work after a Colab reconnect and on a finished run.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+
+
+def _figure(ncols: int = 1, width: float = 6.0, height: float = 3.6):
+    from matplotlib.figure import Figure
+
+    # a bare Figure, not pyplot: no global state, no backend to pick; notebooks display it when returned
+    fig = Figure(figsize=(width * ncols, height), layout="constrained")
+    return fig, [fig.add_subplot(1, ncols, i + 1) for i in range(ncols)]
+
+
+def _save(fig, path):
+    if path is not None:
+        Path(path).parent.mkdir(parents=True, exist_ok=True)
+        fig.savefig(path, dpi=120)
+    return fig
+
+
+def read_metrics(run_dir: str | Path) -> list[dict]:
+    with open(Path(run_dir) / "metrics.jsonl") as f:
+        return [json.loads(line) for line in f if line.strip()]
+
+
+def smooth(values: np.ndarray, window: int) -> tuple[np.ndarray, np.ndarray]:
+    """Trailing moving mean and std over `window` points (fewer at the start), ignoring NaNs."""
+    mean, std = np.empty(len(values)), np.empty(len(values))
+    for i in range(len(values)):
+        chunk = values[max(0, i - window + 1):i + 1]
+        chunk = chunk[~np.isnan(chunk)]
+        mean[i] = chunk.mean() if len(chunk) else np.nan
+        std[i] = chunk.std() if len(chunk) else np.nan
+    return mean, std
+
+
+def learning_curves(run_dir: str | Path, parts: list[str] | None = None, window: int = 10, path=None):
+    """Left: total training reward (and the greedy eval reward when logged). Right: each reward part."""
+    rows = [r for r in read_metrics(run_dir) if "reward/mean" in r]
+    if not rows:
+        raise ValueError(f"{run_dir}/metrics.jsonl has no training steps yet")
+    steps = np.array([r["step"] for r in rows])
+    skip = {"reward/mean", "reward/std"}
+    parts = parts or sorted({k for r in rows for k in r if k.startswith("reward/") and k not in skip
+                             and not k.startswith("reward/turn_")})
+    fig, (ax_total, ax_parts) = _figure(2)
+    for ax, keys in ((ax_total, ["reward/mean"]), (ax_parts, parts)):
+        for key in keys:
+            values = np.array([r.get(key, np.nan) for r in rows], dtype=float)
+            mean, std = smooth(values, window)
+            line, = ax.plot(steps, mean, label=key.removeprefix("reward/"))
+            ax.fill_between(steps, mean - std, mean + std, color=line.get_color(), alpha=0.2, linewidth=0)
+        ax.set_xlabel("step")
+        ax.grid(alpha=0.3)
+    evals = [r for r in read_metrics(run_dir) if "eval/reward_mean" in r]
+    if evals:
+        ax_total.plot([r["step"] for r in evals], [r["eval/reward_mean"] for r in evals], "o--", label="eval (greedy)")
+    ax_total.set_ylabel("reward")
+    ax_total.set_title(f"reward (mean over {window} steps, band: +-1 std)")
+    ax_parts.set_title("reward parts")
+    ax_total.legend()
+    if parts:
+        ax_parts.legend(fontsize="small")
+    return _save(fig, path)
+
+
+def eval_curves(rows: list[dict], path=None):
+    """pass@k and the mean reward of held-out evaluations over checkpoints."""
+    if not rows:
+        raise ValueError("no evaluation rows: run kit.evaluate.evaluate_run first")
+    rows = sorted(rows, key=lambda r: r["step"])
+    steps = [r["step"] for r in rows]
+    fig, (ax_pass, ax_reward) = _figure(2)
+    for key in sorted({k for r in rows for k in r if k.startswith("pass@")}, key=lambda k: int(k[5:])):
+        ax_pass.plot(steps, [r.get(key, np.nan) for r in rows], "o-", label=key)
+    ax_reward.plot(steps, [r["reward/mean"] for r in rows], "o-", color="black", label="mean reward")
+    if any("cooperation_rate" in r for r in rows):
+        twin = ax_reward.twinx()
+        twin.plot(steps, [r.get("cooperation_rate", np.nan) for r in rows], "s--", color="tab:green",
+                  label="cooperation rate")
+        twin.set_ylim(0, 1)
+        twin.set_ylabel("cooperation rate")
+    ax_pass.set_ylim(0, 1)
+    ax_pass.set_title("held-out pass@k by checkpoint (step 0: base)")
+    ax_reward.set_title("held-out reward")
+    for ax in (ax_pass, ax_reward):
+        ax.set_xlabel("step")
+        ax.grid(alpha=0.3)
+        ax.legend(loc="upper left")
+    return _save(fig, path)
+
+
+def baseline_bars(rows: list[dict], path=None):
+    """Grouped bars: pass@k of every method on the same items."""
+    if not rows:
+        raise ValueError("no baseline rows: run kit.baselines.compare first")
+    ks = sorted({k for r in rows for k in r if k.startswith("pass@")}, key=lambda k: int(k[5:]))
+    metric_keys = ks or ["reward/mean"]
+    fig, (ax,) = _figure(1, width=max(6.0, 1.2 * len(rows) * max(1, len(metric_keys)) / 2))
+    x = np.arange(len(rows))
+    width = 0.8 / len(metric_keys)
+    for i, key in enumerate(metric_keys):
+        values = [r.get(key, 0.0) for r in rows]
+        bars = ax.bar(x + (i - (len(metric_keys) - 1) / 2) * width, values, width, label=key)
+        ax.bar_label(bars, fmt="%.2f", fontsize="x-small")
+    ax.set_xticks(x, [r.get("method", str(i)) for i, r in enumerate(rows)])
+    ax.set_ylabel("pass@k" if ks else "mean reward")
+    ax.set_title("baselines vs the MAGRPO team (same items, sampling, scoring)")
+    ax.legend()
+    ax.grid(axis="y", alpha=0.3)
+    return _save(fig, path)
+
+
+def scheme_area(shares: list[dict], path=None):
+    """Stacked shares of the primary cooperation scheme per training step."""
+    from kit.schemes import SCHEMES
+
+    if not shares:
+        raise ValueError("no scheme shares: the run has no code-task rollouts yet")
+    steps = [s["step"] for s in shares]
+    present = [k for k in SCHEMES if any(s.get(k, 0) > 0 for s in shares)]
+    fig, (ax,) = _figure(1, width=7.0)
+    ax.stackplot(steps, *[[s.get(k, 0.0) for s in shares] for k in present], labels=present, alpha=0.85)
+    ax.set_ylim(0, 1)
+    ax.set_xlabel("step")
+    ax.set_ylabel("share of joint actions")
+    ax.set_title("cooperation schemes over training")
+    ax.legend(loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize="small")
+    return _save(fig, path)

@@ -1,0 +1,174 @@
+"""Evaluation (pass@k), baselines, plots and the analysis CLI on the tiny model.
+
+Run: python -m pytest tests/test_evaluate.py
+"""
+
+import json
+import math
+import subprocess
+import sys
+
+import pytest
+
+from kit import baselines, plots
+from kit.config import load_config
+from kit.evaluate import RunContext, evaluate_run, format_table, pass_at_k, summarize
+from kit.rewards import Reward
+from kit.tasks.toy import DigitSum
+from kit.trainer import Trainer
+
+
+@pytest.mark.parametrize("n, c, k, expected", [
+    (5, 2, 1, 0.4),  # c/n
+    (5, 2, 3, 0.9),  # 1 - C(3,3)/C(5,3) = 1 - 1/10
+    (4, 1, 2, 0.5),  # 1 - C(3,2)/C(4,2) = 1 - 3/6
+    (10, 0, 10, 0.0),
+    (10, 10, 1, 1.0),
+    (10, 3, 8, 1.0),  # n - c < k: some draw of 8 must contain a correct one
+])
+def test_pass_at_k_hand_computed(n, c, k, expected):
+    assert pass_at_k(n, c, k) == pytest.approx(expected)
+
+
+def test_pass_at_k_matches_the_combinatorial_formula():
+    for n in range(1, 12):
+        for c in range(n + 1):
+            for k in range(1, n + 1):
+                exact = 1.0 if n - c < k else 1 - math.comb(n - c, k) / math.comb(n, k)
+                assert pass_at_k(n, c, k) == pytest.approx(exact, abs=1e-12)
+
+
+def test_pass_at_k_rejects_impossible_counts():
+    with pytest.raises(ValueError, match="c <= n"):
+        pass_at_k(3, 4, 1)
+
+
+class Passing:
+    def is_pass(self, reward):
+        return reward.parts["tests"] >= 1.0
+
+
+def test_summarize_pass_at_k_parts_and_cooperation_rate():
+    def r(tests, coop):
+        return Reward(tests + coop, {"tests": tests, "cooperation": coop})
+
+    rewards = [[r(1.0, 1.5), r(0.5, 0.0), r(0.0, 0.0)], [r(0.0, 0.0), r(0.0, 0.5), r(0.0, 0.0)]]
+    out = summarize(Passing(), rewards, ks=(1, 3, 5), num_tokens=30, seconds=2.0)
+    assert out["num_samples"] == 3 and "pass@5" not in out
+    assert out["pass@1"] == pytest.approx((1 / 3 + 0) / 2)
+    assert out["pass@3"] == pytest.approx(0.5)
+    assert out["reward/tests"] == pytest.approx(1.5 / 6)
+    assert out["cooperation_rate"] == pytest.approx(2 / 6)
+    assert out["tokens_per_s"] == 15.0
+
+
+@pytest.fixture(scope="module")
+def run_dir(tmp_path_factory):
+    """A 4-step tiny toy run with checkpoints at steps 2 and 4."""
+    path = tmp_path_factory.mktemp("runs") / "toy"
+    cfg = load_config("tiny_cpu", overrides=[f"run_dir={path}", "progress=false", "num_steps=4", "save_every=2",
+                                             "eval_every=2", "batch_size=4", "num_generations=4",
+                                             "num_eval_items=6"])
+    Trainer(cfg, log=lambda *_: None).train()
+    return path
+
+
+@pytest.fixture(scope="module")
+def ctx(run_dir):
+    context = RunContext(run_dir, log=lambda *_: None)
+    yield context
+    context.close()
+
+
+def test_evaluate_run_scores_base_and_every_checkpoint(run_dir, ctx):
+    rows = evaluate_run(run_dir, "all", n=5, ctx=ctx, log=lambda *_: None)
+    assert [r["step"] for r in rows] == [0, 2, 4]
+    assert all(r["num_items"] == 6 and r["num_samples"] == 5 for r in rows)
+    assert all(f"pass@{k}" in rows[0] for k in (1, 3, 5)) and "pass@10" not in rows[0]
+    saved = json.loads((run_dir / "eval" / "step_000004.json").read_text())
+    assert saved["pass@1"] == rows[-1]["pass@1"]
+    assert "| step | pass@1 | pass@3 | pass@5 | reward/mean |" in format_table(rows)
+
+
+def test_step_zero_is_the_untrained_base_again_after_a_checkpoint(ctx):
+    ctx.use_step(4)
+    trained = [p.detach().clone() for p in ctx.team.parameters_of("agent_0")]
+    ctx.use_step(0)
+    base = list(ctx.team.parameters_of("agent_0"))
+    assert any(not (a == b).all() for a, b in zip(trained, base))
+    assert all(not p.any() for p in base if p.dim() == 2 and p.shape[0] > p.shape[1])  # LoRA B is zero
+
+
+def test_every_baseline_samples_n_joint_actions_per_item(ctx):
+    for method in baselines.METHODS:
+        row = baselines.run_method(method, ctx.team, ctx.task, ctx.cfg, ctx.items[:3], 4, ctx.scorer)
+        assert row["method"] == method and row["num_items"] == 3 and row["num_samples"] == 4
+        assert row["tokens"] > 0 and row["wall_s"] > 0 and 0.0 <= row["pass@1"] <= 1.0
+
+
+def test_sequential_and_discussion_show_teammates_text(ctx, monkeypatch):
+    seen = []
+    real = baselines.generate
+
+    def spy(team, requests, n, **kw):
+        seen.append(requests)
+        return real(team, requests, n, **kw)
+
+    monkeypatch.setattr(baselines, "generate", spy)
+    joints, _, _ = baselines._sequential(ctx.team, ctx.task, ctx.cfg, ctx.items[:2], 3)
+    second = seen[1]
+    assert len(second) == 6 and all(agent == 1 for agent, _ in second)
+    assert all(f"Your teammate (digit_0) wrote:\n{joints[k][g][0].strip()}" in second[k * 3 + g][1]
+               for k in range(2) for g in range(3))
+    seen.clear()
+    revised, _, _ = baselines._discussion(ctx.team, ctx.task, ctx.cfg, ctx.items[:2], 2)
+    assert len(seen) == 2 and len(seen[1]) == 2 * 2 * 2 and "Your first answer:" in seen[1][0][1]
+
+
+def test_single_model_baseline_needs_the_task_hooks(ctx):
+    class NoSingle:
+        prompts = DigitSum().prompts
+
+    with pytest.raises(ValueError, match="single_prompt"):
+        baselines._single(ctx.team, NoSingle(), ctx.cfg, ctx.items[:1], 2)
+
+
+def test_plots_render_from_a_run_directory(run_dir, ctx, tmp_path):
+    rows = evaluate_run(run_dir, [0, 4], n=3, ctx=ctx, log=lambda *_: None)
+    figs = {"learning": plots.learning_curves(run_dir, path=tmp_path / "learning.png"),
+            "eval": plots.eval_curves(rows, path=tmp_path / "eval.png"),
+            "bars": plots.baseline_bars([{"method": "naive", "pass@1": 0.2, "pass@3": 0.4},
+                                         {"method": "magrpo", "pass@1": 0.5, "pass@3": 0.7}],
+                                        path=tmp_path / "bars.png"),
+            "schemes": plots.scheme_area([{"step": 1, "wrapper": 0.5, "coordinator": 0.5},
+                                          {"step": 2, "wrapper": 0.25, "coordinator": 0.75}],
+                                         path=tmp_path / "schemes.png")}
+    for name, fig in figs.items():
+        assert (tmp_path / f"{name}.png").stat().st_size > 5000, name
+        assert fig.axes and all(ax.has_data() for ax in fig.axes[:1]), name
+    assert [t.get_text() for t in figs["bars"].axes[0].get_xticklabels()] == ["naive", "magrpo"]
+
+
+def test_plots_explain_missing_data(tmp_path):
+    (tmp_path / "metrics.jsonl").write_text(json.dumps({"step": 0, "eval/reward_mean": 0.1}) + "\n")
+    with pytest.raises(ValueError, match="no training steps"):
+        plots.learning_curves(tmp_path)
+    with pytest.raises(ValueError, match="evaluate_run"):
+        plots.eval_curves([])
+
+
+def test_cli_eval_and_baselines_write_tables_and_pngs(run_dir):
+    def cli(*args):
+        return subprocess.run([sys.executable, "-m", "kit", *args], capture_output=True, text=True, timeout=300)
+
+    out = cli("eval", "--run-dir", str(run_dir), "--steps", "newest", "--n", "3", "--items", "3")
+    assert out.returncode == 0, out.stderr
+    assert "| 4 |" in out.stdout and (run_dir / "eval" / "eval_curves.png").exists()
+    out = cli("baselines", "--run-dir", str(run_dir), "--methods", "naive,sequential", "--n", "2", "--items", "2")
+    assert out.returncode == 0, out.stderr
+    assert "| sequential |" in out.stdout and "| magrpo |" in out.stdout
+    assert (run_dir / "eval" / "baselines.png").exists()
+    out = cli("schemes", "--run-dir", str(run_dir))
+    assert out.returncode == 2 and "code task" in out.stderr  # the toy task has no programs
+    out = cli("eval", "--run-dir", str(run_dir.parent / "nope"))
+    assert out.returncode == 2 and "no config.json" in out.stderr
