@@ -72,6 +72,7 @@ class TrainConfig:
     seed: int = 0  # drives weights init, data order, sampling: the same seed gives the same run
     # --- run directory, logging, checkpoints
     run_dir: str = "checkpoints/run"  # where config, metrics, rollouts and checkpoints go
+    mirror_dir: str | None = None  # also copy logs and each checkpoint here after saving (a Drive folder)
     eval_every: int = 50  # evaluate on held-out items every this many steps (0: never)
     save_every: int = 100  # checkpoint every this many steps (0: only at the end)
     keep_last: int = 3  # checkpoints kept on disk
@@ -91,7 +92,7 @@ CHOICES = {
     "reward_pool": ("thread", "process"),
 }
 # Fields that do not change what is trained: a resumed run may differ in these.
-NON_TRAINING = {"run_dir", "eval_every", "save_every", "keep_last", "log_rollouts", "use_wandb", "wandb_project",
+NON_TRAINING = {"run_dir", "mirror_dir", "eval_every", "save_every", "keep_last", "log_rollouts", "use_wandb", "wandb_project",
                 "progress", "reward_workers", "reward_pool", "num_eval_items", "device", "num_steps"}
 
 

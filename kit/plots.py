@@ -4,6 +4,7 @@
     eval_curves(rows)                   pass@k and mean reward over checkpoints (kit.evaluate rows)
     baseline_bars(rows)                 pass@k by method (kit.baselines rows)
     scheme_area(shares)                 scheme shares over training, stacked (kit.schemes.scheme_shares)
+    LiveCurve(every=5)                  trainer.train(on_step=LiveCurve()) redraws the reward curve in a notebook
 Everything is rebuilt from files, so the figures work after a Colab reconnect and on a finished run.
 """
 
@@ -139,3 +140,43 @@ def scheme_area(shares: list[dict], path=None):
     ax.set_title("cooperation schemes over training")
     ax.legend(loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize="small")
     return _save(fig, path)
+
+
+class LiveCurve:
+    """`trainer.train(on_step=LiveCurve())`: redraws the training reward in the notebook every `every` steps.
+    Outside IPython it only collects the rows."""
+
+    def __init__(self, every: int = 5, window: int = 10):
+        self.every, self.window = every, window
+        self.rows: list[dict] = []
+        self._handle = None
+
+    def figure(self):
+        steps = np.array([r["step"] for r in self.rows])
+        fig, (ax,) = _figure(1, width=7.0, height=3.0)
+        for key in ("reward/mean",) + tuple(k for k in ("reward/tests", "reward/cooperation") if k in self.rows[-1]):
+            mean, std = smooth(np.array([r.get(key, np.nan) for r in self.rows], dtype=float), self.window)
+            line, = ax.plot(steps, mean, label=key.removeprefix("reward/"))
+            ax.fill_between(steps, mean - std, mean + std, color=line.get_color(), alpha=0.2, linewidth=0)
+        ax.set_xlabel("step")
+        ax.set_title(f"training reward, step {self.rows[-1]['step']}")
+        ax.legend(loc="upper left")
+        ax.grid(alpha=0.3)
+        return fig
+
+    def __call__(self, row: dict) -> None:
+        self.rows.append(row)
+        if len(self.rows) % self.every:
+            return
+        try:
+            from IPython import get_ipython
+            from IPython.display import display
+        except ImportError:
+            return
+        if get_ipython() is None:
+            return
+        fig = self.figure()
+        if self._handle is None:
+            self._handle = display(fig, display_id=True)
+        else:
+            self._handle.update(fig)

@@ -334,3 +334,29 @@ def _entry_points(run_dir: Path) -> dict[str, str]:
     if not out:
         raise ValueError(f"task {cfg.task!r} has no entry points: schemes apply to the code task")
     return out
+
+
+def examples(run_dir: str | Path, entry_points: dict[str, str] | None = None, per_scheme: int = 1,
+             turn: int = 0) -> dict[str, list[dict]]:
+    """Example joint actions from rollouts.jsonl for each primary scheme, newest steps first."""
+    run_dir = Path(run_dir)
+    entry_points = entry_points or _entry_points(run_dir)
+    found: dict[str, list[dict]] = defaultdict(list)
+    with open(run_dir / "rollouts.jsonl") as f:
+        rows = [json.loads(line) for line in f]
+    for row in reversed(rows):
+        if row.get("turn", 0) != turn or row["item"] not in entry_points:
+            continue
+        helper, main = (extract_code(t) for t in row["completions"][:2])
+        primary = classify(helper, main, entry_points[row["item"]]).primary
+        if len(found[primary]) < per_scheme:
+            found[primary].append({"step": row["step"], "item": row["item"], "reward": row["reward"],
+                                   "helper": helper, "main": main})
+    return dict(found)
+
+
+def shares_of(programs: list[tuple[str, str, str]]) -> dict[str, float]:
+    """Share of each primary scheme among (helper_code, main_code, entry_point) programs."""
+    counts = Counter(classify(h, m, e).primary for h, m, e in programs)
+    total = sum(counts.values()) or 1
+    return {s: counts[s] / total for s in SCHEMES}

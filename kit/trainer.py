@@ -103,6 +103,11 @@ class Trainer:
         self.wandb = None
         self.use_wandb = cfg.use_wandb  # switched off (not the config) when wandb is missing
         self.run_dir.mkdir(parents=True, exist_ok=True)
+        self.mirror = None
+        if cfg.mirror_dir:
+            from kit.colab import Mirror
+
+            self.mirror = Mirror(self.run_dir, cfg.mirror_dir, cfg.keep_last, log=log)
         if resume and (self.run_dir / "config.json").exists():
             self._resume()
         config_mod.save(self.cfg, self.run_dir / "config.json")
@@ -312,8 +317,9 @@ class Trainer:
 
     # ---- the loop
 
-    def train(self, max_steps: int | None = None) -> dict:
-        """Run until num_steps (or `max_steps` more steps, e.g. to simulate a disconnect). Returns a summary."""
+    def train(self, max_steps: int | None = None, on_step=None) -> dict:
+        """Run until num_steps (or `max_steps` more steps, e.g. to simulate a disconnect). Returns a summary.
+        `on_step(row)` is called with each step's metrics (a notebook redraws its live curve with it)."""
         from tqdm.auto import tqdm
 
         cfg = self.cfg
@@ -345,6 +351,10 @@ class Trainer:
             bar.update(1)
             if (cfg.save_every and self.step % cfg.save_every == 0) or self.step == cfg.num_steps:
                 self.save()
+                if self.mirror is not None:
+                    self.mirror.push()  # copied in the background; the next step starts now
+            if on_step is not None:
+                on_step(row)
         bar.close()
         return self.summary()
 
@@ -369,6 +379,8 @@ class Trainer:
 
     def close(self):
         self.scorer.close()
+        if self.mirror is not None:
+            self.mirror.close()  # waits for the last copy
         if self.wandb is not None:
             self.wandb.finish()
 

@@ -1,0 +1,182 @@
+"""Browse a run's rollouts: the logic (tested without a browser) and an ipywidgets front end over it.
+
+    log = RunLog("checkpoints/colab_a100")
+    rows = log.rows(step=100, min_reward=1.0, part="tests", part_min=0.5)
+    html = render_rows(rows, log.roles)               # prompts, each agent's completion, parts, advantages
+    breakdown(rows[0])                                # the reward of one joint action, part by part
+    log.rescore(rows[0], agent=1, text=edited_code)   # the task's reward with one completion replaced
+    browser("checkpoints/colab_a100")                 # the widget (05_explore.ipynb)
+
+Everything is read from the run directory's files (config.json, rollouts.jsonl), so it works after a reconnect,
+on a finished run, and while a run is still writing (press "reload").
+"""
+
+from __future__ import annotations
+
+import html
+import json
+from pathlib import Path
+
+
+class RunLog:
+    def __init__(self, run_dir: str | Path):
+        self.run_dir = Path(run_dir)
+        path = self.run_dir / "rollouts.jsonl"
+        if not path.exists():
+            raise FileNotFoundError(f"{path} does not exist: train with log_rollouts=true (the default) first")
+        self.config = json.loads((self.run_dir / "config.json").read_text())
+        self._task = None
+        self.reload()
+
+    def reload(self) -> None:
+        with open(self.run_dir / "rollouts.jsonl") as f:
+            self.all_rows = [json.loads(line) for line in f if line.strip()]
+
+    @property
+    def task(self):
+        if self._task is None:
+            from kit.tasks import get_task
+
+            self._task = get_task(self.config["task"], self.config["num_agents"], **self.config.get("task_args", {}))
+        return self._task
+
+    @property
+    def roles(self) -> list[str]:
+        roles = getattr(self.task, "roles", None)
+        return list(roles) if roles else [f"agent_{i}" for i in range(self.config["num_agents"])]
+
+    def steps(self) -> list[int]:
+        return sorted({r["step"] for r in self.all_rows})
+
+    def parts(self) -> list[str]:
+        return sorted({k for r in self.all_rows for k in r.get("parts", {})})
+
+    def rows(self, step: int | None = None, turn: int | None = None, item: str | None = None,
+             min_reward: float | None = None, max_reward: float | None = None, part: str | None = None,
+             part_min: float | None = None) -> list[dict]:
+        """Joint actions matching every filter given (None: no filter)."""
+        out = []
+        for r in self.all_rows:
+            if step is not None and r["step"] != step or turn is not None and r.get("turn", 0) != turn:
+                continue
+            if item is not None and r["item"] != item:
+                continue
+            if min_reward is not None and r["reward"] < min_reward or max_reward is not None and r["reward"] > max_reward:
+                continue
+            if part is not None and (part not in r.get("parts", {}) or
+                                     (part_min is not None and r["parts"][part] < part_min)):
+                continue
+            out.append(r)
+        return out
+
+    def item(self, item_id: str) -> dict:
+        for split in ("train", "eval"):
+            for it in self.task.load(split):
+                if it["id"] == item_id:
+                    return it
+        raise KeyError(f"item {item_id!r} is not in task {self.config['task']!r}")
+
+    def rescore(self, row: dict, agent: int, text: str):
+        """The task's reward for this joint action with agent `agent`'s completion replaced by `text`."""
+        completions = list(row["completions"])
+        if not 0 <= agent < len(completions):
+            raise ValueError(f"agent={agent}; this joint action has agents 0..{len(completions) - 1}")
+        completions[agent] = text
+        from kit.rewards import as_reward
+
+        return as_reward(self.task.reward(self.item(row["item"]), tuple(completions)))
+
+
+def breakdown(row: dict) -> list[tuple[str, float]]:
+    """(name, value) for each reward part, then the total, the return and each agent's advantage."""
+    out = [(k, float(v)) for k, v in row.get("parts", {}).items()]
+    out.append(("total", float(row["reward"])))
+    if "return" in row:
+        out.append(("return", float(row["return"])))
+    out += [(f"advantage[{i}]", float(a)) for i, a in enumerate(row.get("advantages", []))]
+    return out
+
+
+def render_rows(rows: list[dict], roles: list[str], agent: int | None = None, limit: int = 20,
+                max_chars: int = 1500) -> str:
+    """An HTML table: one row per joint action, one column per agent (or only `agent`), parts at the end."""
+    if not rows:
+        return "<p>No joint actions match these filters.</p>"
+    agents = range(len(roles)) if agent is None else [agent]
+    head = "".join(f"<th>{html.escape(roles[a])}</th>" for a in agents)
+    body = []
+    for r in rows[:limit]:
+        cells = []
+        for a in agents:
+            prompt = html.escape(r["prompts"][a][-300:])
+            text = html.escape(r["completions"][a][:max_chars])
+            adv = r.get("advantages", [None] * len(roles))[a]
+            cells.append(f"<td><details><summary>prompt</summary><pre>{prompt}</pre></details>"
+                         f"<pre>{text}</pre><small>advantage {adv if adv is None else f'{adv:+.3f}'}</small></td>")
+        parts = "<br>".join(f"{html.escape(k)}: {v:.3f}" for k, v in breakdown(r) if not k.startswith("advantage"))
+        body.append(f"<tr><td>{html.escape(str(r['item']))}<br>turn {r.get('turn', 0)}</td>{''.join(cells)}"
+                    f"<td>{parts}</td></tr>")
+    more = f"<p>{len(rows) - limit} more not shown.</p>" if len(rows) > limit else ""
+    return (f"<table><tr><th>item</th>{head}<th>reward</th></tr>{''.join(body)}</table>{more}")
+
+
+def browser(run_dir: str | Path):
+    """The ipywidgets browser: step slider, agent / reward range / part filters, breakdown, and re-scoring."""
+    try:
+        import ipywidgets as w
+    except ImportError:
+        raise RuntimeError("the browser needs ipywidgets: pip install ipywidgets (Colab has it)") from None
+    log = RunLog(run_dir)
+    steps = log.steps() or [0]
+    step = w.SelectionSlider(options=steps, value=steps[-1], description="step", continuous_update=False)
+    agent = w.Dropdown(options=[("all", -1)] + [(r, i) for i, r in enumerate(log.roles)], value=-1,
+                       description="agent")
+    reward = w.FloatRangeSlider(value=(-1e3, 1e3), min=-10, max=10, step=0.1, description="reward")
+    part = w.Dropdown(options=["(any)"] + log.parts(), description="part")
+    part_min = w.FloatText(value=0.0, description="part >=")
+    reload = w.Button(description="reload")
+    table = w.HTML()
+    pick = w.Dropdown(description="joint action")
+    detail = w.HTML()
+    which = w.Dropdown(options=[(r, i) for i, r in enumerate(log.roles)], description="replace")
+    editor = w.Textarea(layout=w.Layout(width="100%", height="160px"))
+    rescore = w.Button(description="re-score")
+    result = w.HTML()
+    state = {"rows": []}
+
+    def refresh(*_):
+        chosen = None if part.value == "(any)" else part.value
+        state["rows"] = log.rows(step=step.value, min_reward=reward.value[0], max_reward=reward.value[1],
+                                 part=chosen, part_min=part_min.value if chosen else None)
+        table.value = render_rows(state["rows"], log.roles, None if agent.value < 0 else agent.value)
+        pick.options = [(f"{i}: {r['item']} (reward {r['reward']:.2f})", i) for i, r in enumerate(state["rows"])]
+
+    def show(*_):
+        if pick.value is None or pick.value >= len(state["rows"]):
+            detail.value = ""
+            return
+        row = state["rows"][pick.value]
+        detail.value = "<br>".join(f"{html.escape(k)}: {v:.3f}" for k, v in breakdown(row))
+        editor.value = row["completions"][which.value]
+
+    def on_reload(_):
+        log.reload()
+        step.options = log.steps() or [0]
+        refresh()
+
+    def on_rescore(_):
+        if pick.value is None:
+            return
+        r = log.rescore(state["rows"][pick.value], which.value, editor.value)
+        result.value = f"total {r.total:.3f}: " + ", ".join(f"{k} {v:.3f}" for k, v in r.parts.items())
+
+    for widget in (step, agent, reward, part, part_min):
+        widget.observe(refresh, names="value")
+    for widget in (pick, which):
+        widget.observe(show, names="value")
+    reload.on_click(on_reload)
+    rescore.on_click(on_rescore)
+    refresh()
+    show()
+    return w.VBox([w.HBox([step, reload]), w.HBox([agent, reward]), w.HBox([part, part_min]), table,
+                   w.HTML("<b>One joint action</b>"), pick, detail, which, editor, rescore, result])

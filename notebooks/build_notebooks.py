@@ -1,0 +1,271 @@
+"""The numbered notebooks are generated from this file: edit here, then run `python notebooks/build_notebooks.py`.
+
+Why generated: the repository URL (badges, install cell) lives in one place, every notebook shares the same
+setup cells, and diffs stay readable. Notebooks are written without outputs. Cells tagged `colab` run only in
+Colab (install, Drive); tests/test_notebooks.py drops them and executes the rest with nbclient and KIT_SMOKE=1.
+"""
+
+from pathlib import Path
+
+import nbformat
+
+REPO = "https://github.com/magrpo-kit/magrpo-kit"  # the one place the repository URL is set
+BRANCH = "main"
+HERE = Path(__file__).resolve().parent
+
+
+def badge(name: str) -> str:
+    colab = REPO.replace("https://github.com/", "https://colab.research.google.com/github/")
+    return f"[![Open In Colab](https://colab.research.google.com/assets/colab-badge.svg)]({colab}/blob/{BRANCH}/notebooks/{name})"
+
+
+def md(text: str, tags=()):
+    return nbformat.v4.new_markdown_cell(text.strip(), metadata={"tags": list(tags)} if tags else {})
+
+
+def code(text: str, tags=()):
+    return nbformat.v4.new_code_cell(text.strip(), metadata={"tags": list(tags)} if tags else {})
+
+
+INSTALL = code(f"""
+# Colab only (tagged `colab`): get the kit and its requirements. Colab's own torch meets requirements.txt,
+# so it is never reinstalled.
+import sys
+if "google.colab" in sys.modules:
+    !test -d /content/magrpo-kit || git clone -q --depth 1 -b {BRANCH} {REPO} /content/magrpo-kit
+    %pip install -q -r /content/magrpo-kit/requirements.txt
+    %cd /content/magrpo-kit
+""", tags=["colab"])
+
+SETUP = code("""
+# Run from the repository root (Colab: /content/magrpo-kit; locally: the folder above notebooks/).
+import os
+if not os.path.isdir("kit") and os.path.isdir("../kit"):
+    os.chdir("..")
+from kit import colab
+SMOKE = colab.smoke()  # KIT_SMOKE=1: tiny CPU model, a few steps (how CI runs this notebook)
+print("smoke mode" if SMOKE else "full mode", "|", colab.gpu_summary())
+""")
+
+DRIVE = code("""
+drive = colab.mount_drive()  # Colab: mounts Google Drive once; elsewhere: None
+""", tags=["colab"])
+
+
+def run_dir_cell(default: str) -> nbformat.NotebookNode:
+    return code(f"""
+# The run to look at: a local run directory or its Drive mirror (smoke mode makes a tiny one).
+RUN_DIR = "{default}"
+if SMOKE:
+    RUN_DIR = str(colab.smoke_run())
+print("run:", RUN_DIR)
+""", tags=["parameters"])
+
+
+def notebook(name: str, title: str, purpose: str, cells: list) -> None:
+    nb = nbformat.v4.new_notebook()
+    nb.metadata = {"kernelspec": {"name": "python3", "display_name": "Python 3", "language": "python"},
+                   "language_info": {"name": "python"}, "accelerator": "GPU", "colab": {"provenance": []}}
+    nb.cells = [md(f"# {title}\n\n{badge(name)}\n\n{purpose}"), INSTALL, SETUP, *cells]
+    for i, cell in enumerate(nb.cells):
+        cell["id"] = f"{name.split('_')[0]}-{i:02d}"  # stable ids: clean diffs
+    nbformat.write(nb, HERE / name)
+
+
+def build() -> None:
+    notebook("00_setup.ipynb", "00 · Setup and smoke test",
+             "Checks the runtime before a long run: the GPU (name and memory), the install, Google Drive and API "
+             "keys from Colab secrets. It then trains a few steps of the chosen preset on the real model and prints "
+             "one PASS or FAIL line. Run it once per new Colab runtime.", [
+                 DRIVE,
+                 code("""
+# API keys come from the environment or Colab secrets (the key icon on the left); they are never printed.
+key = colab.secret("ANTHROPIC_API_KEY")
+print("ANTHROPIC_API_KEY:", "found" if key else "not set: the optional Claude judge stays off")
+del key
+"""),
+                 code("""
+PRESET = "colab_a100"  # colab_a100 (A100), colab_t4 (free T4) or tiny_cpu
+""", tags=["parameters"]),
+                 code("""
+# Smoke test: a few training steps of the preset on its real model, in a throw-away run directory.
+import tempfile, traceback
+from kit.config import load_config
+from kit.trainer import Trainer
+
+preset = "tiny_cpu" if SMOKE else PRESET
+steps = ["num_steps=2", "save_every=0", "eval_every=0", "batch_size=1", "num_generations=2", "log_rollouts=false"]
+if preset != "tiny_cpu":
+    steps.append("max_new_tokens=64")
+try:
+    cfg = load_config(preset, overrides=[f"run_dir={tempfile.mkdtemp()}/smoke", *steps])
+    trainer = Trainer(cfg)
+    summary = trainer.train()
+    trainer.close()
+    print(f"PASS: {preset} trained {summary['steps']} steps on {cfg.model_name}")
+except Exception:
+    traceback.print_exc()
+    print(f"FAIL: {preset} could not train; the error is above")
+    raise
+"""),
+             ])
+
+    notebook("01_train.ipynb", "01 · Train a team with MAGRPO",
+             "Trains a helper/main team of LoRA agents on one 4-bit base model with MAGRPO. **Run all** starts a "
+             "new run, or continues the newest one. Checkpoints are written on the runtime's disk first and then "
+             "copied to Google Drive, so a slow Drive never corrupts one; after a disconnect, the **resume cell** "
+             "below continues from the newest complete checkpoint on Drive.", [
+                 code("""
+PRESET = "colab_a100"  # colab_a100 (A100, the paper's recipe in 4-bit), colab_t4, tiny_cpu
+TASK = "code"  # code, toy
+TASK_ARGS = {"dataset": "humaneval"}  # code: humaneval, coop, hub:OpenMLRL/CoopHumanEval
+RUN_NAME = "magrpo_code"
+DRIVE_FOLDER = "magrpo-kit/runs"  # under MyDrive
+NUM_STEPS = None  # None: the preset's
+""", tags=["parameters"]),
+                 DRIVE,
+                 code("""
+from kit.config import load_config
+
+if SMOKE:
+    PRESET, TASK, TASK_ARGS, NUM_STEPS = "tiny_cpu", "code", {"dataset": "coop"}, 3
+drive = globals().get("drive")  # set by the Drive cell in Colab
+run_dir = f"checkpoints/{RUN_NAME}" if not SMOKE else os.environ.get("KIT_SMOKE_DIR", "checkpoints/smoke") + "_train"
+mirror = str(drive / DRIVE_FOLDER / RUN_NAME) if drive else None
+overrides = [f"task={TASK}", f"task_args={TASK_ARGS}", f"run_dir={run_dir}", f"mirror_dir={mirror}" if mirror else "mirror_dir=null"]
+if NUM_STEPS:
+    overrides.append(f"num_steps={NUM_STEPS}")
+if SMOKE:
+    overrides += ["batch_size=2", "num_generations=2", "max_new_tokens=16", "save_every=1", "eval_every=2", "num_eval_items=2"]
+cfg = load_config(PRESET, overrides=overrides)
+print(f"run: {cfg.run_dir}  mirror: {cfg.mirror_dir}  model: {cfg.model_name}  task: {cfg.task} {cfg.task_args}")
+"""),
+                 md("""
+## ▶ Resume cell
+
+This cell starts the run, or continues it. **After a disconnect**: reconnect, run the cells above (install,
+parameters, Drive, config), then this one. It copies the newest complete checkpoint back from Drive when the
+runtime's disk lost it, and training continues exactly where that checkpoint stopped (same data order, same
+random state). A changed training setting is refused with the list of fields that differ.
+"""),
+                 code("""
+trainer = colab.start_or_resume(cfg)
+"""),
+                 code("""
+from kit.plots import LiveCurve
+
+live = LiveCurve(every=1 if SMOKE else 5)  # the reward curve redraws while training runs
+summary = trainer.train(on_step=live)
+trainer.close()  # also waits for the last copy to Drive
+summary
+"""),
+                 code("""
+from kit import plots
+
+plots.learning_curves(cfg.run_dir, path=f"{cfg.run_dir}/eval/learning_curves.png")
+"""),
+                 code("""
+colab.flush_drive()  # make sure Drive has every file before the runtime goes away
+""", tags=["colab"]),
+             ])
+
+    notebook("02_evaluate.ipynb", "02 · Evaluate checkpoints",
+             "Scores the untrained base and every saved checkpoint of a run on held-out items: pass@1/3/5/10 with "
+             "the unbiased estimator, the mean reward and each part, the cooperation rate and tokens/s. The table "
+             "and the curves show whether training improved the team on data it did not train on.", [
+                 DRIVE, run_dir_cell("checkpoints/magrpo_code"),
+                 code("""
+N = 3 if SMOKE else 10  # samples per agent per item (pass@k for k <= N)
+from IPython.display import Markdown, display
+from kit.evaluate import evaluate_run, format_table
+from kit import plots
+
+rows = evaluate_run(RUN_DIR, "all", n=N)
+display(Markdown(format_table(rows)))
+"""),
+                 code("""
+plots.eval_curves(rows, path=f"{RUN_DIR}/eval/eval_curves.png")
+"""),
+                 code("""
+plots.learning_curves(RUN_DIR)
+"""),
+             ])
+
+    notebook("03_baselines.ipynb", "03 · Baselines vs the trained team",
+             "The paper's Table 1 on the same held-out items, sampling and scoring: a fixed single model, naive "
+             "concatenation, a sequential pipeline and one-round discussion (all on the untrained base), against "
+             "the MAGRPO team from the run's newest checkpoint.", [
+                 DRIVE, run_dir_cell("checkpoints/magrpo_code"),
+                 code("""
+N = 2 if SMOKE else 10
+from IPython.display import Markdown, display
+from kit.baselines import compare
+from kit.evaluate import format_table
+from kit import plots
+
+rows = compare(RUN_DIR, n=N)
+display(Markdown(format_table(rows, first="method")))
+"""),
+                 code("""
+plots.baseline_bars(rows, path=f"{RUN_DIR}/eval/baselines.png")
+"""),
+             ])
+
+    notebook("04_schemes.ipynb", "04 · Cooperation schemes",
+             "How does the main agent use the helper's `aux`? Each program is classified from its AST (fallback, "
+             "decorator, coordinator, strategy filter, wrapper, no use): shares over training from the run's "
+             "rollouts, shares on fresh samples from the newest checkpoint, and an example program for each "
+             "scheme.", [
+                 DRIVE, run_dir_cell("checkpoints/magrpo_code"),
+                 code("""
+from IPython.display import Markdown, display
+from kit import plots, schemes
+from kit.evaluate import format_table
+
+shares = schemes.scheme_shares(RUN_DIR)
+display(Markdown(format_table(shares, ["step", "count", *schemes.SCHEMES])))
+plots.scheme_area(shares)
+"""),
+                 code("""
+# Fresh samples from the newest checkpoint on held-out items
+from kit.evaluate import RunContext, sample_joint
+
+ctx = RunContext(RUN_DIR)
+ctx.use_step(max(ctx.checkpoints(), default=0))
+joints, rewards, _, _ = sample_joint(ctx.team, ctx.task, ctx.items, 2 if SMOKE else 8, ctx.cfg, ctx.scorer)
+programs = [(r.details.get("helper_code", ""), r.details.get("main_code", ""), item["entry_point"])
+            for item, per in zip(ctx.items, rewards) for r in per]
+ctx.close()
+schemes.shares_of(programs)
+"""),
+                 code("""
+for scheme, found in schemes.examples(RUN_DIR).items():
+    ex = found[0]
+    display(Markdown(f"**{scheme}** (step {ex['step']}, {ex['item']}, reward {ex['reward']:.2f})\\n\\n"
+                     f"```python\\n{ex['helper']}\\n{ex['main']}\\n```"))
+"""),
+             ])
+
+    notebook("05_explore.ipynb", "05 · Explore rewards and trajectories",
+             "Browse every joint action the team produced: a step slider and filters (agent, reward range, "
+             "reward part) show the prompts, each agent's completion, the reward parts and the advantages side "
+             "by side; pick one for its reward breakdown, edit a completion and re-score it with the task's own "
+             "reward. The widgets read the run's files, so they work after a reconnect and on a finished run.", [
+                 DRIVE, run_dir_cell("checkpoints/magrpo_code"),
+                 code("""
+from kit import explore
+
+explore.browser(RUN_DIR)
+"""),
+                 code("""
+# The same, without widgets: the best joint action of the newest step and its breakdown
+log = explore.RunLog(RUN_DIR)
+best = max(log.rows(step=log.steps()[-1]), key=lambda r: r["reward"])
+explore.breakdown(best)
+"""),
+             ])
+
+
+if __name__ == "__main__":
+    build()
+    print("wrote", ", ".join(sorted(p.name for p in HERE.glob("*.ipynb"))))

@@ -1,0 +1,148 @@
+"""Drive mirroring and restore, the notebook helpers, and the rollout browser's logic (no browser needed).
+
+Run: python -m pytest tests/test_colab_explore.py
+"""
+
+import json
+import shutil
+
+import pytest
+
+from kit import colab, explore
+from kit.checkpoint import complete_checkpoints
+from kit.config import load_config
+from kit.trainer import Trainer
+
+
+def cfg_for(tmp_path, *overrides):
+    return load_config("tiny_cpu", overrides=[f"run_dir={tmp_path / 'local'}", "progress=false", "num_steps=4",
+                                              "save_every=2", "eval_every=0", "batch_size=2", "num_generations=2",
+                                              *overrides])
+
+
+def test_mirror_copies_each_checkpoint_and_the_logs(tmp_path):
+    cfg = cfg_for(tmp_path, f"mirror_dir={tmp_path / 'drive'}")
+    trainer = Trainer(cfg, log=lambda *_: None)
+    trainer.train()
+    trainer.close()
+    drive = tmp_path / "drive"
+    assert [p.name for p in complete_checkpoints(drive)] == ["step_000004", "step_000002"]
+    assert (drive / "metrics.jsonl").read_text() == (tmp_path / "local" / "metrics.jsonl").read_text()
+    assert not list(drive.rglob(".*partial"))  # no temporary copies left behind
+
+
+def test_a_half_copied_checkpoint_on_drive_is_never_taken_as_complete(tmp_path):
+    src = tmp_path / "src" / "ckpt" / "step_000002"
+    src.mkdir(parents=True)
+    (src / "COMPLETE").write_text("2")
+    (src / "big.bin").write_bytes(b"x" * 1000)
+    dst = tmp_path / "drive" / "ckpt" / "step_000002"
+    real_copytree = shutil.copytree
+
+    def dies_midway(a, b, **kw):
+        real_copytree(a, b, ignore=lambda d, names: [n for n in names if n == "COMPLETE"])
+        raise OSError("runtime disconnected")
+
+    shutil.copytree = dies_midway
+    try:
+        with pytest.raises(OSError):
+            colab._copy_tree(src, dst)
+    finally:
+        shutil.copytree = real_copytree
+    assert complete_checkpoints(tmp_path / "drive") == [] and not dst.exists()
+
+
+def test_restore_after_a_disconnect_then_resume_matches_an_uninterrupted_run(tmp_path):
+    straight = Trainer(cfg_for(tmp_path / "a"), log=lambda *_: None)
+    straight.train()
+    cfg = cfg_for(tmp_path / "b", f"mirror_dir={tmp_path / 'b' / 'drive'}")
+    first = Trainer(cfg, log=lambda *_: None)
+    first.train(max_steps=2)
+    first.close()
+    shutil.rmtree(tmp_path / "b" / "local")  # the runtime's disk is gone
+    resumed = colab.start_or_resume(cfg, log=lambda *_: None)
+    assert resumed.step == 2
+    resumed.train()
+    resumed.close()
+    a = [json.loads(line) for line in open(tmp_path / "a" / "local" / "metrics.jsonl")]
+    b = [json.loads(line) for line in open(tmp_path / "b" / "local" / "metrics.jsonl")]
+
+    def training(rows):
+        return [{k: v for k, v in r.items() if not k.startswith("perf/")} for r in rows]
+
+    assert training(a) == training(b)
+
+
+def test_start_or_resume_starts_fresh_when_there_is_nothing(tmp_path):
+    trainer = colab.start_or_resume(cfg_for(tmp_path, f"mirror_dir={tmp_path / 'empty'}"), log=lambda *_: None)
+    assert trainer.step == 0
+
+
+def test_secret_comes_from_the_environment_only_outside_colab(monkeypatch):
+    monkeypatch.setenv("KIT_TEST_SECRET", "s3cret")
+    assert colab.secret("KIT_TEST_SECRET") == "s3cret"
+    monkeypatch.delenv("KIT_TEST_SECRET")
+    assert colab.secret("KIT_TEST_SECRET") is None
+
+
+def test_outside_colab_drive_is_one_line_and_none():
+    said = []
+    assert colab.mount_drive(log=said.append) is None and len(said) == 1
+    assert "GPU" in colab.gpu_summary() or "GiB" in colab.gpu_summary()
+
+
+# --- the explorer
+
+
+@pytest.fixture(scope="module")
+def code_run(tmp_path_factory):
+    run = tmp_path_factory.mktemp("explore") / "code"
+    cfg = load_config("tiny_cpu", overrides=[f"run_dir={run}", "progress=false", "task=code",
+                                             "task_args={dataset: coop}", "num_steps=2", "batch_size=2",
+                                             "num_generations=2", "max_new_tokens=8", "eval_every=0"])
+    Trainer(cfg, log=lambda *_: None).train()
+    return run
+
+
+def test_runlog_filters_by_step_reward_and_part(code_run):
+    log = explore.RunLog(code_run)
+    assert log.steps() == [1, 2] and log.roles == ["helper", "main"]
+    assert len(log.rows(step=1)) == 2 * 2  # items x aligned joint actions
+    assert {"structure", "syntax", "tests", "cooperation"} <= set(log.parts())
+    assert log.rows(min_reward=0.1) == [r for r in log.all_rows if r["reward"] >= 0.1]
+    assert log.rows(part="tests", part_min=0.5) == []
+
+
+def test_breakdown_and_render_show_parts_completions_and_advantages(code_run):
+    log = explore.RunLog(code_run)
+    row = log.rows(step=2)[0]
+    names = [k for k, _ in explore.breakdown(row)]
+    assert {"structure", "syntax", "tests", "cooperation"} <= set(names)
+    assert {"total", "return", "advantage[0]", "advantage[1]"} <= set(names)
+    row = dict(row, completions=["<script>x</script>", "ok"])
+    page = explore.render_rows([row], log.roles)
+    assert "&lt;script&gt;" in page and "<script>" not in page and "advantage" in page
+    only_main = explore.render_rows([row], log.roles, agent=1)
+    assert "<th>main</th>" in only_main and "<th>helper</th>" not in only_main
+
+
+def test_rescore_an_edited_completion_with_the_tasks_reward(code_run):
+    log = explore.RunLog(code_run)
+    row = log.rows(step=1)[0]
+    item = log.item(row["item"])
+    helper, main = item["reference_pair"]
+    assert log.rescore(dict(row, completions=[helper, row["completions"][1]]), 1, main).total == 4.0
+    with pytest.raises(ValueError, match="agents 0..1"):
+        log.rescore(row, 2, "x")
+
+
+def test_browser_builds_its_widgets(code_run):
+    pytest.importorskip("ipywidgets")
+    box = explore.browser(code_run)
+    html = [w for w in box.children if type(w).__name__ == "HTML"]
+    assert any("<table>" in w.value for w in html)
+
+
+def test_explorer_explains_a_run_without_rollouts(tmp_path):
+    with pytest.raises(FileNotFoundError, match="log_rollouts"):
+        explore.RunLog(tmp_path)
