@@ -162,9 +162,12 @@ def restore(mirror_dir: str | Path, run_dir: str | Path, log=print) -> int | Non
     if not (mirror_dir / "config.json").exists():
         return None
     run_dir.mkdir(parents=True, exist_ok=True)
-    local = {p.name for p in complete_checkpoints(run_dir)}
+    def newest(path):
+        found = complete_checkpoints(path)
+        return int(found[0].name.split("_")[-1]) if found else -1
+
     remote = complete_checkpoints(mirror_dir)
-    if remote and remote[0].name not in local:  # the mirror is ahead: take its logs and checkpoints
+    if remote and newest(mirror_dir) > newest(run_dir):  # the mirror is ahead: take its logs and checkpoints
         for name in _LOG_FILES:
             _copy_file(mirror_dir / name, run_dir / name)
         for ckpt in remote:
@@ -172,8 +175,8 @@ def restore(mirror_dir: str | Path, run_dir: str | Path, log=print) -> int | Non
         log(f"[kit] restored {run_dir} from {mirror_dir} ({remote[0].name})")
     elif not (run_dir / "config.json").exists():
         _copy_file(mirror_dir / "config.json", run_dir / "config.json")
-    newest = complete_checkpoints(run_dir)
-    return int(newest[0].name.split("_")[-1]) if newest else None
+    step = newest(run_dir)
+    return step if step >= 0 else None
 
 
 def start_or_resume(cfg, log=print, **trainer_kwargs):

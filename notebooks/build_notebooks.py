@@ -42,6 +42,7 @@ SETUP = code("""
 import os
 if not os.path.isdir("kit") and os.path.isdir("../kit"):
     os.chdir("..")
+%matplotlib inline
 from kit import colab
 SMOKE = colab.smoke()  # KIT_SMOKE=1: tiny CPU model, a few steps (how CI runs this notebook)
 print("smoke mode" if SMOKE else "full mode", "|", colab.gpu_summary())

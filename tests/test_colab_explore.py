@@ -146,3 +146,15 @@ def test_browser_builds_its_widgets(code_run):
 def test_explorer_explains_a_run_without_rollouts(tmp_path):
     with pytest.raises(FileNotFoundError, match="log_rollouts"):
         explore.RunLog(tmp_path)
+
+
+def test_restore_never_replaces_a_local_run_that_is_ahead_of_the_mirror(tmp_path):
+    cfg = cfg_for(tmp_path, f"mirror_dir={tmp_path / 'drive'}", "keep_last=1")
+    trainer = Trainer(cfg, log=lambda *_: None)
+    trainer.train(max_steps=2)
+    trainer.mirror.flush()
+    trainer.mirror = None  # the mirror stops at step 2 (Drive unreachable)
+    trainer.train()
+    metrics = (tmp_path / "local" / "metrics.jsonl").read_text()
+    assert colab.restore(tmp_path / "drive", tmp_path / "local", log=lambda *_: None) == 4
+    assert (tmp_path / "local" / "metrics.jsonl").read_text() == metrics
