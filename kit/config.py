@@ -35,6 +35,11 @@ class TrainConfig:
     lora_alpha: int = 32  # LoRA scaling numerator
     lora_dropout: float = 0.0  # dropout on the LoRA input
     lora_target_modules: str | list[str] = "all-linear"  # peft target_modules
+    # --- LLM judge (kit/judge.py; needs ANTHROPIC_API_KEY, otherwise off with one line)
+    judge_model: str | None = None  # e.g. claude-sonnet-4-5; None: no judge
+    judge_budget_usd: float = 15.0  # hard cap on judge spend for the run (ledger in <run_dir>/budget.json)
+    use_judge_reward: bool = False  # add the judge's rubric score as a reward function
+    judge_feedback: bool = False  # multi-turn code: the judge's expert advice goes into the next-turn prompts
     # --- task
     task: str = "toy"  # a module in kit/tasks (toy, code, ...)
     task_args: dict = field(default_factory=dict)  # keyword arguments for the task's constructor
@@ -92,7 +97,7 @@ CHOICES = {
     "reward_pool": ("thread", "process"),
 }
 # Fields that do not change what is trained: a resumed run may differ in these.
-NON_TRAINING = {"run_dir", "mirror_dir", "eval_every", "save_every", "keep_last", "log_rollouts", "use_wandb", "wandb_project",
+NON_TRAINING = {"run_dir", "mirror_dir", "judge_budget_usd", "eval_every", "save_every", "keep_last", "log_rollouts", "use_wandb", "wandb_project",
                 "progress", "reward_workers", "reward_pool", "num_eval_items", "device", "num_steps"}
 
 
@@ -270,6 +275,16 @@ def validate(cfg: TrainConfig) -> TrainConfig:
     need(cfg.save_every >= 0, "save_every", "an integer >= 0")
     need(cfg.keep_last >= 1, "keep_last", "an integer >= 1")
     need(cfg.reward_workers >= 0, "reward_workers", "an integer >= 0")
+    need(cfg.judge_budget_usd >= 0, "judge_budget_usd", "a dollar amount >= 0")
+    if cfg.judge_model is not None:
+        from kit.judge import PRICES, price_of
+
+        try:
+            price_of(cfg.judge_model)
+        except ValueError:
+            need(False, "judge_model", f"a model with a known price ({', '.join(PRICES)}...) or None")
+    need(not (cfg.use_judge_reward or cfg.judge_feedback) or cfg.judge_model is not None, "judge_model",
+         "a model name when use_judge_reward or judge_feedback is on")
     need(cfg.num_eval_items >= 0, "num_eval_items", "an integer >= 0")
     need(bool(cfg.model_name), "model_name", "a hub name, a local path, or 'tiny'")
     if cfg.agent_models is not None:

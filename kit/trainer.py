@@ -75,6 +75,19 @@ class Trainer:
 
             task = get_task(cfg.task, cfg.num_agents, **cfg.task_args)
         self.task = task
+        self.judge = None
+        if cfg.judge_model and (cfg.use_judge_reward or cfg.judge_feedback):
+            from kit.judge import Judge, JudgeReward
+
+            self.judge = Judge(cfg.run_dir, cfg.judge_model, cfg.judge_budget_usd, log=log)
+            if cfg.use_judge_reward:
+                rubric = getattr(task, "judge_rubric", "How well do the agents' outputs fit together and solve "
+                                                       "the task? 10: excellent, 0: useless.")
+                reward_funcs = list(reward_funcs or []) + [JudgeReward(self.judge, rubric)]
+            if cfg.judge_feedback:
+                if not hasattr(task, "attach_judge"):
+                    raise ValueError(f"judge_feedback=true but task {cfg.task!r} takes no judge feedback")
+                task.attach_judge(self.judge)
         self.reward_model = RewardModel(task if hasattr(task, "reward") else None, list(reward_funcs or []),
                                         cfg.reward_weights, cfg.reward_processor)
         if cfg.num_turns > 1 and not hasattr(task, "feedback"):

@@ -192,10 +192,14 @@ class CodeTask:
         self._cache: OrderedDict = OrderedDict()
         self._cache_size = cache_size
         self._lock = threading.Lock()
+        self.judge = None  # attach_judge: expert feedback in multi-turn (the paper's guided mode)
 
-    def __getstate__(self):  # picklable for a process pool: drop the lock and cache
+    def attach_judge(self, judge) -> None:
+        self.judge = judge
+
+    def __getstate__(self):  # picklable for a process pool: drop the lock, cache and judge client
         state = dict(self.__dict__)
-        state["_lock"], state["_cache"] = None, OrderedDict()
+        state["_lock"], state["_cache"], state["judge"] = None, OrderedDict(), None
         return state
 
     def __setstate__(self, state):
@@ -300,6 +304,11 @@ class CodeTask:
         """Next-turn prompts: each agent's first prompt, its previous code, and what the team's program did."""
         d = reward.details or self.reward(item, completions).details
         report = diagnose(item, d)
+        if self.judge is not None and self.judge.enabled:
+            advice = self.judge.feedback(item["prompt"], self.program(item, d.get("helper_code", ""),
+                                                                      d.get("main_code", "")), report)
+            if advice:
+                report += f"\n\nExpert feedback:\n{advice.strip()}"
         first = self.prompts(item)
         own = [d.get("helper_code", ""), d.get("main_code", "")]
         return [f"{first[a]}\nYour previous code:\n{own[a].strip() or '(no code)'}\n\nWhat happened when the team's "

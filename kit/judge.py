@@ -1,0 +1,233 @@
+"""An optional Claude judge (the `anthropic` SDK) behind a hard dollar budget.
+
+    judge = Judge(run_dir, model="claude-sonnet-4-5", budget_usd=15)   # off, with one line, when no key
+    judge.score(rubric, text)        -> float in [0, 1], or None (unscored)
+    judge.feedback(problem, code, report) -> expert advice for the next turn, or None
+    JudgeReward(judge, rubric)       a reward function for `reward_funcs` (a plain f(item, completions))
+
+The budget is a hard cap. Before each call the worst case of that call is reserved: every byte of the request
+counted as a token (a token is never shorter than a byte) plus `max_tokens` of output, at the model's prices
+from `PRICES`. A call goes out only when spent + reserved + this worst case stays within the cap (it waits while
+calls in flight hold the room), so concurrent calls can never push the spend past it. After the call the reservation is replaced by the real cost from the
+reply's `usage`. The ledger is written to `<run_dir>/budget.json` after every call, so a resumed run continues
+from what was already spent. A warning is logged at 80%; at the cap the judge stops, says so once, and training
+goes on without it.
+
+Identical requests within a run are answered from a cache and not paid twice. Rate limits, 5xx and timeouts are
+retried with the SDK's own backoff (`max_retries`); after that, and for a malformed reply, the item is unscored
+(None) and training goes on. The API key comes from the argument, ANTHROPIC_API_KEY or Colab secrets, lives only
+inside the SDK client, and is never printed, logged, written to the run directory, or given to generated code
+(the sandbox's environment is an allow-list).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import threading
+import time
+from pathlib import Path
+
+# USD per million tokens (input, output), matched by model-name prefix. The one place prices live.
+PRICES = {
+    "claude-opus-4": (15.00, 75.00),
+    "claude-sonnet-4": (3.00, 15.00),
+    "claude-3-7-sonnet": (3.00, 15.00),
+    "claude-3-5-sonnet": (3.00, 15.00),
+    "claude-haiku-4": (1.00, 5.00),
+    "claude-3-5-haiku": (0.80, 4.00),
+    "claude-3-haiku": (0.25, 1.25),
+}
+_OVERHEAD_TOKENS = 64  # message framing beyond the text itself
+
+
+def price_of(model: str) -> tuple[float, float]:
+    for prefix in sorted(PRICES, key=len, reverse=True):
+        if model.startswith(prefix):
+            return PRICES[prefix]
+    raise ValueError(f"no price for judge model {model!r}; add (input, output) USD per million tokens to "
+                     f"kit.judge.PRICES (known: {', '.join(PRICES)})")
+
+
+class Budget:
+    """A dollar ledger with reservations, persisted to budget.json after every change of spend."""
+
+    def __init__(self, path: str | Path, cap_usd: float, warn_at: float = 0.8, log=print):
+        if cap_usd < 0:
+            raise ValueError(f"budget_usd={cap_usd}; it must be >= 0")
+        self.path = Path(path)
+        self.cap = float(cap_usd)
+        self.warn_at = warn_at
+        self.log = log
+        self.reserved = 0.0
+        self.spent, self.calls, self.input_tokens, self.output_tokens = 0.0, 0, 0, 0
+        if self.path.exists():  # a resumed run continues the ledger
+            saved = json.loads(self.path.read_text())
+            self.spent = float(saved.get("spent_usd", 0.0))
+            self.calls = int(saved.get("calls", 0))
+            self.input_tokens = int(saved.get("input_tokens", 0))
+            self.output_tokens = int(saved.get("output_tokens", 0))
+        self._warned = self.spent >= warn_at * self.cap
+        self._lock = threading.Lock()
+        self._settled = threading.Condition(self._lock)
+
+    def reserve(self, usd: float) -> bool:
+        """Reserve `usd`, waiting while calls in flight hold the room; False once the spend itself leaves none."""
+        with self._settled:
+            while self.spent + self.reserved + usd > self.cap:
+                if self.spent + usd > self.cap:
+                    return False
+                self._settled.wait()
+            self.reserved += usd
+            return True
+
+    def settle(self, reserved_usd: float, actual_usd: float, input_tokens: int = 0, output_tokens: int = 0) -> None:
+        with self._lock:
+            self.reserved -= reserved_usd
+            self.spent += actual_usd
+            self.calls += 1
+            self.input_tokens += input_tokens
+            self.output_tokens += output_tokens
+            self._write()
+            warn = not self._warned and self.spent >= self.warn_at * self.cap
+            self._warned = self._warned or warn
+            self._settled.notify_all()
+        if warn:
+            self.log(f"[kit] judge budget: ${self.spent:.2f} of ${self.cap:.2f} spent ({self.warn_at:.0%} reached)")
+
+    def _write(self) -> None:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = self.path.with_suffix(".json.tmp")
+        tmp.write_text(json.dumps({"cap_usd": self.cap, "spent_usd": round(self.spent, 6), "calls": self.calls,
+                                   "input_tokens": self.input_tokens, "output_tokens": self.output_tokens,
+                                   "updated": time.strftime("%Y-%m-%dT%H:%M:%S")}, indent=1))
+        os.replace(tmp, self.path)
+
+
+class Judge:
+    def __init__(self, run_dir: str | Path, model: str = "claude-sonnet-4-5", budget_usd: float = 15.0,
+                 max_tokens: int = 512, timeout: float = 60.0, max_retries: int = 3, api_key: str | None = None,
+                 base_url: str | None = None, log=print):
+        self.model, self.max_tokens, self.log = model, max_tokens, log
+        self.prices = price_of(model)
+        self.budget = Budget(Path(run_dir) / "budget.json", budget_usd, log=log)
+        self._cache: dict[str, str] = {}
+        self._cache_lock = threading.Lock()
+        self.stopped = False
+        self.client = None
+        if api_key is None:
+            from kit.colab import secret
+
+            api_key = secret("ANTHROPIC_API_KEY")
+        if not api_key:
+            log("[kit] no ANTHROPIC_API_KEY: the LLM judge is off, training uses the rule-based reward")
+            return
+        try:
+            import anthropic
+        except ImportError:
+            log("[kit] the anthropic package is not installed (pip install anthropic): the LLM judge is off")
+            return
+        self.client = anthropic.Anthropic(api_key=api_key, base_url=base_url, timeout=timeout,
+                                          max_retries=max_retries)
+
+    @property
+    def enabled(self) -> bool:
+        return self.client is not None and not self.stopped
+
+    def worst_case_usd(self, system: str, prompt: str) -> float:
+        tokens_in = len(system.encode()) + len(prompt.encode()) + _OVERHEAD_TOKENS
+        return (tokens_in * self.prices[0] + self.max_tokens * self.prices[1]) / 1e6
+
+    def ask(self, system: str, prompt: str) -> str | None:
+        """The reply text, from the cache or one paid call; None when off, over budget, or the call failed."""
+        if self.client is None:
+            return None
+        key = hashlib.sha256(json.dumps([self.model, self.max_tokens, system, prompt]).encode()).hexdigest()
+        with self._cache_lock:
+            if key in self._cache:
+                return self._cache[key]
+        if self.stopped:
+            return None
+        worst = self.worst_case_usd(system, prompt)
+        if not self.budget.reserve(worst):
+            if not self.stopped:
+                self.stopped = True
+                self.log(f"[kit] judge budget cap reached (${self.budget.spent:.2f} spent of "
+                         f"${self.budget.cap:.2f}): the judge stops, training continues without it")
+            return None
+        actual, usage_in, usage_out, text = 0.0, 0, 0, None
+        try:
+            reply = self.client.messages.create(model=self.model, max_tokens=self.max_tokens, system=system,
+                                                messages=[{"role": "user", "content": prompt}])
+            usage_in, usage_out = int(reply.usage.input_tokens), int(reply.usage.output_tokens)
+            actual = (usage_in * self.prices[0] + usage_out * self.prices[1]) / 1e6
+            text = "".join(getattr(block, "text", "") for block in reply.content)
+        except Exception as err:  # rate limit / 5xx / timeout after the SDK's retries, or a malformed reply
+            import anthropic
+
+            # an HTTP error status is not billed; a timeout or an unreadable reply may have been: count the
+            # worst case, so the ledger is an upper bound and the cap holds whatever was billed
+            actual = 0.0 if isinstance(err, anthropic.APIStatusError) else worst
+            self.log(f"[kit] judge call failed, item unscored: {type(err).__name__}")
+        finally:
+            self.budget.settle(worst, min(actual, worst), usage_in, usage_out)
+        if text is not None:
+            with self._cache_lock:
+                self._cache[key] = text
+        return text
+
+    def score(self, rubric: str, text: str) -> float | None:
+        """A score in [0, 1] for `text` against `rubric` (the judge answers 0-10), or None."""
+        reply = self.ask(SCORE_SYSTEM, f"Rubric:\n{rubric}\n\nText to score:\n{text}\n\n"
+                                       "End your reply with a line `SCORE: <number from 0 to 10>`.")
+        return parse_score(reply) if reply is not None else None
+
+    def feedback(self, problem: str, code: str, report: str) -> str | None:
+        """Expert advice for the next turn of the code task (the paper's guided mode)."""
+        return self.ask(FEEDBACK_SYSTEM, f"Problem:\n{problem}\n\nThe team's program:\n{code}\n\n"
+                                         f"What happened when it ran:\n{report}\n\nGive brief, concrete advice.")
+
+
+SCORE_SYSTEM = "You are a strict, fair grader. Judge only against the rubric."
+FEEDBACK_SYSTEM = ("You review Python written by two collaborating programmers (a helper writing `aux` and a main "
+                   "function that calls it). Point out the most important fixes in at most five short bullets. "
+                   "Do not write the full solution.")
+_SCORE = re.compile(r"score\s*[:=]\s*\**\s*(-?\d+(?:\.\d+)?)\s*(?:/\s*(\d+(?:\.\d+)?))?", re.I)
+
+
+def parse_score(reply: str) -> float | None:
+    """The last `SCORE: x` (or `x/10`, or JSON {"score": x}) in a reply, scaled to [0, 1]; None if absent."""
+    found = _SCORE.findall(reply or "")
+    if found:
+        value, scale = found[-1]
+        out_of = float(scale) if scale else 10.0
+    else:
+        try:
+            value, out_of = json.loads(reply.strip())["score"], 10.0
+        except (ValueError, TypeError, KeyError, AttributeError):
+            return None
+    try:
+        score = float(value) / out_of
+    except (ValueError, ZeroDivisionError):
+        return None
+    return min(max(score, 0.0), 1.0)
+
+
+class JudgeReward:
+    """`reward_funcs=[JudgeReward(judge, rubric)]`: the judge's score of the joint output, 0 when unscored.
+
+    Unscored items (judge off, over budget, failed call) get 0.0; their share is visible as the `judge_unscored`
+    metric, since the trainer logs each reward function by name."""
+
+    def __init__(self, judge: Judge, rubric: str, render=None):
+        self.judge, self.rubric = judge, rubric
+        self.render = render or (lambda item, comps: "\n\n".join(f"[agent {i}]\n{c}" for i, c in enumerate(comps)))
+        self.__name__ = "judge"
+
+    def __call__(self, item: dict, completions: tuple[str, ...]):
+        from kit.rewards import Reward
+
+        score = self.judge.score(self.rubric, self.render(item, completions)) if self.judge.enabled else None
+        return Reward(score or 0.0, {"judge": score or 0.0, "judge_unscored": float(score is None)})
