@@ -41,7 +41,7 @@ class TrainConfig:
     use_judge_reward: bool = False  # add the judge's rubric score as a reward function
     judge_feedback: bool = False  # multi-turn code: the judge's expert advice goes into the next-turn prompts
     # --- task
-    task: str = "toy"  # a module in kit/tasks (toy, code, ...)
+    task: str = "toy"  # a module in kit/tasks (toy, code, writing, ...)
     task_args: dict = field(default_factory=dict)  # keyword arguments for the task's constructor
     num_eval_items: int = 16  # held-out items scored at each evaluation
     # --- sampling
