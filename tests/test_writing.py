@@ -136,6 +136,13 @@ def test_single_model_baseline_splits_on_the_marker():
     assert task.split_single(item, "only one part") == ("only one part", "")
 
 
+def test_bands_can_be_overridden_from_task_args():
+    task = get_task("writing", 2, kind="tldr", bands={"ratio_best": [1.2, 3.2], "jaccard_cap": 0.1})
+    assert task.bands.ratio_best == (1.2, 3.2) and task.bands.jaccard_cap == 0.1 and task.bands.length == (8, 256)
+    with pytest.raises(ValueError, match="unknown fields"):
+        get_task("writing", 2, bands={"ratio": 1})
+
+
 def test_bad_task_args_are_named():
     with pytest.raises(ValueError, match="kind='poem'"):
         get_task("writing", 2, kind="poem")

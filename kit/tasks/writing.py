@@ -14,8 +14,9 @@ and both length measures use words (the reference code mixes words and character
     style        (1.0)  0.4 x transition coverage (categories of transition words in agent 1's text, full at 4)
                         + 0.6 x min(Jaccard overlap of the two texts' content words, cap) / cap
 Transition words and phrases match whole words only ("as" does not match inside "has"). All bands live in
-`Bands`; TLDR: lengths 8-256, ratio best [1.6, 3.2] with zeros at 1.1 and 5.0, unique ratio full at >= 2.0 from
-1.3, Jaccard cap 0.03. arXiv: lengths 128-256, ratio best [1.0, 1.3] with zeros at 0.8 and 1.5, unique ratio best
+`Bands` and can be overridden per run (`task_args={kind: tldr, bands: {ratio_best: [1.5, 3.0]}}`).
+TLDR: lengths 8-256, ratio best [1.6, 3.2] with zeros at 1.1 and 5.0, unique ratio full at >= 2.0 from 1.3,
+Jaccard cap 0.03. arXiv: lengths 128-256, ratio best [1.0, 1.3] with zeros at 0.8 and 1.5, unique ratio best
 [0.7, 1.3] with zeros at 0.5 and 1.7, Jaccard cap 0.23.
 
 Data: 30 bundled items per kind in data/ (written for this kit; eval is the first 8), or the hub datasets by name
@@ -24,6 +25,7 @@ for Colab (`source=hub`): trl-lib/tldr and OpenMLRL/arXiv_abstract.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import math
 import os
@@ -174,7 +176,7 @@ class WritingTask:
     name = "writing"
 
     def __init__(self, num_agents: int = 2, kind: str = "tldr", source: str = "bundled", num_eval: int = 8,
-                 max_items: int | None = None, pass_threshold: float = 2.5):
+                 max_items: int | None = None, pass_threshold: float = 2.5, bands: dict | None = None):
         if num_agents != 2:
             raise ValueError(f"the writing tasks have two agents; got num_agents={num_agents}")
         if kind not in BANDS:
@@ -183,6 +185,13 @@ class WritingTask:
             raise ValueError(f"source={source!r}; allowed: bundled (data/), hub ({HUB[kind]})")
         self.num_agents, self.kind, self.source = num_agents, kind, source
         self.bands = BANDS[kind]
+        if bands:  # task_args={kind: tldr, bands: {ratio_best: [1.5, 3.0]}}
+            unknown = set(bands) - set(Bands.__dataclass_fields__)
+            if unknown:
+                raise ValueError(f"bands has unknown fields {sorted(unknown)}; allowed: "
+                                 f"{', '.join(Bands.__dataclass_fields__)}")
+            fields = {k: tuple(v) if isinstance(v, list) else v for k, v in bands.items()}
+            self.bands = dataclasses.replace(self.bands, **fields)
         self.roles = ["concise", "detailed"] if kind == "tldr" else ["background", "method"]
         self.num_eval, self.max_items, self.pass_threshold = num_eval, max_items, pass_threshold
         self.judge_rubric = RUBRIC[kind]
