@@ -36,7 +36,6 @@ For stronger isolation run the whole trainer in a disposable VM or container (Co
 from __future__ import annotations
 
 import ast
-import math
 import os
 import secrets
 import selectors
@@ -47,7 +46,7 @@ import sys
 import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Sequence
 
 # Environment variables a child may see. Everything else (keys, tokens, proxies) is dropped.

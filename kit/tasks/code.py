@@ -193,6 +193,7 @@ class CodeTask:
         self._cache_size = cache_size
         self._lock = threading.Lock()
         self.judge = None  # attach_judge: expert feedback in multi-turn (the paper's guided mode)
+        self._hub: list[dict] | None = None
 
     def attach_judge(self, judge) -> None:
         self.judge = judge
@@ -211,11 +212,9 @@ class CodeTask:
             return list(humaneval_problems())
         if self.dataset == "coop":
             return list(coop_problems())
-        return self._hub_problems()
-
-    @functools.lru_cache(maxsize=1)
-    def _hub_problems(self) -> list[dict]:
-        return hub_problems(self.dataset[len("hub:"):], self.hub_split)
+        if self._hub is None:  # downloaded once per task
+            self._hub = hub_problems(self.dataset[len("hub:"):], self.hub_split)
+        return self._hub
 
     def load(self, split: str = "train") -> list[dict]:
         if split not in self.ranges:
