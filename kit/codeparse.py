@@ -137,14 +137,6 @@ class AuxUse:
         return self.calls > 0 and not self.shadowed
 
 
-def _body_without_docstring(fn) -> list[ast.stmt]:
-    body = list(fn.body)
-    if body and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant) \
-            and isinstance(body[0].value.value, str):
-        body = body[1:]
-    return body
-
-
 def aux_use(main_code: str, entry_point: str, aux: str = AUX) -> AuxUse:
     tree = _parse(main_code)
     fn = _top_function(tree, entry_point) if tree is not None else None
@@ -169,38 +161,50 @@ def aux_use(main_code: str, entry_point: str, aux: str = AUX) -> AuxUse:
         if isinstance(node, ast.Name) and node.id in names and isinstance(node.ctx, ast.Load):
             if id(node) in called_funcs or id(node) not in alias_values:
                 calls += 1
-    return AuxUse(calls, calls > 0 and _is_wrapper(fn, names), calls > 0 and _ignores(fn, names), shadowed)
+    return AuxUse(calls, calls > 0 and is_wrapper(body_without_docstring(fn), names), calls > 0 and _ignores(fn, names), shadowed)
 
 
-def _is_aux_call(node, names) -> bool:
+def calls_one_of(node, names) -> bool:
     return isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in names
 
 
-def _passthrough(call: ast.Call) -> bool:
+def passthrough(call: ast.Call) -> bool:
     """Arguments are plain names or constants: nothing is computed before handing over to aux."""
     args = list(call.args) + [k.value for k in call.keywords]
     return all(isinstance(a, (ast.Name, ast.Constant)) or
                (isinstance(a, ast.Starred) and isinstance(a.value, ast.Name)) for a in args)
 
 
-def _is_wrapper(fn, names) -> bool:
-    body = [s for s in _body_without_docstring(fn) if not isinstance(s, ast.Pass)]
-    if len(body) == 1 and isinstance(body[0], ast.Return) and _is_aux_call(body[0].value, names):
-        return _passthrough(body[0].value)
+def body_without_docstring(fn) -> list[ast.stmt]:
+    """A function's statements without its docstring and `pass`."""
+    body = list(fn.body)
+    if body and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant) \
+            and isinstance(body[0].value.value, str):
+        body = body[1:]
+    return [s for s in body if not isinstance(s, ast.Pass)]
+
+
+def is_wrapper(body: list[ast.stmt], names) -> bool:
+    """The body only returns a helper's result (directly, or through one variable), its arguments passed as they
+    came: `return aux(x)`, or `r = aux(x)` then `return r`."""
+    body = [s for s in body if not (isinstance(s, ast.Assign) and isinstance(s.value, ast.Name)
+                                    and s.value.id in names)]  # aliases such as h = aux
+    if len(body) == 1 and isinstance(body[0], ast.Return) and calls_one_of(body[0].value, names):
+        return passthrough(body[0].value)
     if len(body) == 2 and isinstance(body[0], ast.Assign) and len(body[0].targets) == 1 \
-            and isinstance(body[0].targets[0], ast.Name) and _is_aux_call(body[0].value, names) \
+            and isinstance(body[0].targets[0], ast.Name) and calls_one_of(body[0].value, names) \
             and isinstance(body[1], ast.Return) and isinstance(body[1].value, ast.Name) \
             and body[1].value.id == body[0].targets[0].id:
-        return _passthrough(body[0].value)
+        return passthrough(body[0].value)
     return False
 
 
 def _ignores(fn, names) -> bool:
     loaded = {n.id for n in ast.walk(fn) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load)}
     for node in ast.walk(fn):
-        if isinstance(node, ast.Expr) and _is_aux_call(node.value, names):
+        if isinstance(node, ast.Expr) and calls_one_of(node.value, names):
             return True
-        if isinstance(node, (ast.Assign, ast.AnnAssign)) and _is_aux_call(node.value, names):
+        if isinstance(node, (ast.Assign, ast.AnnAssign)) and calls_one_of(node.value, names):
             targets = node.targets if isinstance(node, ast.Assign) else [node.target]
             if all(isinstance(t, ast.Name) and t.id not in loaded for t in targets):
                 return True

@@ -26,7 +26,7 @@ from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from kit.codeparse import AUX, extract_code
+from kit.codeparse import AUX, body_without_docstring, calls_one_of, extract_code, is_wrapper
 
 SCHEMES = ("fallback", "decorator", "coordinator", "strategy_filter", "wrapper", "no_use", "unparseable")
 PRIORITY = ("fallback", "coordinator", "strategy_filter", "decorator")
@@ -70,8 +70,8 @@ def classify(helper_code: str, main_code: str, entry_point: str) -> Schemes:
             and not _is_alias_source(n, parents)]
     if not uses:
         return Schemes({"no_use"}, "no_use")
-    body = _body(fn)
-    if _is_wrapper([st for st in body if not _is_alias(st, names)], names):
+    body = body_without_docstring(fn)
+    if is_wrapper(body, names):
         return Schemes({"wrapper"}, "wrapper")
     results = _result_names(fn, names)
     found = set()
@@ -101,14 +101,6 @@ def classify(helper_code: str, main_code: str, entry_point: str) -> Schemes:
 # --- helpers over the AST
 
 
-def _body(fn) -> list[ast.stmt]:
-    body = list(fn.body)
-    if body and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant) \
-            and isinstance(body[0].value.value, str):
-        body = body[1:]
-    return [s for s in body if not isinstance(s, ast.Pass)]
-
-
 def _reachable_names(fn, helpers: set[str]) -> set[str]:
     """Helper names main can reach: minus those it rebinds locally, plus aliases of the rest."""
     params = {a.arg for a in ast.walk(fn.args) if isinstance(a, ast.arg)}
@@ -133,10 +125,6 @@ def _reachable_names(fn, helpers: set[str]) -> set[str]:
     return names
 
 
-def _is_alias(stmt, names) -> bool:
-    return isinstance(stmt, ast.Assign) and isinstance(stmt.value, ast.Name) and stmt.value.id in names
-
-
 def _is_alias_source(name: ast.Name, parents) -> bool:
     parent = parents.get(id(name))
     return isinstance(parent, ast.Assign) and parent.value is name
@@ -148,27 +136,6 @@ def _ancestors(node, parents, stop) -> list[ast.AST]:
         node = parents[id(node)]
         out.append(node)
     return out
-
-
-def _calls(node, names) -> bool:
-    return isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in names
-
-
-def _passthrough(call: ast.Call) -> bool:
-    args = list(call.args) + [k.value for k in call.keywords]
-    return all(isinstance(a, (ast.Name, ast.Constant)) or
-               (isinstance(a, ast.Starred) and isinstance(a.value, ast.Name)) for a in args)
-
-
-def _is_wrapper(body, names) -> bool:
-    if len(body) == 1 and isinstance(body[0], ast.Return) and _calls(body[0].value, names):
-        return _passthrough(body[0].value)
-    if len(body) == 2 and isinstance(body[0], ast.Assign) and len(body[0].targets) == 1 \
-            and isinstance(body[0].targets[0], ast.Name) and _calls(body[0].value, names) \
-            and isinstance(body[1], ast.Return) and isinstance(body[1].value, ast.Name) \
-            and body[1].value.id == body[0].targets[0].id:
-        return _passthrough(body[0].value)
-    return False
 
 
 def _in_try_body(node, try_node: ast.Try, parents) -> bool:
@@ -244,7 +211,7 @@ def _transformed(call, parents) -> bool:
 def _result_names(fn, names) -> set[str]:
     out = set()
     for node in ast.walk(fn):
-        if isinstance(node, ast.Assign) and _calls(node.value, names):
+        if isinstance(node, ast.Assign) and calls_one_of(node.value, names):
             out |= {t.id for t in node.targets if isinstance(t, ast.Name)}
     return out
 
