@@ -161,7 +161,8 @@ def aux_use(main_code: str, entry_point: str, aux: str = AUX) -> AuxUse:
         if isinstance(node, ast.Name) and node.id in names and isinstance(node.ctx, ast.Load):
             if id(node) in called_funcs or id(node) not in alias_values:
                 calls += 1
-    return AuxUse(calls, calls > 0 and is_wrapper(body_without_docstring(fn), names), calls > 0 and _ignores(fn, names), shadowed)
+    wrapper = calls > 0 and is_wrapper(body_without_docstring(fn), names)
+    return AuxUse(calls, wrapper, calls > 0 and _ignores(fn, names), shadowed)
 
 
 def calls_one_of(node, names) -> bool:

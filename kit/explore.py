@@ -61,7 +61,8 @@ class RunLog:
                 continue
             if item is not None and r["item"] != item:
                 continue
-            if min_reward is not None and r["reward"] < min_reward or max_reward is not None and r["reward"] > max_reward:
+            if (min_reward is not None and r["reward"] < min_reward) or \
+                    (max_reward is not None and r["reward"] > max_reward):
                 continue
             if part is not None and (part not in r.get("parts", {}) or
                                      (part_min is not None and r["parts"][part] < part_min)):

@@ -9,8 +9,9 @@ Reward (max 4.0; the paper normalises by 4, e.g. `reward_processor="scale(0.25)"
     structure   (1.0)  +0.4 aux is defined and returns a value; +0.6 the entry point is defined (stop if not)
     syntax      (0.5)  the joined program parses (stop if not)
     tests       (1.0)  fraction of the problem's asserts that pass, each under its own timeout
-    cooperation (1.5)  only when aux is defined and returns, and at least one test passes: +0.5 main uses aux; +1.0 more when
-                       main is not a thin wrapper around aux; -0.5 when an aux result is thrown away (AST-based)
+    cooperation (1.5)  only when aux is defined and returns, and at least one test passes: +0.5 main uses aux;
+                       +1.0 more when main is not a thin wrapper around aux; -0.5 when an aux result is thrown
+                       away (AST-based)
 `parts` holds each level; `details` holds what feedback needs (errors, failing asserts with got vs expected).
 
 Data (`dataset=`):
@@ -52,7 +53,7 @@ HELPER_PROMPT = """Write a helper function for this coding problem.
 Problem:
 {prompt}
 Instructions:
-- Write one function named `aux` that does a useful part of the work; another programmer will write `{entry}` and call it.
+- Write one function named `aux` that does a useful part of the work; a teammate writes `{entry}` and calls it.
 - Output only Python code for `aux` (imports allowed), no explanations and no tests.
 - Do not write `{entry}` itself.
 """
