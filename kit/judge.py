@@ -10,9 +10,9 @@ counted as a token (a token is never shorter than a byte) plus `max_tokens` of o
 from `PRICES`. A call goes out only when spent + reserved + this worst case stays within the cap (it waits while
 calls in flight hold the room), so concurrent calls can never push the spend past it. After the call the
 reservation is replaced by the real cost from the reply's `usage` (by the worst case when a timeout or an
-unreadable reply leaves the billing unknown). The ledger is written to `<run_dir>/budget.json` after every call, so a resumed run continues
-from what was already spent. A warning is logged at 80%; at the cap the judge stops, says so once, and training
-goes on without it.
+unreadable reply leaves the billing unknown). The ledger is written to `<run_dir>/budget.json` after every
+call, so a resumed run continues from what was already spent. A warning is logged at 80%; at the cap the judge
+stops, says so once, and training goes on without it.
 
 Identical requests within a run are answered from a cache and not paid twice. Rate limits, 5xx and timeouts are
 retried with the SDK's own backoff (`max_retries`); after that, and for a malformed reply, the item is unscored
