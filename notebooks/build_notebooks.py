@@ -118,8 +118,10 @@ except Exception:
              "below continues from the newest complete checkpoint on Drive.", [
                  code("""
 PRESET = "colab_a100"  # colab_a100 (A100, the paper's recipe in 4-bit), colab_t4, tiny_cpu
-TASK = "code"  # code, toy
-TASK_ARGS = {"dataset": "humaneval"}  # code: humaneval, coop, hub:OpenMLRL/CoopHumanEval
+TASK = "code"  # code, writing, toy
+TASK_ARGS = {"dataset": "humaneval"}  # code: humaneval, coop, hub:OpenMLRL/CoopHumanEval; writing: {"kind": "tldr"}
+JUDGE_MODEL = None  # e.g. "claude-sonnet-4-5": adds the judge's score as a reward (needs ANTHROPIC_API_KEY)
+JUDGE_BUDGET_USD = 15.0  # hard cap on judge spend for this run
 RUN_NAME = "magrpo_code"
 DRIVE_FOLDER = "magrpo-kit/runs"  # under MyDrive
 NUM_STEPS = None  # None: the preset's
@@ -136,6 +138,8 @@ mirror = str(drive / DRIVE_FOLDER / RUN_NAME) if drive else None
 overrides = [f"task={TASK}", f"task_args={TASK_ARGS}", f"run_dir={run_dir}", f"mirror_dir={mirror}" if mirror else "mirror_dir=null"]
 if NUM_STEPS:
     overrides.append(f"num_steps={NUM_STEPS}")
+if JUDGE_MODEL and not SMOKE:
+    overrides += [f"judge_model={JUDGE_MODEL}", "use_judge_reward=true", f"judge_budget_usd={JUDGE_BUDGET_USD}"]
 if SMOKE:
     overrides += ["batch_size=2", "num_generations=2", "max_new_tokens=16", "save_every=1", "eval_every=2", "num_eval_items=2"]
 cfg = load_config(PRESET, overrides=overrides)
