@@ -6,6 +6,7 @@
     secret("ANTHROPIC_API_KEY")     from the environment or Colab secrets; never printed
     Mirror(run_dir, mirror_dir)     copies checkpoints and logs to Drive after each save, in the background
     restore(mirror_dir, run_dir)    brings the newest complete checkpoint back after a disconnect
+    notebook_config(...)            01_train's parameters cell as a validated TrainConfig
     start_or_resume(cfg)            a Trainer for a new run, or for the newest one (restored from the mirror)
     smoke_run()                     (KIT_SMOKE) a tiny two-step code-task run for the analysis notebooks
 
@@ -210,3 +211,24 @@ def smoke_run(log=print) -> Path:
     trainer.train()
     trainer.close()
     return run_dir
+
+
+def notebook_config(preset: str, task: str, task_args: dict, run_name: str, drive: Path | None = None,
+                    drive_folder: str = "magrpo-kit/runs", num_steps: int | None = None,
+                    judge_model: str | None = None, judge_budget_usd: float = 15.0, smoke: bool = False):
+    """01_train's parameters as a validated TrainConfig: the run on this disk, mirrored to Drive when mounted.
+    `smoke` (KIT_SMOKE=1) swaps in the tiny CPU preset and a few steps of the code task."""
+    from kit.config import from_dict, load_config, validate
+
+    values = {"task": task, "task_args": dict(task_args), "run_dir": f"checkpoints/{run_name}",
+              "mirror_dir": str(Path(drive) / drive_folder / run_name) if drive else None}
+    if num_steps:
+        values["num_steps"] = num_steps
+    if judge_model:
+        values.update(judge_model=judge_model, use_judge_reward=True, judge_budget_usd=judge_budget_usd)
+    if smoke:
+        preset = "tiny_cpu"
+        values.update(task="code", task_args={"dataset": "coop"}, num_steps=3, batch_size=2, num_generations=2,
+                      max_new_tokens=16, save_every=1, eval_every=2, num_eval_items=2, judge_model=None,
+                      use_judge_reward=False, run_dir=os.environ.get("KIT_SMOKE_DIR", "checkpoints/smoke") + "_train")
+    return validate(from_dict(values, load_config(preset)))

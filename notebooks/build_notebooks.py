@@ -128,21 +128,8 @@ NUM_STEPS = None  # None: the preset's
 """, tags=["parameters"]),
                  DRIVE,
                  code("""
-from kit.config import load_config
-
-if SMOKE:
-    PRESET, TASK, TASK_ARGS, NUM_STEPS = "tiny_cpu", "code", {"dataset": "coop"}, 3
-drive = globals().get("drive")  # set by the Drive cell in Colab
-run_dir = f"checkpoints/{RUN_NAME}" if not SMOKE else os.environ.get("KIT_SMOKE_DIR", "checkpoints/smoke") + "_train"
-mirror = str(drive / DRIVE_FOLDER / RUN_NAME) if drive else None
-overrides = [f"task={TASK}", f"task_args={TASK_ARGS}", f"run_dir={run_dir}", f"mirror_dir={mirror}" if mirror else "mirror_dir=null"]
-if NUM_STEPS:
-    overrides.append(f"num_steps={NUM_STEPS}")
-if JUDGE_MODEL and not SMOKE:
-    overrides += [f"judge_model={JUDGE_MODEL}", "use_judge_reward=true", f"judge_budget_usd={JUDGE_BUDGET_USD}"]
-if SMOKE:
-    overrides += ["batch_size=2", "num_generations=2", "max_new_tokens=16", "save_every=1", "eval_every=2", "num_eval_items=2"]
-cfg = load_config(PRESET, overrides=overrides)
+cfg = colab.notebook_config(PRESET, TASK, TASK_ARGS, RUN_NAME, globals().get("drive"), DRIVE_FOLDER, NUM_STEPS,
+                            JUDGE_MODEL, JUDGE_BUDGET_USD, smoke=SMOKE)
 print(f"run: {cfg.run_dir}  mirror: {cfg.mirror_dir}  model: {cfg.model_name}  task: {cfg.task} {cfg.task_args}")
 """),
                  md("""

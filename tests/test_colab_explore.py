@@ -158,3 +158,19 @@ def test_restore_never_replaces_a_local_run_that_is_ahead_of_the_mirror(tmp_path
     metrics = (tmp_path / "local" / "metrics.jsonl").read_text()
     assert colab.restore(tmp_path / "drive", tmp_path / "local", log=lambda *_: None) == 4
     assert (tmp_path / "local" / "metrics.jsonl").read_text() == metrics
+
+
+def test_notebook_config_mirrors_to_drive_and_smoke_swaps_in_the_tiny_preset(tmp_path, monkeypatch):
+    from kit.config import ConfigError
+
+    cfg = colab.notebook_config("colab_a100", "writing", {"kind": "arxiv"}, "mine", drive=tmp_path, num_steps=7,
+                                judge_model="claude-sonnet-4-5", judge_budget_usd=3.0)
+    assert cfg.model_name == "Qwen/Qwen2.5-Coder-3B-Instruct" and cfg.task_args == {"kind": "arxiv"}
+    assert cfg.run_dir == "checkpoints/mine" and cfg.mirror_dir == str(tmp_path / "magrpo-kit/runs/mine")
+    assert cfg.num_steps == 7 and cfg.use_judge_reward and cfg.judge_budget_usd == 3.0
+    assert colab.notebook_config("colab_t4", "code", {}, "x").mirror_dir is None
+    monkeypatch.setenv("KIT_SMOKE_DIR", str(tmp_path / "smoke"))
+    smoke = colab.notebook_config("colab_a100", "code", {}, "x", judge_model="claude-sonnet-4-5", smoke=True)
+    assert smoke.model_name == "tiny" and smoke.num_steps == 3 and smoke.judge_model is None
+    with pytest.raises(ConfigError, match="task='poetry'"):
+        colab.notebook_config("tiny_cpu", "poetry", {}, "x")
