@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import time
 
-from kit.evaluate import sample_joint, sampling_args, score, summarize
+from kit.evaluate import parallel_joints, sample_joint, sampling_args, score, summarize
 from kit.rollout import generate
 
 METHODS = ("single", "naive", "sequential", "discussion")
@@ -85,21 +85,13 @@ def _sequential(team, task, cfg, items, n):
 
 def _discussion(team, task, cfg, items, n):
     N = len(task.prompts(items[0]))
-    first, tokens, seconds = _first_round(team, task, cfg, items, n)
+    first, tokens, seconds = parallel_joints(team, task, items, n, cfg)
     requests = [(a, discussion_prompt(task, item, a, first[k][g]))
                 for k, item in enumerate(items) for g in range(n) for a in range(N)]
     ro = generate(team, requests, 1, **sampling_args(cfg))
     revised = [[tuple(ro.texts[(k * n + g) * N + a][0] for a in range(N)) for g in range(n)]
                for k in range(len(items))]
     return revised, tokens + ro.num_tokens, seconds + ro.seconds
-
-
-def _first_round(team, task, cfg, items, n):
-    N = len(task.prompts(items[0]))
-    ro = generate(team, [(a, p) for item in items for a, p in enumerate(task.prompts(item))], n,
-                  **sampling_args(cfg))
-    joints = [[tuple(ro.texts[k * N + a][g] for a in range(N)) for g in range(n)] for k in range(len(items))]
-    return joints, ro.num_tokens, ro.seconds
 
 
 _RUNNERS = {"single": _single, "sequential": _sequential, "discussion": _discussion}

@@ -59,14 +59,20 @@ def sampling_args(cfg) -> dict:
                 use_chat_template=cfg.use_chat_template, max_prompt_tokens=cfg.max_prompt_tokens)
 
 
-def sample_joint(team, task, items: list[dict], n: int, cfg, scorer: Scorer):
-    """n joint actions per item from the task's own prompts (agents in parallel, one batched generate)."""
+def parallel_joints(team, task, items: list[dict], n: int, cfg):
+    """n joint actions per item from the task's own prompts (agents in parallel, one batched generate):
+    (joints[item][g], generated tokens, generate seconds)."""
     N = len(task.prompts(items[0])) if items else 0
     requests = [(a, p) for item in items for a, p in enumerate(task.prompts(item))]
     ro = generate(team, requests, n, **sampling_args(cfg))
     joints = [[tuple(ro.texts[k * N + a][g] for a in range(N)) for g in range(n)] for k in range(len(items))]
-    rewards = score(scorer, items, joints)
-    return joints, rewards, ro.num_tokens, ro.seconds
+    return joints, ro.num_tokens, ro.seconds
+
+
+def sample_joint(team, task, items: list[dict], n: int, cfg, scorer: Scorer):
+    """`parallel_joints`, scored: (joints, rewards, tokens, seconds)."""
+    joints, tokens, seconds = parallel_joints(team, task, items, n, cfg)
+    return joints, score(scorer, items, joints), tokens, seconds
 
 
 def score(scorer: Scorer, items: list[dict], joints: list[list[tuple]]) -> list[list]:
@@ -104,14 +110,14 @@ class RunContext:
     def __init__(self, run_dir: str | Path, split: str = "eval", num_items: int | None = None, log=print):
         from kit.config import load_config
         from kit.models import build_team
-        from kit.tasks import get_task
+        from kit.tasks import task_for
 
         self.run_dir = Path(run_dir)
         if not (self.run_dir / "config.json").exists():
             raise FileNotFoundError(f"{self.run_dir} has no config.json: is it a run directory made by "
                                     "`python -m kit train`?")
         self.cfg = load_config(path=self.run_dir / "config.json")
-        self.task = get_task(self.cfg.task, self.cfg.num_agents, **self.cfg.task_args)
+        self.task = task_for(self.cfg)
         items = self.task.load(split)
         self.items = items[:num_items or self.cfg.num_eval_items or len(items)]
         self.team = build_team(self.cfg, log=log)

@@ -24,7 +24,9 @@ class RunLog:
         path = self.run_dir / "rollouts.jsonl"
         if not path.exists():
             raise FileNotFoundError(f"{path} does not exist: train with log_rollouts=true (the default) first")
-        self.config = json.loads((self.run_dir / "config.json").read_text())
+        from kit.config import load_config
+
+        self.cfg = load_config(path=self.run_dir / "config.json")
         self._task = None
         self.reload()
 
@@ -35,15 +37,15 @@ class RunLog:
     @property
     def task(self):
         if self._task is None:
-            from kit.tasks import get_task
+            from kit.tasks import task_for
 
-            self._task = get_task(self.config["task"], self.config["num_agents"], **self.config.get("task_args", {}))
+            self._task = task_for(self.cfg)
         return self._task
 
     @property
     def roles(self) -> list[str]:
         roles = getattr(self.task, "roles", None)
-        return list(roles) if roles else [f"agent_{i}" for i in range(self.config["num_agents"])]
+        return list(roles) if roles else [f"agent_{i}" for i in range(self.cfg.num_agents)]
 
     def steps(self) -> list[int]:
         return sorted({r["step"] for r in self.all_rows})
@@ -75,7 +77,7 @@ class RunLog:
             for it in self.task.load(split):
                 if it["id"] == item_id:
                     return it
-        raise KeyError(f"item {item_id!r} is not in task {self.config['task']!r}")
+        raise KeyError(f"item {item_id!r} is not in task {self.cfg.task!r}")
 
     def rescore(self, row: dict, agent: int, text: str):
         """The task's reward for this joint action with agent `agent`'s completion replaced by `text`."""

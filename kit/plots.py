@@ -47,6 +47,13 @@ def smooth(values: np.ndarray, window: int) -> tuple[np.ndarray, np.ndarray]:
     return mean, std
 
 
+def _band(ax, steps, values, window: int, label: str):
+    """A smoothed line with a +-1 std band."""
+    mean, std = smooth(np.asarray(values, dtype=float), window)
+    line, = ax.plot(steps, mean, label=label)
+    ax.fill_between(steps, mean - std, mean + std, color=line.get_color(), alpha=0.2, linewidth=0)
+
+
 def learning_curves(run_dir: str | Path, parts: list[str] | None = None, window: int = 10, path=None):
     """Left: total training reward (and the greedy eval reward when logged). Right: each reward part."""
     rows = [r for r in read_metrics(run_dir) if "reward/mean" in r]
@@ -59,10 +66,7 @@ def learning_curves(run_dir: str | Path, parts: list[str] | None = None, window:
     fig, (ax_total, ax_parts) = _figure(2)
     for ax, keys in ((ax_total, ["reward/mean"]), (ax_parts, parts)):
         for key in keys:
-            values = np.array([r.get(key, np.nan) for r in rows], dtype=float)
-            mean, std = smooth(values, window)
-            line, = ax.plot(steps, mean, label=key.removeprefix("reward/"))
-            ax.fill_between(steps, mean - std, mean + std, color=line.get_color(), alpha=0.2, linewidth=0)
+            _band(ax, steps, [r.get(key, np.nan) for r in rows], window, key.removeprefix("reward/"))
         ax.set_xlabel("step")
         ax.grid(alpha=0.3)
     evals = [r for r in read_metrics(run_dir) if "eval/reward_mean" in r]
@@ -155,9 +159,7 @@ class LiveCurve:
         steps = np.array([r["step"] for r in self.rows])
         fig, (ax,) = _figure(1, width=7.0, height=3.0)
         for key in ("reward/mean",) + tuple(k for k in ("reward/tests", "reward/cooperation") if k in self.rows[-1]):
-            mean, std = smooth(np.array([r.get(key, np.nan) for r in self.rows], dtype=float), self.window)
-            line, = ax.plot(steps, mean, label=key.removeprefix("reward/"))
-            ax.fill_between(steps, mean - std, mean + std, color=line.get_color(), alpha=0.2, linewidth=0)
+            _band(ax, steps, [r.get(key, np.nan) for r in self.rows], self.window, key.removeprefix("reward/"))
         ax.set_xlabel("step")
         ax.set_title(f"training reward, step {self.rows[-1]['step']}")
         ax.legend(loc="upper left")

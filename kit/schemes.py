@@ -289,17 +289,16 @@ def scheme_shares(run_dir: str | Path, entry_points: dict[str, str] | None = Non
 
 def _entry_points(run_dir: Path) -> dict[str, str]:
     from kit.config import load_config
-    from kit.tasks import get_task
+    from kit.tasks import task_for
 
-    cfg = load_config(path=run_dir / "config.json")
-    task = get_task(cfg.task, cfg.num_agents, **cfg.task_args)
+    task = task_for(load_config(path=run_dir / "config.json"))
     out = {}
     for split in ("train", "eval"):
         for item in task.load(split):
             if "entry_point" in item:
                 out[item["id"]] = item["entry_point"]
     if not out:
-        raise ValueError(f"task {cfg.task!r} has no entry points: schemes apply to the code task")
+        raise ValueError(f"task {task.name!r} has no entry points: schemes apply to the code task")
     return out
 
 

@@ -71,9 +71,9 @@ class Trainer:
             raise FileExistsError(f"run_dir {str(self.run_dir)!r} already holds a run; resume it (resume=True, "
                                   "--resume) or choose another run_dir")
         if task is None:
-            from kit.tasks import get_task
+            from kit.tasks import task_for
 
-            task = get_task(cfg.task, cfg.num_agents, **cfg.task_args)
+            task = task_for(cfg)
         self.task = task
         self.judge = None
         if cfg.judge_model and (cfg.use_judge_reward or cfg.judge_feedback):

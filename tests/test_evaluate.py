@@ -114,7 +114,10 @@ def test_sequential_and_discussion_show_teammates_text(ctx, monkeypatch):
         seen.append(requests)
         return real(team, requests, n, **kw)
 
+    import kit.evaluate
+
     monkeypatch.setattr(baselines, "generate", spy)
+    monkeypatch.setattr(kit.evaluate, "generate", spy)  # the first round of a discussion goes through it
     joints, _, _ = baselines._sequential(ctx.team, ctx.task, ctx.cfg, ctx.items[:2], 3)
     second = seen[1]
     assert len(second) == 6 and all(agent == 1 for agent, _ in second)

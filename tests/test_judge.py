@@ -4,6 +4,7 @@ Run: python -m pytest tests/test_judge.py
 """
 
 import json
+import secrets
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -15,7 +16,7 @@ pytest.importorskip("anthropic")
 
 from kit.judge import PRICES, Budget, Judge, JudgeReward, parse_score, price_of  # noqa: E402
 
-KEY = "sk-ant-test-KEY-0123456789abcdef"
+KEY = "test-key-" + secrets.token_hex(16)  # made per run: no key-shaped literal in the repository
 MODEL = "claude-haiku-4-5"  # $1 / $5 per million tokens
 
 

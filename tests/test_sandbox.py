@@ -5,6 +5,7 @@ as they were), and that the tests it faced fail with a reason.
 """
 
 import os
+import secrets
 import time
 
 import pytest
@@ -105,7 +106,7 @@ def test_deleting_files_is_refused(tmp_path):
 
 
 def test_api_key_in_the_parent_never_reaches_the_program(monkeypatch):
-    secret = "sk-ant-test-0123456789"
+    secret = "test-secret-" + secrets.token_hex(16)
     monkeypatch.setenv("ANTHROPIC_API_KEY", secret)
     monkeypatch.setenv("HF_TOKEN", secret)
     prog = ("import os\ndef leak():\n    print(dict(os.environ))\n"

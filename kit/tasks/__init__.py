@@ -23,6 +23,11 @@ def get_task(name: str, num_agents: int, **task_args):
     return task
 
 
+def task_for(cfg):
+    """The task a TrainConfig names, built with its task_args."""
+    return get_task(cfg.task, cfg.num_agents, **cfg.task_args)
+
+
 def check_task(task, num_agents: int) -> None:
     """Fail early, naming what is missing, when an object does not meet the Task contract."""
     for attr in ("load", "prompts"):
