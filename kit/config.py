@@ -31,6 +31,8 @@ class TrainConfig:
     dtype: str = "auto"  # auto (bf16/fp16 on CUDA, fp32 on CPU), float32, bfloat16, float16
     device: str = "auto"  # auto, cpu, cuda, cuda:1 ...
     gradient_checkpointing: bool = False  # trade compute for memory in the update
+    rollout_engine: str = "auto"  # auto (compiled on CUDA, hf on CPU), hf (PEFT eager), compiled (CUDA graphs)
+    generation_weights: str = "auto"  # compiled engine: auto (a bf16/fp16 copy of a 4-bit base if it fits), copy, 4bit
     lora_r: int = 16  # LoRA rank
     lora_alpha: int = 32  # LoRA scaling numerator
     lora_dropout: float = 0.0  # dropout on the LoRA input
@@ -89,6 +91,8 @@ class TrainConfig:
 
 CHOICES = {
     "quantization": ("auto", "4bit", "none"),
+    "rollout_engine": ("auto", "hf", "compiled"),
+    "generation_weights": ("auto", "copy", "4bit"),
     "dtype": ("auto", "float32", "bfloat16", "float16"),
     "joint_mode": ("aligned", "cross"),
     "advantage_mode": ("mean", "rloo", "none"),
@@ -98,7 +102,8 @@ CHOICES = {
 }
 # Fields that do not change what is trained: a resumed run may differ in these.
 NON_TRAINING = {"run_dir", "mirror_dir", "judge_budget_usd", "eval_every", "save_every", "keep_last", "log_rollouts", "use_wandb", "wandb_project",
-                "progress", "reward_workers", "reward_pool", "num_eval_items", "device", "num_steps"}
+                "progress", "reward_workers", "reward_pool", "num_eval_items", "device", "num_steps",
+                "rollout_engine", "generation_weights"}
 
 
 def _preset_tiny_cpu() -> TrainConfig:

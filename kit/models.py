@@ -248,6 +248,9 @@ class Team:
     base_of: list[int]
     adapter_of: list[str]
     roles: list[str] = field(default_factory=list)
+    rollout_engine: str = "auto"  # auto, hf, compiled (kit/rollout.py)
+    generation_weights: str = "auto"  # auto, copy, 4bit: what the compiled engine decodes with (kit/compiled.py)
+    engines: dict = field(default_factory=dict, repr=False)  # base -> its rollout engine, built on first use
 
     @property
     def num_agents(self) -> int:
@@ -290,7 +293,8 @@ def build_team(cfg, log=print) -> Team:
         mine = list(dict.fromkeys(a for a, bb in zip(adapter_of, base_of) if bb == b))
         models.append(attach_adapters(model, mine, lcfg, seed=cfg.seed))
         toks.append(tok)
-    return Team(models, toks, base_of, adapter_of)
+    return Team(models, toks, base_of, adapter_of, rollout_engine=cfg.rollout_engine,
+                generation_weights=cfg.generation_weights)
 
 
 def trainable_count(team: Team) -> tuple[int, int]:

@@ -1,19 +1,30 @@
-"""Batched generation for all agents at once.
+"""Batched generation for all agents at once, behind one entry point and several engines.
 
 `generate(team, requests, ...)` takes a list of (agent, prompt) requests, expands each into G samples and runs
-ONE `generate` call per base model (one in the usual homogeneous team), every row routed to its agent's LoRA
-adapter through PEFT's `adapter_names`. Prompts get the tokenizer's chat template when it has one and are
-left-padded; generation stops at EOS. The token ids and masks are kept so the update can score the exact
-tokens that were sampled.
+ONE engine call per base model (one in the usual homogeneous team), the rows of each adapter in one contiguous
+block. Prompts get the tokenizer's chat template when it has one and are left-padded; generation stops at EOS.
+The token ids and masks are kept so the update can score the exact tokens that were sampled. The trainer,
+evaluation and baselines call only `generate`; which engine ran is the team's `rollout_engine`:
 
-Not covered: vLLM or other inference servers; speculative decoding.
+    hf        PEFT's own `generate`, every row routed to its adapter through `adapter_names` (eager)
+    compiled  kit/compiled.py: a generation model with all adapters stacked, static KV cache, CUDA graphs
+    auto      compiled on CUDA, hf on a CPU
+
+An engine is anything with `generate(input_ids, attention_mask, adapters, generation_config) -> (R, T)
+completion ids` and `sync()` (see `Engine`); a vLLM engine would slot in beside these two.
+
+Sampling is exactly the config's: `sampling_config` sets every field that changes the distribution, so none is
+inherited from a hub model's generation_config (Qwen's sets repetition_penalty=1.05 and top_k=20) and the
+sampled policy is the one the update scores.
+
+Not covered: speculative decoding; inference servers (vLLM, SGLang) are not wired in yet.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-
 import time
+from dataclasses import dataclass, field
+from typing import Protocol
 
 import torch
 
@@ -57,7 +68,8 @@ class Rollout:
     texts: list[list[str]]
     segments: list[Segment] = field(default_factory=list)
     num_tokens: int = 0
-    seconds: float = 0.0  # wall time inside generate calls
+    seconds: float = 0.0  # wall time inside generate calls (compilation excluded)
+    compile_seconds: float = 0.0  # wall time spent compiling new shapes (compiled engine, first calls only)
 
     def segment(self, base: int) -> Segment:
         return next(s for s in self.segments if s.base == base)
@@ -86,18 +98,101 @@ def completion_mask(completion: torch.Tensor, eos: list[int]) -> torch.Tensor:
     return (seen_before == 0).long()
 
 
+def sampling_config(max_new_tokens: int, temperature: float, top_p: float, top_k: int, eos: list[int],
+                    pad_token_id: int):
+    """A GenerationConfig with every distribution-changing field set (temperature 0: greedy)."""
+    from transformers import GenerationConfig
+
+    sample = temperature > 0
+    # greedy: transformers' global defaults (1.0, 1.0, 50), which it neither warns about nor fills from the model
+    return GenerationConfig(max_new_tokens=max_new_tokens, do_sample=sample, temperature=temperature if sample else 1.0,
+                            top_p=top_p if sample else 1.0, top_k=top_k if sample else 50, repetition_penalty=1.0,
+                            no_repeat_ngram_size=0, typical_p=1.0, epsilon_cutoff=0.0, eta_cutoff=0.0,
+                            eos_token_id=eos, pad_token_id=pad_token_id)
+
+
+class Engine(Protocol):
+    """A rollout engine: prompt token ids in, completion ids out, rows in the order given."""
+
+    name: str
+    compile_seconds: float  # cumulative time spent compiling
+
+    def generate(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, adapters: list[str],
+                 generation_config) -> torch.Tensor:
+        """(R, P) left-padded prompts, each row's adapter -> (R, T) completion ids (EOS, then padding)."""
+        ...
+
+    def sync(self) -> None:
+        """Pick up the adapters' current weights (after an optimizer step or a checkpoint load)."""
+        ...
+
+
+class HFEngine:
+    """PEFT's eager generate with mixed `adapter_names`: works for every model PEFT supports."""
+
+    name = "hf"
+    compile_seconds = 0.0
+
+    def __init__(self, model):
+        self.model = model
+
+    def sync(self) -> None:  # PEFT reads its own weights
+        pass
+
+    @torch.no_grad()
+    def generate(self, input_ids, attention_mask, adapters, generation_config):
+        was_training = self.model.training
+        self.model.eval()
+        try:
+            seq = self.model.generate(input_ids=input_ids, attention_mask=attention_mask, adapter_names=adapters,
+                                      generation_config=generation_config)
+        finally:
+            self.model.train(was_training)
+        return seq[:, input_ids.shape[1]:]
+
+
+def auto_engine(device: torch.device) -> str:
+    """What rollout_engine=auto picks: CUDA graphs pay off on a GPU; on a CPU the eager PEFT path is as fast."""
+    return "compiled" if device.type == "cuda" else "hf"
+
+
+def engine_for(team, base: int, log=print) -> Engine:
+    """The team's engine for one base, built on first use and kept (the compiled engine holds its graphs)."""
+    if base not in team.engines:
+        model = team.models[base]
+        choice = getattr(team, "rollout_engine", "auto")
+        if choice == "auto":
+            choice = auto_engine(next(model.parameters()).device)
+        engine: Engine = HFEngine(model)
+        if choice == "compiled":
+            from kit.compiled import CompiledEngine
+
+            adapters = [a for a in team.adapters if team.base_of[team.agents_of_adapter(a)[0]] == base]
+            try:
+                engine = CompiledEngine(model, adapters, weights=getattr(team, "generation_weights", "auto"), log=log)
+            except ValueError as err:
+                if getattr(team, "rollout_engine", "auto") == "compiled":
+                    raise ValueError(f"rollout_engine=compiled: {err}; use rollout_engine=hf") from err
+                log(f"[kit] compiled rollout engine unavailable ({err}): using rollout_engine=hf")
+        team.engines[base] = engine
+    return team.engines[base]
+
+
 @torch.no_grad()
 def generate(team, requests: list[tuple[int, str]], num_generations: int, *, max_new_tokens: int,
              temperature: float = 1.0, top_p: float = 1.0, top_k: int = 0, use_chat_template: bool = True,
              max_prompt_tokens: int | None = None) -> Rollout:
-    """One batched generate per base for all requests x G samples. temperature 0 means greedy."""
+    """One batched engine call per base for all requests x G samples. temperature 0 means greedy."""
     G = num_generations
     texts: list[list[str]] = [[""] * G for _ in requests]
     out = Rollout(requests, texts)
+    order = {a: i for i, a in enumerate(team.adapters)}
     for base, model in enumerate(team.models):
         mine = [k for k, (agent, _) in enumerate(requests) if team.base_of[agent] == base]
         if not mine:
             continue
+        # each adapter's rows in one contiguous block (stable: request order, then g, inside a block)
+        mine.sort(key=lambda k: order[team.adapter_of[requests[k][0]]])
         tok = team.tokenizers[base]
         tok.padding_side = "left"  # generation continues from the right edge of every row
         prompts = [format_prompt(tok, requests[k][1], use_chat_template) for k in mine for _ in range(G)]
@@ -106,20 +201,19 @@ def generate(team, requests: list[tuple[int, str]], num_generations: int, *, max
         device = next(model.parameters()).device
         enc = {k: v.to(device) for k, v in enc.items()}
         agents = [requests[k][0] for k in mine for _ in range(G)]
-        adapter_names = [team.adapter_of[a] for a in agents]
         eos = eos_ids(model, tok)
-        sampling = dict(do_sample=True, temperature=temperature, top_p=top_p, top_k=top_k) if temperature > 0 \
-            else dict(do_sample=False, temperature=None, top_p=None, top_k=None)
-        was_training = model.training
-        model.eval()
+        config = sampling_config(max_new_tokens, temperature, top_p, top_k, eos, tok.pad_token_id)
+        engine = engine_for(team, base)
+        compiled_before = engine.compile_seconds
         t0 = time.perf_counter()
-        seq = model.generate(**enc, adapter_names=adapter_names, max_new_tokens=max_new_tokens,
-                             eos_token_id=eos, pad_token_id=tok.pad_token_id, **sampling)  # (R, P + T)
-        out.seconds += time.perf_counter() - t0
-        model.train(was_training)
+        comp = engine.generate(enc["input_ids"], enc["attention_mask"], [team.adapter_of[a] for a in agents],
+                               config)  # (R, T)
+        compile_s = engine.compile_seconds - compiled_before
+        out.seconds += time.perf_counter() - t0 - compile_s
+        out.compile_seconds += compile_s
         P = enc["input_ids"].shape[1]
-        comp = seq[:, P:]
         cmask = completion_mask(comp, eos)
+        seq = torch.cat([enc["input_ids"], comp], dim=1)  # (R, P + T)
         attention = torch.cat([enc["attention_mask"], cmask], dim=1)
         sample = torch.tensor([k * G + g for k in mine for g in range(G)], device=device)
         out.segments.append(Segment(base, seq, attention, cmask, P, sample, torch.tensor(agents, device=device)))

@@ -351,8 +351,9 @@ class Trainer:
             rollouts = self.rollout_rows(levels, items) if cfg.log_rollouts else []
             self.step += 1
             generate_s = sum(lv.rollout.seconds for lv in levels)
-            row = self.metrics(levels, stats, {"sample": t1 - t0, "generate": generate_s, "update": t2 - t1,
-                                               "step": time.perf_counter() - t0})
+            compile_s = sum(lv.rollout.compile_seconds for lv in levels)  # > 0 only when a new shape compiled
+            row = self.metrics(levels, stats, {"sample": t1 - t0, "generate": generate_s, "compile": compile_s,
+                                               "update": t2 - t1, "step": time.perf_counter() - t0})
             if cfg.eval_every and self.step % cfg.eval_every == 0:
                 row.update(self.evaluate())
             for r in rollouts:

@@ -1,0 +1,172 @@
+"""The compiled rollout engine against PEFT, on the tiny model in fp32 (CPU: the same model, run eagerly).
+
+Run: python -m pytest tests/test_compiled_engine.py
+"""
+
+import dataclasses
+
+import pytest
+import torch
+
+from kit.compiled import CompiledEngine, bucket_len, bucket_rows
+from kit.models import Team, adapter_parameters, attach_adapters, build_tiny_model, load_base, lora_config, \
+    save_tiny_model
+from kit.rollout import generate
+
+REQUESTS = [(0, "a0 sum 7"), (1, "a1 sum 7"), (0, "a much longer prompt for agent zero"), (1, "x")]
+
+
+def make_team(num_agents=2, shared=False, engine="hf", seed=1, model=None, scale=0.3):
+    if model is None:
+        model, tok = build_tiny_model(0)
+    else:
+        model, tok = model
+    names = ["shared"] if shared else [f"agent_{i}" for i in range(num_agents)]
+    pm = attach_adapters(model, names, lora_config(8, 16, 0.0, "all-linear"))
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():  # fresh LoRA B is zero; give each adapter its own non-zero effect
+        for name in names:
+            for p in adapter_parameters(pm, name):
+                p.add_(torch.randn(p.shape, generator=g) * scale)
+    adapter_of = names * num_agents if shared else names
+    return Team([pm], [tok], [0] * num_agents, adapter_of, rollout_engine=engine)
+
+
+def as_engine(team, engine):
+    return dataclasses.replace(team, rollout_engine=engine, engines={})
+
+
+@pytest.mark.parametrize("num_agents,shared", [(2, False), (3, False), (4, False), (3, True)])
+def test_stacked_forward_equals_peft_per_adapter_forward(num_agents, shared):
+    team = make_team(num_agents, shared)
+    pm = team.models[0]
+    engine = CompiledEngine(pm, team.adapters)
+    assert engine.weights == "share"  # fp32 base on a CPU: no copy
+    rows = 3
+    ids = torch.randint(5, 90, (rows * len(team.adapters), 9), generator=torch.Generator().manual_seed(0))
+    engine.gen.layout.active = tuple(range(len(team.adapters)))
+    logits = engine.gen(input_ids=ids).logits
+    for i, adapter in enumerate(team.adapters):
+        pm.set_adapter(adapter)
+        ref = pm(input_ids=ids[i * rows:(i + 1) * rows]).logits
+        torch.testing.assert_close(logits[i * rows:(i + 1) * rows], ref, atol=1e-4, rtol=1e-4)
+
+
+def test_greedy_rollouts_agree_with_the_hf_engine_tokens_masks_and_texts():
+    team = make_team(2, scale=0.1)  # small enough that the warmed-up format (a digit, then EOS) survives
+    hf = generate(team, REQUESTS * 2, 2, max_new_tokens=12, temperature=0)
+    fast = generate(as_engine(team, "compiled"), REQUESTS * 2, 2, max_new_tokens=12, temperature=0)
+    a, b = hf.segments[0], fast.segments[0]
+    lengths = a.completion_mask.sum(1)
+    assert lengths.max() > lengths.min()  # rows end at EOS at different steps: padding after EOS
+    assert fast.texts == hf.texts
+    for name in ("input_ids", "attention_mask", "completion_mask", "sample", "agent"):
+        assert torch.equal(getattr(a, name), getattr(b, name)), name
+    assert a.prompt_len == b.prompt_len and fast.num_tokens == hf.num_tokens
+
+
+def test_rows_of_each_adapter_form_one_contiguous_block():
+    ro = generate(make_team(2), REQUESTS, 2, max_new_tokens=3, temperature=1.0)
+    assert ro.segments[0].agent.tolist() == [0, 0, 0, 0, 1, 1, 1, 1]
+
+
+def test_uneven_blocks_are_padded_and_the_padding_rows_dropped():
+    team = make_team(3)
+    requests = [(0, "a0 sum 1"), (0, "a0 sum 22"), (0, "go 3"), (2, "x n 4")]  # blocks of 3, 0 and 1 rows
+    hf = generate(team, requests, 1, max_new_tokens=10, temperature=0)
+    fast = generate(as_engine(team, "compiled"), requests, 1, max_new_tokens=10, temperature=0)
+    assert fast.texts == hf.texts
+    assert torch.equal(fast.segments[0].completion_mask, hf.segments[0].completion_mask)
+
+
+def test_engine_sees_each_optimizer_step_without_being_told():
+    team = make_team(2)
+    fast_team = as_engine(team, "compiled")
+    prompts = [(a, f"a{a} sum {k}") for k in range(6) for a in (0, 1)]
+    before = generate(fast_team, prompts, 1, max_new_tokens=6, temperature=0).texts
+    params = adapter_parameters(team.models[0], "agent_1")
+    opt = torch.optim.AdamW(params, lr=0.5, fused=True)  # fused AdamW does not bump tensor version counters
+    for p in params:
+        p.grad = torch.randn(p.shape, generator=torch.Generator().manual_seed(3))
+    opt.step()
+    after = generate(fast_team, prompts, 1, max_new_tokens=6, temperature=0).texts
+    assert after != before  # the step changed agent_1's greedy output ...
+    assert after == generate(team, prompts, 1, max_new_tokens=6, temperature=0).texts  # ... and the engine saw it
+
+
+def test_sampling_ignores_the_model_generation_config_defaults():
+    team = make_team(2)
+    clean = generate(team, REQUESTS, 1, max_new_tokens=8, temperature=0).texts
+    gc = team.models[0].generation_config
+    gc.repetition_penalty, gc.top_k, gc.no_repeat_ngram_size = 1e4, 1, 1  # a hub config would bring e.g. 1.05, 20
+    for engine in ("hf", "compiled"):
+        assert generate(as_engine(team, engine), REQUESTS, 1, max_new_tokens=8, temperature=0).texts == clean
+
+
+def test_decode_step_traces_as_one_graph():
+    """What CUDA graphs need: the decode forward with a static cache has no graph break."""
+    from transformers import StaticCache
+
+    team = make_team(2)
+    engine = CompiledEngine(team.models[0], team.adapters)
+    gen = engine.gen
+    gen.layout.active = (0, 1)
+    cache = StaticCache(config=gen.config, max_cache_len=16)
+    ids = torch.randint(5, 90, (4, 5))
+    gen(input_ids=ids, past_key_values=cache, use_cache=True)  # prefill
+    torch._dynamo.reset()
+    step = torch.compile(gen.forward, backend="eager", fullgraph=True, dynamic=False)
+    out = step(input_ids=ids[:, :1], past_key_values=cache, use_cache=True,
+               cache_position=torch.tensor([5]), position_ids=torch.full((4, 1), 5))
+    assert out.logits.shape == (4, 1, gen.config.vocab_size)
+
+
+def test_4bit_base_copy_and_4bit_generation_weights_match_peft(tmp_path):
+    path = save_tiny_model(str(tmp_path / "tiny"))
+    model, tok = load_base(path, quantization="4bit", device="cpu", log=lambda *_: None)
+    team = make_team(2, model=(model, tok))
+    pm = team.models[0]
+    ids = torch.randint(5, 90, (4, 7), generator=torch.Generator().manual_seed(0))
+    refs = []
+    for i, adapter in enumerate(team.adapters):
+        pm.set_adapter(adapter)
+        refs.append(pm(input_ids=ids[2 * i:2 * i + 2]).logits.float())
+    for weights in ("copy", "4bit"):
+        engine = CompiledEngine(pm, team.adapters, weights=weights)
+        assert engine.weights == weights
+        if weights == "copy":  # dequantized once into plain linear layers
+            assert not any(type(m).__name__ == "Linear4bit" for m in engine.gen.modules())
+        engine.gen.layout.active = (0, 1)
+        torch.testing.assert_close(engine.gen(input_ids=ids).logits.float(), torch.cat(refs), atol=2e-3, rtol=2e-3)
+
+
+def test_buckets():
+    assert [bucket_rows(n) for n in (1, 2, 3, 5, 8, 9, 16, 17)] == [1, 2, 4, 8, 8, 16, 16, 24]
+    assert [bucket_len(n) for n in (1, 256, 257, 700)] == [256, 256, 512, 768]
+
+
+def test_unsupported_adapters_fall_back_to_hf_on_auto_and_fail_clearly_on_compiled(monkeypatch):
+    from peft import LoraConfig, get_peft_model
+
+    import kit.rollout as rollout
+
+    model, tok = build_tiny_model(0)
+    pm = get_peft_model(model, LoraConfig(r=4, target_modules="all-linear", use_dora=True), adapter_name="agent_0")
+    with pytest.raises(ValueError, match="DoRA.*use rollout_engine=hf"):
+        generate(Team([pm], [tok], [0], ["agent_0"], rollout_engine="compiled"), [(0, "x")], 1, max_new_tokens=2,
+                 temperature=0)
+    monkeypatch.setattr(rollout, "auto_engine", lambda device: "compiled")  # as on CUDA
+    lines = []
+    engine = rollout.engine_for(Team([pm], [tok], [0], ["agent_0"], rollout_engine="auto"), 0, log=lines.append)
+    assert isinstance(engine, rollout.HFEngine)
+    assert len(lines) == 1 and "DoRA" in lines[0] and "rollout_engine=hf" in lines[0]
+
+
+def test_grouping_is_required():
+    team = make_team(2)
+    engine = CompiledEngine(team.models[0], team.adapters)
+    ids = torch.ones(2, 3, dtype=torch.long)
+    from kit.rollout import sampling_config
+
+    with pytest.raises(ValueError, match="grouped by adapter"):
+        engine.generate(ids, torch.ones_like(ids), ["agent_1", "agent_0"], sampling_config(2, 0, 1, 0, [1], 0))
