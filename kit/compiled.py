@@ -29,6 +29,7 @@ CUDA. Not covered: DoRA, LoRA on embeddings, per-adapter ranks that differ (thes
 from __future__ import annotations
 
 import copy
+import sys
 import time
 
 import torch
@@ -108,7 +109,9 @@ def _check_supported(layers: dict, adapters: list[str]) -> int:
 
 
 def _is_4bit(layer) -> bool:
-    return type(layer).__name__ == "Linear4bit"
+    """A bitsandbytes 4-bit linear (not PEFT's LoRA wrapper around one, which has the same class name)."""
+    bnb = sys.modules.get("bitsandbytes")  # a 4-bit model has imported it already
+    return bnb is not None and isinstance(layer, bnb.nn.Linear4bit)
 
 
 def generation_bytes(model, dtype) -> int:
@@ -183,18 +186,18 @@ def build_generation_model(peft_model, adapters: list[str], weights: str, dtype,
             converted[id(t)] = nn.Parameter(t.detach().to(device=device, dtype=dtype), requires_grad=False)
         return converted[id(t)]
 
-    def base_of(layer) -> nn.Module:
-        base = layer.get_base_layer()
+    def linear(base: nn.Module) -> nn.Module:
+        """The base layer itself, or its dtype copy (dequantized when it is 4-bit)."""
         if weights != "copy":
             return base
         if _is_4bit(base):
             from peft.utils.integrations import dequantize_module_weight
 
-            w = dequantize_module_weight(base).to(dtype)
+            w = dequantize_module_weight(base)
         else:
-            w = base.weight.detach().to(dtype)
+            w = base.weight.detach()
         lin = nn.Linear(base.in_features, base.out_features, bias=base.bias is not None, device="meta")
-        lin.weight = nn.Parameter(w.to(device), requires_grad=False)
+        lin.weight = nn.Parameter(w.to(device=device, dtype=dtype), requires_grad=False)
         if base.bias is not None:
             lin.bias = nn.Parameter(base.bias.detach().to(device=device, dtype=dtype), requires_grad=False)
         return lin
@@ -202,10 +205,14 @@ def build_generation_model(peft_model, adapters: list[str], weights: str, dtype,
     layout = Layout(len(adapters))
     pairs = {}
     for name, layer in layers.items():
-        stacked = StackedLoRALinear(base_of(layer), len(adapters), rank, layout, dtype, device)
+        stacked = StackedLoRALinear(linear(layer.get_base_layer()), len(adapters), rank, layout, dtype, device)
         _set(gen, name, stacked)
         pairs[name] = (stacked, layer)
-    inside_lora = tuple(name + "." for name in layers)
+    inside = tuple(name + "." for name in layers)
+    plain_4bit = [n for n, m in src.named_modules() if _is_4bit(m) and not n.startswith(inside)]  # no LoRA on them
+    for name in plain_4bit:
+        _set(gen, name, linear(src.get_submodule(name)))
+    inside_lora = inside + tuple(name + "." for name in plain_4bit)
     for named in (src.named_parameters(remove_duplicate=False), src.named_buffers(remove_duplicate=False)):
         for name, t in named:
             if not name.startswith(inside_lora):

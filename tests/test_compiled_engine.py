@@ -122,6 +122,8 @@ def test_decode_step_traces_as_one_graph():
 
 
 def test_4bit_base_copy_and_4bit_generation_weights_match_peft(tmp_path):
+    import bitsandbytes as bnb
+
     path = save_tiny_model(str(tmp_path / "tiny"))
     model, tok = load_base(path, quantization="4bit", device="cpu", log=lambda *_: None)
     team = make_team(2, model=(model, tok))
@@ -135,9 +137,24 @@ def test_4bit_base_copy_and_4bit_generation_weights_match_peft(tmp_path):
         engine = CompiledEngine(pm, team.adapters, weights=weights)
         assert engine.weights == weights
         if weights == "copy":  # dequantized once into plain linear layers
-            assert not any(type(m).__name__ == "Linear4bit" for m in engine.gen.modules())
+            assert not any(isinstance(m, bnb.nn.Linear4bit) for m in engine.gen.modules())
         engine.gen.layout.active = (0, 1)
         torch.testing.assert_close(engine.gen(input_ids=ids).logits.float(), torch.cat(refs), atol=2e-3, rtol=2e-3)
+
+
+def test_4bit_copy_with_lora_on_some_layers_only(tmp_path):
+    import bitsandbytes as bnb
+    from peft import LoraConfig, get_peft_model
+
+    model, tok = load_base(save_tiny_model(str(tmp_path / "tiny")), quantization="4bit", device="cpu",
+                           log=lambda *_: None)
+    pm = get_peft_model(model, LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"], init_lora_weights=False),
+                        adapter_name="agent_0")
+    engine = CompiledEngine(pm, ["agent_0"], weights="copy")
+    assert not any(isinstance(m, bnb.nn.Linear4bit) for m in engine.gen.modules())  # o_proj, MLP: plain copies
+    ids = torch.randint(5, 90, (2, 7), generator=torch.Generator().manual_seed(0))
+    torch.testing.assert_close(engine.gen(input_ids=ids).logits.float(), pm(input_ids=ids).logits.float(),
+                               atol=2e-3, rtol=2e-3)
 
 
 def test_buckets():
