@@ -114,6 +114,12 @@ def _is_4bit(layer) -> bool:
     return bnb is not None and isinstance(layer, bnb.nn.Linear4bit)
 
 
+def compute_dtype(model) -> torch.dtype:
+    """The dtype the base computes in: a 4-bit layer's compute dtype, else its linear weights' dtype."""
+    base = next(iter(_lora_layers(model).values())).get_base_layer()
+    return getattr(base, "compute_dtype", None) or base.weight.dtype
+
+
 def generation_bytes(model, dtype) -> int:
     """Bytes of a `dtype` copy of the base (LoRA excluded; tied tensors counted once)."""
     size = torch.tensor([], dtype=dtype).element_size()
@@ -240,9 +246,7 @@ class CompiledEngine:
         self.adapters = list(adapters)
         self.log = log
         device = next(peft_model.parameters()).device
-        if dtype is None:
-            dtype = torch.float32 if device.type == "cpu" else (
-                torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16)
+        dtype = dtype or compute_dtype(peft_model)
         self.weights = choose_weights(peft_model, weights, dtype, device, log)
         self.gen, self.pairs = build_generation_model(peft_model, self.adapters, self.weights, dtype, log)
         # 4-bit layers do not compile into CUDA graphs; they still get the static cache and stacked LoRA
