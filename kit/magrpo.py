@@ -103,6 +103,47 @@ def token_logprobs(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
     return picked - torch.logsumexp(logits, dim=-1)
 
 
+class _HeadLogProbs(torch.autograd.Function):
+    """log softmax(h W^T)[target] for N positions, CHUNK positions at a time, recomputed in backward.
+
+    d logp_n / d h_n = W[target_n] - sum_v p_nv W[v],  p_n = softmax(h_n W^T)   (W frozen: no grad for it)
+    Only one (CHUNK, V) block of logits is alive at a time, in the forward and in the backward; with a
+    151,936-token vocabulary the full fp32 logits of a step's rows are gigabytes.
+    """
+
+    @staticmethod
+    def forward(ctx, hidden, weight, targets, chunk):  # (N, H), (V, H), (N,) -> (N,) float32
+        out = torch.empty(hidden.shape[0], dtype=torch.float32, device=hidden.device)
+        for i in range(0, hidden.shape[0], chunk):
+            logits = (hidden[i:i + chunk].to(weight.dtype) @ weight.t()).float()  # (c, V)
+            out[i:i + chunk] = logits.gather(-1, targets[i:i + chunk, None])[:, 0] - logits.logsumexp(-1)
+        ctx.save_for_backward(hidden, weight, targets)
+        ctx.chunk = chunk
+        return out
+
+    @staticmethod
+    def backward(ctx, grad):  # grad: (N,)
+        hidden, weight, targets = ctx.saved_tensors
+        grad_hidden = torch.empty_like(hidden)
+        for i in range(0, hidden.shape[0], ctx.chunk):
+            logits = (hidden[i:i + ctx.chunk].to(weight.dtype) @ weight.t()).float()  # (c, V)
+            g = torch.softmax(logits, -1).mul_(-grad[i:i + ctx.chunk, None])  # -grad * p
+            g.scatter_add_(-1, targets[i:i + ctx.chunk, None], grad[i:i + ctx.chunk, None].float())  # + grad * onehot
+            grad_hidden[i:i + ctx.chunk] = (g.to(weight.dtype) @ weight).to(hidden.dtype)
+        return grad_hidden, None, None, None
+
+
+def head_logprobs(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor,
+                  chunk: int = 1024) -> torch.Tensor:
+    """token_logprobs(hidden @ weight^T, targets) without materialising the logits of all positions.
+
+    hidden: (R, T, H) final hidden states, weight: (V, H) the frozen output layer, targets: (R, T) -> (R, T)
+    """
+    R, T, H = hidden.shape
+    out = _HeadLogProbs.apply(hidden.reshape(R * T, H), weight, targets.reshape(R * T), chunk)
+    return out.view(R, T)
+
+
 def policy_loss(logp: torch.Tensor, mask: torch.Tensor, adv: torch.Tensor, loss_type: str = "sum",
                 ref_logp: torch.Tensor | None = None, beta: float = 0.0) -> tuple[torch.Tensor, dict]:
     """MAGRPO loss for one agent's rows.

@@ -28,7 +28,7 @@ from typing import Protocol
 
 import torch
 
-from kit.magrpo import token_logprobs
+from kit.magrpo import head_logprobs, token_logprobs
 
 
 @dataclass
@@ -230,10 +230,31 @@ def position_ids(attention_mask: torch.Tensor) -> torch.Tensor:
     return (attention_mask.cumsum(-1) - 1).clamp(min=0)
 
 
+def _decoder_and_head(model):
+    """(decoder, output weight) when log-probs can come from hidden states, else None (see completion_logprobs)."""
+    hf = model.get_base_model() if hasattr(model, "get_base_model") else model
+    decoder = getattr(hf, getattr(hf, "base_model_prefix", ""), None)
+    head = hf.get_output_embeddings() if hasattr(hf, "get_output_embeddings") else None
+    plain_head = (type(head) is torch.nn.Linear and head.bias is None and not head.weight.requires_grad
+                  and not getattr(hf.config, "final_logit_softcapping", None) and not hasattr(hf, "logit_scale"))
+    return (decoder, head.weight) if decoder is not None and decoder is not hf and plain_head else None
+
+
 def completion_logprobs(model, seg: Segment) -> torch.Tensor:
-    """Log-probs of the segment's completion tokens under the model's active adapter; (R, T)."""
+    """Log-probs of the segment's completion tokens under the model's active adapter; (R, T).
+
+    With a frozen plain output layer (the usual LoRA setup) the decoder's hidden states go through
+    `magrpo.head_logprobs`, which never holds all positions' logits at once (the update's memory peak with a
+    150k vocabulary); otherwise the model's own logits are used.
+    """
     T = seg.completion_mask.shape[1]
-    out = model(input_ids=seg.input_ids, attention_mask=seg.attention_mask,
-                position_ids=position_ids(seg.attention_mask), use_cache=False, logits_to_keep=T + 1)
+    kwargs = dict(input_ids=seg.input_ids, attention_mask=seg.attention_mask,
+                  position_ids=position_ids(seg.attention_mask), use_cache=False)
+    parts = _decoder_and_head(model)
+    if parts is not None:
+        decoder, weight = parts
+        hidden = decoder(**kwargs).last_hidden_state[:, -T - 1:-1]  # (R, T, H): position t predicts token t
+        return head_logprobs(hidden, weight, seg.input_ids[:, -T:])
+    out = model(**kwargs, logits_to_keep=T + 1)
     logits = out.logits[:, :-1]  # (R, T, V): position t predicts completion token t
     return token_logprobs(logits, seg.input_ids[:, -T:])

@@ -115,3 +115,17 @@ def test_kl_is_zero_when_policy_equals_reference_and_positive_otherwise():
     assert same["kl"] == pytest.approx(0.0)
     # k3 per token: exp(-0.5) + 0.5 - 1 ; two tokens summed
     assert diff["kl"] == pytest.approx(2 * (np.exp(-0.5) + 0.5 - 1))
+
+
+def test_head_logprobs_equal_token_logprobs_in_value_and_gradient():
+    g = torch.Generator().manual_seed(0)
+    hidden = torch.randn(3, 5, 8, generator=g, dtype=torch.float64, requires_grad=True)
+    weight = torch.randn(11, 8, generator=g, dtype=torch.float64)
+    targets = torch.randint(0, 11, (3, 5), generator=g)
+    upstream = torch.randn(3, 5, generator=g, dtype=torch.float64)
+    ref = magrpo.token_logprobs(hidden @ weight.t(), targets).double()
+    (ref_grad,) = torch.autograd.grad((ref * upstream).sum(), hidden)
+    out = magrpo.head_logprobs(hidden, weight, targets, chunk=4)  # chunks that cut rows in the middle
+    (grad,) = torch.autograd.grad((out.double() * upstream).sum(), hidden)
+    torch.testing.assert_close(out.double(), ref, atol=1e-6, rtol=1e-6)  # fp32 output
+    torch.testing.assert_close(grad, ref_grad, atol=1e-6, rtol=1e-6)

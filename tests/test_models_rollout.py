@@ -166,3 +166,30 @@ def test_4bit_nf4_loading_and_generation_run_on_cpu(tmp_path):
     team = Team([pm], [tok], [0, 0], ["agent_0", "agent_1"])
     ro = generate(team, [(0, "a0 sum 3"), (1, "a1 sum 3")], 2, max_new_tokens=3, temperature=1.0)
     assert ro.num_tokens > 0
+
+
+def test_chunked_head_logprobs_equal_the_models_own_logits_with_and_without_adapter():
+    import kit.rollout as rollout
+    from kit.magrpo import token_logprobs
+
+    team = make_team()
+    model = team.models[0]
+    seg = generate(team, REQUESTS, 2, max_new_tokens=6, temperature=1.0).segments[0]
+    model.set_adapter("agent_1")
+    assert rollout._decoder_and_head(model) is not None  # the tiny model takes the chunked path
+    T = seg.completion_mask.shape[1]
+
+    def from_logits():
+        logits = model(input_ids=seg.input_ids, attention_mask=seg.attention_mask,
+                       position_ids=rollout.position_ids(seg.attention_mask), logits_to_keep=T + 1).logits
+        return token_logprobs(logits[:, :-1], seg.input_ids[:, -T:])
+
+    with model.disable_adapter():  # the KL reference pass
+        torch.testing.assert_close(completion_logprobs(model, seg), from_logits(), atol=1e-5, rtol=1e-5)
+    fast, ref = completion_logprobs(model, seg), from_logits()
+    torch.testing.assert_close(fast, ref, atol=1e-5, rtol=1e-5)
+    params = adapter_parameters(model, "agent_1")
+    fast_grads = torch.autograd.grad((fast * seg.completion_mask).sum(), params)
+    ref_grads = torch.autograd.grad((ref * seg.completion_mask).sum(), params)
+    for a, b in zip(fast_grads, ref_grads):  # fp32, summed in another order
+        torch.testing.assert_close(a, b, atol=1e-4, rtol=1e-3)
