@@ -36,6 +36,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "bench"))
 OUT = ROOT / "bench" / "out"
 QWEN_VOCAB = 151_936  # embedding rows of Qwen2.5(-Coder); its tokenizer has 151,665 tokens
 SHAPES = {  # Qwen2.5-Coder-*-Instruct config.json, random weights
@@ -223,19 +224,9 @@ def run_comlrl(args, path: Path, peft: bool) -> dict:
                         temperature=0.7, top_p=0.9, top_k=None, num_turns=1, eval_interval=0, logging_steps=10**6)
     trainer = MAGRPOTrainer(agents=agents, num_agents=2, tokenizer=tok, reward_func=reward, formatters=formatters,
                             train_dataset=Dataset.from_list(items), args=conf)
-    trainer.verbose = False
-    stamps = []
-    original = trainer._train_step_returns
+    from compare_comlrl import train_after_first_step
 
-    def timed(*a, **kw):
-        original(*a, **kw)
-        stamps.append(time.perf_counter())
-
-    trainer._train_step_returns = timed
-    trainer.train()
-    if torch.cuda.is_available():
-        torch.cuda.synchronize()
-    seconds = time.perf_counter() - stamps[0]  # one item per CoMLRL step; the first is the warm-up
+    seconds = train_after_first_step(trainer, torch.cuda.synchronize if torch.cuda.is_available() else lambda: None)
     step_s = seconds / args.steps
     return {"step_s": step_s, "joint_actions_per_s": 4 / step_s, "decode_ms": None, "compile_s": 0.0,
             "rows": 8, "items_per_step": 1}
