@@ -13,8 +13,9 @@ separate *generation model* built once per base:
   since the rows of each adapter sit in one contiguous block of equal size. No per-row gather, no
   data-dependent indexing: the whole decode step compiles into one CUDA graph;
 - `sync()` copies the adapters' current weights into those buffers in place (their addresses, and so the
-  captured graphs, stay valid); `generate` calls it every time, so every optimizer step and every checkpoint
-  load is seen, and the base is never copied again (LoRA tensors only: a few foreach kernels).
+  captured graphs, stay valid); `kit.rollout.generate` calls it before every engine call, so every optimizer
+  step and every checkpoint load is seen, and the base is never copied again (LoRA tensors only: a few foreach
+  kernels).
 
 Shapes are bucketed so that a run compiles a few times, not every step: rows per adapter round up to a
 power of two (up to 8) or a multiple of 8 (padding rows repeat a real prompt and are stopped at once), and the
@@ -129,8 +130,7 @@ def generation_bytes(model, dtype) -> int:
             if id(p) in seen or "lora_" in name:
                 continue
             seen.add(id(p))
-            total += (m.in_features * m.out_features if _is_4bit(m) and p.dim() <= 2 and p is m.weight
-                      else p.numel()) * size
+            total += (m.in_features * m.out_features if _is_4bit(m) and p is m.weight else p.numel()) * size
     return total
 
 
@@ -167,7 +167,7 @@ def _set(root: nn.Module, dotted: str, value) -> None:
         setattr(module, leaf, value)
 
 
-def build_generation_model(peft_model, adapters: list[str], weights: str, dtype, log=print):
+def build_generation_model(peft_model, adapters: list[str], weights: str, dtype):
     """A plain transformers model on the base's weights with StackedLoRALinear in place of every LoRA layer.
 
     weights: 'share' | 'copy' | '4bit' (see `choose_weights`). Returns (model, {name: (layer, peft_layer)}).
@@ -242,13 +242,11 @@ class CompiledEngine:
 
     def __init__(self, peft_model, adapters: list[str], *, weights: str = "auto", dtype=None,
                  compile: bool | None = None, log=print):
-        self.peft_model = peft_model
         self.adapters = list(adapters)
-        self.log = log
         device = next(peft_model.parameters()).device
         dtype = dtype or compute_dtype(peft_model)
         self.weights = choose_weights(peft_model, weights, dtype, device, log)
-        self.gen, self.pairs = build_generation_model(peft_model, self.adapters, self.weights, dtype, log)
+        self.gen, self.pairs = build_generation_model(peft_model, self.adapters, self.weights, dtype)
         # 4-bit layers do not compile into CUDA graphs; they still get the static cache and stacked LoRA
         self.compile = (device.type == "cuda" and self.weights != "4bit") if compile is None else compile
         self.caches: dict[tuple[int, int], object] = {}
@@ -260,8 +258,8 @@ class CompiledEngine:
     def sync(self) -> None:
         """Copy the adapters' current LoRA weights into the stacked buffers, in place (a few foreach kernels).
 
-        Called at every `generate`: version counters would be cheaper to check, but fused optimizers do not
-        bump them, and a stale adapter would silently sample from an old policy.
+        `kit.rollout.generate` calls it before every call: version counters would be cheaper to check, but fused
+        optimizers do not bump them, and a stale adapter would silently sample from an old policy.
         """
         dst, src, dst_b, src_b, scales = [], [], [], [], []
         for stacked, layer in self.pairs.values():
@@ -292,7 +290,6 @@ class CompiledEngine:
     def generate(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, adapters: list[str],
                  generation_config) -> torch.Tensor:
         """Left-padded prompts (R, P), rows grouped by adapter -> completion ids (R, T), EOS then padding."""
-        self.sync()
         index = [self.adapters.index(a) for a in adapters]
         if index != sorted(index):
             raise ValueError("rows must be grouped by adapter (each adapter's rows in one contiguous block)")
@@ -316,7 +313,7 @@ class CompiledEngine:
             t0 = time.perf_counter()
             warm = copy.deepcopy(generation_config)
             warm.do_sample, warm.max_new_tokens = False, 4
-            warm.temperature, warm.top_p, warm.top_k = 1.0, 1.0, 0
+            warm.temperature, warm.top_p, warm.top_k = 1.0, 1.0, 50  # greedy, as in rollout.sampling_config
             self.gen.generate(input_ids=ids, attention_mask=att, past_key_values=self._cache(len(rows), length),
                               generation_config=warm)
             torch.cuda.synchronize()

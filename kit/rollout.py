@@ -160,7 +160,7 @@ def engine_for(team, base: int, log=print) -> Engine:
     """The team's engine for one base, built on first use and kept (the compiled engine holds its graphs)."""
     if base not in team.engines:
         model = team.models[base]
-        choice = getattr(team, "rollout_engine", "auto")
+        choice = team.rollout_engine
         if choice == "auto":
             choice = auto_engine(next(model.parameters()).device)
         engine: Engine = HFEngine(model)
@@ -169,9 +169,9 @@ def engine_for(team, base: int, log=print) -> Engine:
 
             adapters = [a for a in team.adapters if team.base_of[team.agents_of_adapter(a)[0]] == base]
             try:
-                engine = CompiledEngine(model, adapters, weights=getattr(team, "generation_weights", "auto"), log=log)
+                engine = CompiledEngine(model, adapters, weights=team.generation_weights, log=log)
             except ValueError as err:
-                if getattr(team, "rollout_engine", "auto") == "compiled":
+                if team.rollout_engine == "compiled":
                     raise ValueError(f"rollout_engine=compiled: {err}; use rollout_engine=hf") from err
                 log(f"[kit] compiled rollout engine unavailable ({err}): using rollout_engine=hf")
         team.engines[base] = engine
@@ -204,6 +204,7 @@ def generate(team, requests: list[tuple[int, str]], num_generations: int, *, max
         eos = eos_ids(model, tok)
         config = sampling_config(max_new_tokens, temperature, top_p, top_k, eos, tok.pad_token_id)
         engine = engine_for(team, base)
+        engine.sync()  # every call samples from the adapters as they are now (after any optimizer step or load)
         compiled_before = engine.compile_seconds
         t0 = time.perf_counter()
         comp = engine.generate(enc["input_ids"], enc["attention_mask"], [team.adapter_of[a] for a in agents],
