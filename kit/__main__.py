@@ -16,6 +16,54 @@ import json
 import sys
 
 
+def positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{value} is too small: give 1 or more")
+    return value
+
+
+def steps_arg(text: str) -> str | list[int]:
+    """--steps: all, newest, or step numbers separated by commas (0: the untrained base)."""
+    if text in ("all", "newest"):
+        return text
+    try:
+        steps = [int(s) for s in text.split(",") if s.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: give all, newest, or step numbers separated by commas "
+                                         "(e.g. 0,100,200)") from None
+    if not steps or min(steps) < 0:
+        raise argparse.ArgumentTypeError(f"{text!r}: step numbers are 0 (the base) or more")
+    return steps
+
+
+def methods_arg(text: str) -> list[str]:
+    """--methods: checked before anything runs, so a typo does not cost a finished baseline."""
+    from kit.baselines import METHODS
+
+    methods = [m.strip() for m in text.split(",") if m.strip()]
+    unknown = [m for m in methods if m not in METHODS]
+    if unknown or not methods:
+        raise argparse.ArgumentTypeError(f"unknown method(s) {', '.join(unknown) or '(none given)'}; "
+                                         f"choose from {','.join(METHODS)}")
+    return methods
+
+
+def step_arg(text: str) -> str | int:
+    if text == "newest":
+        return text
+    try:
+        step = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: give newest or a step number") from None
+    if step < 0:
+        raise argparse.ArgumentTypeError(f"{text!r}: a step number is 0 or more")
+    return step
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m kit", description="Train teams of LLM agents with MAGRPO.")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -27,14 +75,14 @@ def main(argv: list[str] | None = None) -> int:
     train.add_argument("--run-dir", help="run directory (default: the preset's)")
     train.add_argument("--resume", action="store_true", help="continue the run in --run-dir from its newest checkpoint")
     ev = sub.add_parser("eval", help="pass@k and rewards of the base and a run's checkpoints on held-out items")
-    ev.add_argument("--steps", default="all", help="all, newest, or step numbers separated by commas (0: base)")
+    ev.add_argument("--steps", type=steps_arg, default="all", help="all, newest, or step numbers separated by commas (0: base)")
     bl = sub.add_parser("baselines", help="single / naive / sequential / discussion baselines vs the trained team")
-    bl.add_argument("--methods", default="single,naive,sequential,discussion")
-    bl.add_argument("--step", default="newest", help="the team's checkpoint step (default: the newest)")
+    bl.add_argument("--methods", type=methods_arg, default="single,naive,sequential,discussion")
+    bl.add_argument("--step", type=step_arg, default="newest", help="the team's checkpoint step (default: the newest)")
     for p in (ev, bl):
         p.add_argument("--run-dir", required=True)
-        p.add_argument("--n", type=int, default=10, help="samples per agent per item (pass@k for k <= n)")
-        p.add_argument("--items", type=int, default=None, help="held-out items (default: the run's num_eval_items)")
+        p.add_argument("--n", type=positive_int, default=10, help="samples per agent per item (pass@k for k <= n)")
+        p.add_argument("--items", type=positive_int, default=None, help="held-out items (default: the run's num_eval_items)")
     sc = sub.add_parser("schemes", help="cooperation-scheme shares per step from a run's rollouts.jsonl")
     sc.add_argument("--run-dir", required=True)
     sc.add_argument("--turn", type=int, default=0)
@@ -78,16 +126,13 @@ def _analyse(args) -> int:
     if args.command == "eval":
         from kit.evaluate import evaluate_run
 
-        steps = args.steps if args.steps in ("all", "newest") else [int(s) for s in args.steps.split(",")]
-        rows = evaluate_run(args.run_dir, steps, n=args.n, num_items=args.items)
+        rows = evaluate_run(args.run_dir, args.steps, n=args.n, num_items=args.items)
         print(format_table(rows))
         plots.eval_curves(rows, path=out / "eval_curves.png")
     elif args.command == "baselines":
         from kit.baselines import compare
 
-        step = args.step if args.step == "newest" else int(args.step)
-        rows = compare(args.run_dir, [m for m in args.methods.split(",") if m], n=args.n, num_items=args.items,
-                       step=step)
+        rows = compare(args.run_dir, args.methods, n=args.n, num_items=args.items, step=args.step)
         print(format_table(rows, first="method"))
         plots.baseline_bars(rows, path=out / "baselines.png")
     else:

@@ -105,6 +105,11 @@ def compare(run_dir, methods=METHODS, n: int = 10, num_items: int | None = None,
 
     from kit.evaluate import RunContext
 
+    unknown = [m for m in methods if m not in METHODS]
+    if unknown:  # before anything runs: a typo must not cost the baselines already sampled
+        raise ValueError(f"unknown baseline method(s) {', '.join(map(repr, unknown))}; allowed: {', '.join(METHODS)}")
+    if n < 1:
+        raise ValueError(f"n={n}: samples per agent per item must be 1 or more")
     ctx = ctx or RunContext(run_dir, "eval", num_items, log=log)
     rows = []
     ctx.use_step(0)
@@ -116,7 +121,10 @@ def compare(run_dir, methods=METHODS, n: int = 10, num_items: int | None = None,
         log(f"[kit] baseline {method}: " + _brief(rows[-1]))
     have = sorted(ctx.checkpoints())
     chosen = have[-1] if step == "newest" and have else (int(step) if step != "newest" else None)
-    if chosen is not None:
+    if chosen is None:
+        log(f"[kit] no saved checkpoint in {ctx.run_dir}: the trained team (magrpo) is NOT in this table; train "
+            "the run first (its checkpoints appear under ckpt/)")
+    else:
         ctx.use_step(chosen)
         row = run_method("naive", ctx.team, ctx.task, ctx.cfg, ctx.items, n, ctx.scorer)
         row.update(method="magrpo", step=chosen)

@@ -10,13 +10,19 @@ Layout of `<run_dir>/ckpt/step_000100/`:
     COMPLETE                 written last; a folder without it is never loaded
 
 A checkpoint is written to `.tmp_step_...` and renamed when complete, so a crash mid-save leaves the previous
-one intact. A folder that has COMPLETE but fails to load (a truncated file on a flaky Drive) is skipped with a
+one intact.
+
+Adapter history: a checkpoint pruned by `keep_last` is not deleted outright; its adapters and state.json move to
+`<run_dir>/history/step_NNNNNN/` (the optimizer state, twice the adapters' size, is dropped). The history is
+thinned to at most `keep_history` steps spread over the whole run (multiples of an interval that doubles as the
+run grows), so evaluating "every checkpoint" shows the whole run, not only its end. A folder that has COMPLETE but fails to load (a truncated file on a flaky Drive) is skipped with a
 warning and the next older one is tried.
 """
 
 from __future__ import annotations
 
 import json
+import math
 import os
 import random
 import re
@@ -28,6 +34,7 @@ import numpy as np
 import torch
 
 STEP_RE = re.compile(r"^step_(\d{6,})$")
+HISTORY = "history"
 
 
 def ckpt_dir(run_dir: str | Path) -> Path:
@@ -52,8 +59,9 @@ def set_rng_state(state: dict) -> None:
 
 
 def save(run_dir: str | Path, step: int, team, optimizers: dict, schedulers: dict, state: dict,
-         keep_last: int = 3) -> Path:
-    """Write checkpoint `step` atomically and prune to the newest `keep_last`. Returns its folder."""
+         keep_last: int = 3, keep_history: int = 0) -> Path:
+    """Write checkpoint `step` atomically and prune to the newest `keep_last` (older ones' adapters go to the
+    thinned history of `keep_history` steps). Returns its folder."""
     root = ckpt_dir(run_dir)
     root.mkdir(parents=True, exist_ok=True)
     tmp, final = root / f".tmp_{step_name(step)}", root / step_name(step)
@@ -74,13 +82,13 @@ def save(run_dir: str | Path, step: int, team, optimizers: dict, schedulers: dic
     if final.exists():
         shutil.rmtree(final)
     os.replace(tmp, final)
-    prune(run_dir, keep_last)
+    prune(run_dir, keep_last, keep_history)
     return final
 
 
-def complete_checkpoints(run_dir: str | Path) -> list[Path]:
-    """Complete checkpoint folders, newest first."""
-    root = ckpt_dir(run_dir)
+def complete_checkpoints(run_dir: str | Path, folder: str = "ckpt") -> list[Path]:
+    """Complete checkpoint folders (under ckpt/, or `folder`="history"), newest first."""
+    root = Path(run_dir) / folder
     if not root.exists():
         return []
     found = [(int(m.group(1)), p) for p in root.iterdir() if (m := STEP_RE.match(p.name)) and p.is_dir()]
@@ -93,9 +101,46 @@ def complete_checkpoints(run_dir: str | Path) -> list[Path]:
     return complete
 
 
-def prune(run_dir: str | Path, keep_last: int) -> None:
+def prune(run_dir: str | Path, keep_last: int, keep_history: int = 0) -> None:
+    """Keep the newest `keep_last` checkpoints; move the adapters of older ones to the thinned history."""
     for p in complete_checkpoints(run_dir)[keep_last:]:
-        shutil.rmtree(p, ignore_errors=True)
+        if keep_history > 0:
+            kept = Path(run_dir) / HISTORY / p.name
+            shutil.rmtree(kept, ignore_errors=True)
+            kept.parent.mkdir(exist_ok=True)
+            for name in ("optim.pt", "rng.pt"):
+                (p / name).unlink(missing_ok=True)
+            os.replace(p, kept)
+        else:
+            shutil.rmtree(p, ignore_errors=True)
+    thin_history(run_dir, keep_history)
+
+
+def thinned(steps: list[int], keep: int) -> set[int]:
+    """At most `keep` of `steps`, evenly spread: the multiples of the smallest interval (the steps' gcd times a
+    power of two) that leaves no more than `keep`. Stable: a step dropped once is never wanted back."""
+    steps = sorted(set(steps))
+    if keep <= 0 or not steps:
+        return set()
+    interval = math.gcd(*steps) or 1
+    while len([s for s in steps if s % interval == 0]) > keep:
+        interval *= 2
+    return {s for s in steps if s % interval == 0}
+
+
+def thin_history(run_dir: str | Path, keep_history: int) -> None:
+    history = {int(p.name.split("_")[-1]): p for p in complete_checkpoints(run_dir, HISTORY)}
+    wanted = thinned(list(history), keep_history)
+    for step, p in history.items():
+        if step not in wanted:
+            shutil.rmtree(p, ignore_errors=True)
+
+
+def saved_steps(run_dir: str | Path) -> dict[int, Path]:
+    """Every step whose adapters a run directory holds: full checkpoints and the adapter history, oldest first."""
+    found = {int(p.name.split("_")[-1]): p for p in complete_checkpoints(run_dir, HISTORY)}
+    found.update({int(p.name.split("_")[-1]): p for p in complete_checkpoints(run_dir)})
+    return dict(sorted(found.items()))
 
 
 def load_into(path: Path, team, optimizers: dict, schedulers: dict) -> dict:

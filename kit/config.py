@@ -82,7 +82,8 @@ class TrainConfig:
     mirror_dir: str | None = None  # also copy logs and each checkpoint here after saving (a Drive folder)
     eval_every: int = 50  # evaluate on held-out items every this many steps (0: never)
     save_every: int = 100  # checkpoint every this many steps (0: only at the end)
-    keep_last: int = 3  # checkpoints kept on disk
+    keep_last: int = 3  # full checkpoints kept (resume from these)
+    keep_history: int = 10  # older checkpoints' adapters kept, spread over the run, for evaluation (0: none)
     log_rollouts: bool = True  # write every joint action to rollouts.jsonl
     use_wandb: bool = False  # also log to Weights & Biases (when installed)
     wandb_project: str = "magrpo-kit"  # wandb project name
@@ -101,8 +102,8 @@ CHOICES = {
     "reward_pool": ("thread", "process"),
 }
 # Fields that do not change what is trained: a resumed run may differ in these.
-NON_TRAINING = {"run_dir", "mirror_dir", "judge_budget_usd", "eval_every", "save_every", "keep_last", "log_rollouts", "use_wandb", "wandb_project",
-                "progress", "reward_workers", "reward_pool", "num_eval_items", "device", "num_steps",
+NON_TRAINING = {"run_dir", "mirror_dir", "judge_budget_usd", "eval_every", "save_every", "keep_last", "keep_history",
+                "log_rollouts", "use_wandb", "wandb_project", "progress", "reward_workers", "reward_pool", "num_eval_items", "device", "num_steps",
                 "rollout_engine", "generation_weights"}
 
 
@@ -280,6 +281,7 @@ def validate(cfg: TrainConfig) -> TrainConfig:
     need(cfg.eval_every >= 0, "eval_every", "an integer >= 0")
     need(cfg.save_every >= 0, "save_every", "an integer >= 0")
     need(cfg.keep_last >= 1, "keep_last", "an integer >= 1")
+    need(cfg.keep_history >= 0, "keep_history", "an integer >= 0")
     need(cfg.reward_workers >= 0, "reward_workers", "an integer >= 0")
     need(cfg.judge_budget_usd >= 0, "judge_budget_usd", "a dollar amount >= 0")
     if cfg.judge_model is not None:
@@ -328,3 +330,13 @@ def training_diff(old: dict, new: TrainConfig) -> list[str]:
         if old.get(key) != cur.get(key):
             diff.append(f"{key}: {old.get(key)!r} -> {cur.get(key)!r}")
     return diff
+
+
+def check_resume(saved: str | Path, cfg: TrainConfig) -> None:
+    """Refuse to continue the run whose config.json is `saved` with settings that change training."""
+    diff = training_diff(json.loads(Path(saved).read_text()), cfg)
+    if diff:
+        raise ValueError(f"cannot resume the run in {Path(saved).parent}: these fields change training and differ "
+                         "from the saved run: " + "; ".join(diff) + ". Set them back, or start a new run in another "
+                         "run_dir (notebooks: another RUN_NAME)")
+

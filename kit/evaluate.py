@@ -127,9 +127,10 @@ class RunContext:
         self.log = log
 
     def checkpoints(self) -> dict[int, Path]:
-        from kit.checkpoint import complete_checkpoints
+        """Every step with saved adapters: the full checkpoints and the thinned adapter history."""
+        from kit.checkpoint import saved_steps
 
-        return {int(p.name.split("_")[-1]): p for p in complete_checkpoints(self.run_dir)}
+        return saved_steps(self.run_dir)
 
     def use_step(self, step: int) -> None:
         """Point the team at a checkpoint's adapters; step 0 is the untrained base (fresh adapters)."""
@@ -155,6 +156,8 @@ def evaluate_run(run_dir: str | Path, steps: str | list[int] = "all", n: int = 1
                  num_items: int | None = None, log=print, ctx: RunContext | None = None) -> list[dict]:
     """Evaluate the base (step 0) and checkpoints: steps = 'all', 'newest', or a list of step numbers.
     Each result is written to <run_dir>/eval/step_NNNNNN.json and returned, ordered by step."""
+    if n < 1:
+        raise ValueError(f"n={n}: samples per agent per item must be 1 or more")
     ctx = ctx or RunContext(run_dir, split, num_items, log=log)
     have = sorted(ctx.checkpoints())
     if steps == "all":
@@ -163,6 +166,12 @@ def evaluate_run(run_dir: str | Path, steps: str | list[int] = "all", n: int = 1
         chosen = have[-1:] or [0]
     else:
         chosen = [int(s) for s in steps]
+        missing = [s for s in chosen if s and s not in have]
+        if missing:
+            raise ValueError(f"no saved adapters for step(s) {missing} in {ctx.run_dir}; have: 0 (base), {have}")
+    if not have:
+        log(f"[kit] no saved checkpoint in {ctx.run_dir}: only the untrained base (step 0) is evaluated; train "
+            "the run first")
     out_dir = ctx.run_dir / "eval"
     out_dir.mkdir(exist_ok=True)
     rows = []

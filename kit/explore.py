@@ -14,7 +14,6 @@ on a finished run, and while a run is still writing (press "reload").
 from __future__ import annotations
 
 import html
-import json
 from pathlib import Path
 
 
@@ -31,8 +30,9 @@ class RunLog:
         self.reload()
 
     def reload(self) -> None:
-        with open(self.run_dir / "rollouts.jsonl") as f:
-            self.all_rows = [json.loads(line) for line in f if line.strip()]
+        from kit.rundir import ROLLOUTS, read_jsonl
+
+        self.all_rows = read_jsonl(self.run_dir / ROLLOUTS)
 
     @property
     def task(self):
@@ -90,6 +90,15 @@ class RunLog:
         return as_reward(self.task.reward(self.item(row["item"]), tuple(completions)))
 
 
+def reward_bounds(rows: list[dict]) -> tuple[float, float]:
+    """The reward slider's range: every logged reward, rounded outwards (0..1 for an empty log)."""
+    import math
+
+    rewards = [float(r["reward"]) for r in rows] or [0.0, 1.0]
+    low, high = math.floor(min(rewards)), math.ceil(max(rewards))
+    return float(low), float(high if high > low else low + 1)
+
+
 def breakdown(row: dict) -> list[tuple[str, float]]:
     """(name, value) for each reward part, then the total, the return and each agent's advantage."""
     out = [(k, float(v)) for k, v in row.get("parts", {}).items()]
@@ -134,7 +143,8 @@ def browser(run_dir: str | Path):
     step = w.SelectionSlider(options=steps, value=steps[-1], description="step", continuous_update=False)
     agent = w.Dropdown(options=[("all", -1)] + [(r, i) for i, r in enumerate(log.roles)], value=-1,
                        description="agent")
-    reward = w.FloatRangeSlider(value=(-1e3, 1e3), min=-10, max=10, step=0.1, description="reward")
+    low, high = reward_bounds(log.all_rows)
+    reward = w.FloatRangeSlider(value=(low, high), min=low, max=high, step=(high - low) / 100, description="reward")
     part = w.Dropdown(options=["(any)"] + log.parts(), description="part")
     part_min = w.FloatText(value=0.0, description="part >=")
     reload = w.Button(description="reload")
@@ -165,6 +175,11 @@ def browser(run_dir: str | Path):
     def on_reload(_):
         log.reload()
         step.options = log.steps() or [0]
+        low, high = reward_bounds(log.all_rows)
+        widen = reward.value == (reward.min, reward.max)  # the whole range was selected: keep it whole
+        reward.min, reward.max = min(reward.min, low), max(reward.max, high)
+        if widen:
+            reward.value = (reward.min, reward.max)
         refresh()
 
     def on_rescore(_):

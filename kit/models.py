@@ -143,7 +143,16 @@ def save_tiny_model(path: str, seed: int = 0) -> str:
 def resolve_device(device: str = "auto") -> torch.device:
     if device == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    return torch.device(device)
+    try:
+        dev = torch.device(device)
+    except RuntimeError:
+        raise ValueError(f"device={device!r} is not a device: use auto, cpu, cuda or cuda:N") from None
+    if dev.type == "cuda":
+        count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        if (dev.index or 0) >= count:
+            raise ValueError(f"device={device!r} but this machine has {count or 'no'} CUDA GPU(s): use device=auto "
+                             "(the GPU when there is one, else the CPU) or device=cpu")
+    return dev
 
 
 def resolve_dtype(dtype: str, device: torch.device) -> torch.dtype:

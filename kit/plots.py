@@ -10,7 +10,6 @@ Everything is rebuilt from files, so the figures work after a Colab reconnect an
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import numpy as np
@@ -32,8 +31,9 @@ def _save(fig, path):
 
 
 def read_metrics(run_dir: str | Path) -> list[dict]:
-    with open(Path(run_dir) / "metrics.jsonl") as f:
-        return [json.loads(line) for line in f if line.strip()]
+    from kit.rundir import METRICS, read_jsonl
+
+    return read_jsonl(Path(run_dir) / METRICS)
 
 
 def smooth(values: np.ndarray, window: int) -> tuple[np.ndarray, np.ndarray]:
@@ -91,6 +91,7 @@ def eval_curves(rows: list[dict], path=None):
     for key in sorted({k for r in rows for k in r if k.startswith("pass@")}, key=lambda k: int(k[5:])):
         ax_pass.plot(steps, [r.get(key, np.nan) for r in rows], "o-", label=key)
     ax_reward.plot(steps, [r["reward/mean"] for r in rows], "o-", color="black", label="mean reward")
+    twin = None
     if any("cooperation_rate" in r for r in rows):
         twin = ax_reward.twinx()
         twin.plot(steps, [r.get("cooperation_rate", np.nan) for r in rows], "s--", color="tab:green",
@@ -98,12 +99,19 @@ def eval_curves(rows: list[dict], path=None):
         twin.set_ylim(0, 1)
         twin.set_ylabel("cooperation rate")
     ax_pass.set_ylim(0, 1)
+    ax_pass.set_ylabel("pass@k")
     ax_pass.set_title("held-out pass@k by checkpoint (step 0: base)")
+    ax_reward.set_ylabel("mean reward")
     ax_reward.set_title("held-out reward")
     for ax in (ax_pass, ax_reward):
         ax.set_xlabel("step")
         ax.grid(alpha=0.3)
-        ax.legend(loc="upper left")
+    ax_pass.legend(loc="upper left")
+    handles, labels = ax_reward.get_legend_handles_labels()
+    if twin is not None:  # one legend for both axes: the twin's line would otherwise be unnamed
+        more = twin.get_legend_handles_labels()
+        handles, labels = handles + more[0], labels + more[1]
+    ax_reward.legend(handles, labels, loc="upper left")
     return _save(fig, path)
 
 
@@ -122,6 +130,8 @@ def baseline_bars(rows: list[dict], path=None):
         ax.bar_label(bars, fmt="%.2f", fontsize="x-small")
     ax.set_xticks(x, [r.get("method", str(i)) for i, r in enumerate(rows)])
     ax.set_ylabel("pass@k" if ks else "mean reward")
+    if ks:  # a probability: never below 0 (all-zero bars would centre the axis on 0), room for the labels
+        ax.set_ylim(0, 1.1)
     ax.set_title("baselines vs the MAGRPO team (same items, sampling, scoring)")
     ax.legend()
     ax.grid(axis="y", alpha=0.3)
@@ -147,12 +157,15 @@ def scheme_area(shares: list[dict], path=None):
 
 
 class LiveCurve:
-    """`trainer.train(on_step=LiveCurve())`: redraws the training reward in the notebook every `every` steps.
-    Outside IPython it only collects the rows."""
+    """`trainer.train(on_step=LiveCurve(run_dir=...))`: redraws the training reward in the notebook every `every`
+    steps. With `run_dir`, the steps already in its metrics.jsonl are drawn too, so after a resume the curve
+    shows the whole run. Outside IPython it only collects the rows."""
 
-    def __init__(self, every: int = 5, window: int = 10):
+    def __init__(self, every: int = 5, window: int = 10, run_dir: str | Path | None = None):
         self.every, self.window = every, window
         self.rows: list[dict] = []
+        if run_dir is not None and (Path(run_dir) / "metrics.jsonl").exists():
+            self.rows = [r for r in read_metrics(run_dir) if "reward/mean" in r]
         self._handle = None
 
     def figure(self):
@@ -161,6 +174,7 @@ class LiveCurve:
         for key in ("reward/mean",) + tuple(k for k in ("reward/tests", "reward/cooperation") if k in self.rows[-1]):
             _band(ax, steps, [r.get(key, np.nan) for r in self.rows], self.window, key.removeprefix("reward/"))
         ax.set_xlabel("step")
+        ax.set_ylabel("reward (sampled)")
         ax.set_title(f"training reward, step {self.rows[-1]['step']}")
         ax.legend(loc="upper left")
         ax.grid(alpha=0.3)

@@ -21,12 +21,12 @@ in that order (the most specific first). Helper functions are every function the
 from __future__ import annotations
 
 import ast
-import json
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from kit.codeparse import AUX, body_without_docstring, calls_one_of, extract_code, is_wrapper
+from kit.rundir import ROLLOUTS, read_jsonl
 
 SCHEMES = ("fallback", "decorator", "coordinator", "strategy_filter", "wrapper", "no_use", "unparseable")
 PRIORITY = ("fallback", "coordinator", "strategy_filter", "decorator")
@@ -273,13 +273,11 @@ def scheme_shares(run_dir: str | Path, entry_points: dict[str, str] | None = Non
     if entry_points is None:
         entry_points = _entry_points(run_dir)
     counts: dict[int, Counter] = defaultdict(Counter)
-    with open(run_dir / "rollouts.jsonl") as f:
-        for line in f:
-            row = json.loads(line)
-            if row.get("turn", 0) != turn or row["item"] not in entry_points:
-                continue
-            helper, main = row["completions"][:2]
-            counts[row["step"]][scheme_of_completions(helper, main, entry_points[row["item"]]).primary] += 1
+    for row in read_jsonl(run_dir / ROLLOUTS):
+        if row.get("turn", 0) != turn or row["item"] not in entry_points:
+            continue
+        helper, main = row["completions"][:2]
+        counts[row["step"]][scheme_of_completions(helper, main, entry_points[row["item"]]).primary] += 1
     rows = []
     for step in sorted(counts):
         total = sum(counts[step].values())
@@ -308,8 +306,7 @@ def examples(run_dir: str | Path, entry_points: dict[str, str] | None = None, pe
     run_dir = Path(run_dir)
     entry_points = entry_points or _entry_points(run_dir)
     found: dict[str, list[dict]] = defaultdict(list)
-    with open(run_dir / "rollouts.jsonl") as f:
-        rows = [json.loads(line) for line in f]
+    rows = read_jsonl(run_dir / ROLLOUTS)
     for row in reversed(rows):
         if row.get("turn", 0) != turn or row["item"] not in entry_points:
             continue
@@ -326,3 +323,23 @@ def shares_of(programs: list[tuple[str, str, str]]) -> dict[str, float]:
     counts = Counter(classify(h, m, e).primary for h, m, e in programs)
     total = sum(counts.values()) or 1
     return {s: counts[s] / total for s in SCHEMES}
+
+
+def fresh_shares(run_dir: str | Path, n: int = 8, step: int | None = None, num_items: int | None = None,
+                 log=print) -> dict[str, float]:
+    """Scheme shares on fresh samples: n joint actions per held-out item from checkpoint `step` (default: the
+    newest saved adapters; the base when there are none)."""
+    from kit.evaluate import RunContext, sample_joint
+
+    ctx = RunContext(run_dir, num_items=num_items, log=log)
+    try:
+        step = max(ctx.checkpoints(), default=0) if step is None else step
+        ctx.use_step(step)
+        _, rewards, _, _ = sample_joint(ctx.team, ctx.task, ctx.items, n, ctx.cfg, ctx.scorer)
+    finally:
+        ctx.close()
+    programs = [(r.details.get("helper_code", ""), r.details.get("main_code", ""), item["entry_point"])
+                for item, per in zip(ctx.items, rewards) for r in per]
+    log(f"[kit] schemes of {len(programs)} fresh joint actions from step {step}")
+    return shares_of(programs)
+

@@ -29,7 +29,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from kit import checkpoint, magrpo
+from kit import checkpoint, magrpo, rundir
 from kit import config as config_mod
 from kit.config import TrainConfig, validate
 from kit.rewards import Reward, RewardModel, Scorer
@@ -67,9 +67,15 @@ class Trainer:
         self.cfg = validate(cfg)
         self.log = log
         self.run_dir = Path(cfg.run_dir)
-        if (self.run_dir / "config.json").exists() and not resume:
+        saved = self.run_dir / rundir.CONFIG
+        if saved.exists() and not resume:
             raise FileExistsError(f"run_dir {str(self.run_dir)!r} already holds a run; resume it (resume=True, "
                                   "--resume) or choose another run_dir")
+        if saved.exists():  # refuse a changed setting now, before minutes of model loading
+            config_mod.check_resume(saved, self.cfg)
+        elif resume:
+            log(f"[kit] nothing to resume in {self.run_dir} (no run there yet): starting a new run")
+        resume = saved.exists()
         if task is None:
             from kit.tasks import task_for
 
@@ -120,30 +126,19 @@ class Trainer:
         if cfg.mirror_dir:
             from kit.colab import Mirror
 
-            self.mirror = Mirror(self.run_dir, cfg.mirror_dir, cfg.keep_last, log=log)
-        if resume and (self.run_dir / "config.json").exists():
+            self.mirror = Mirror(self.run_dir, cfg.mirror_dir, cfg.keep_last, cfg.keep_history, log=log)
+        if resume:
             self._resume()
-        config_mod.save(self.cfg, self.run_dir / "config.json")
+        config_mod.save(self.cfg, saved)
 
     # ---- run directory
 
     def _resume(self) -> None:
-        old = json.loads((self.run_dir / "config.json").read_text())
-        diff = config_mod.training_diff(old, self.cfg)
-        if diff:
-            raise ValueError("cannot resume: these fields change training and differ from the saved run: "
-                             + "; ".join(diff))
         state = checkpoint.resume_latest(self.run_dir, self.team, self.optimizers, self.schedulers, log=self.log)
         self.step = state["step"] if state else 0
         # Lines written after the checkpoint belong to steps that will be run again: drop them.
-        for name in ("metrics.jsonl", "rollouts.jsonl"):
-            self._truncate(self.run_dir / name, self.step)
-
-    @staticmethod
-    def _truncate(path: Path, step: int) -> None:
-        if path.exists():
-            keep = [line for line in path.read_text().splitlines() if line and json.loads(line)["step"] <= step]
-            path.write_text("".join(line + "\n" for line in keep))
+        for name in (rundir.METRICS, rundir.ROLLOUTS):
+            rundir.truncate_jsonl(self.run_dir / name, self.step)
 
     def _append(self, name: str, rows: list[dict]) -> None:
         with open(self.run_dir / name, "a") as f:
@@ -376,11 +371,11 @@ class Trainer:
         state = {"data": {"seed": self.cfg.seed, "num_items": len(self.train_items),
                           "items_seen": self.step * self.cfg.batch_size}}
         return checkpoint.save(self.run_dir, self.step, self.team, self.optimizers, self.schedulers, state,
-                               self.cfg.keep_last)
+                               self.cfg.keep_last, self.cfg.keep_history)
 
     def summary(self) -> dict:
         """Reward at the start and end of the whole run (read back from metrics.jsonl, so resumes count)."""
-        rows = [json.loads(line) for line in (self.run_dir / "metrics.jsonl").read_text().splitlines() if line]
+        rows = rundir.read_jsonl(self.run_dir / rundir.METRICS)
         train = [r["reward/mean"] for r in rows if "reward/mean" in r]
         evals = [r for r in rows if "eval/reward_mean" in r]
         k = max(1, min(10, len(train) // 5))
@@ -394,6 +389,7 @@ class Trainer:
     def close(self):
         self.scorer.close()
         if self.mirror is not None:
+            self.mirror.push()  # files written since the last checkpoint (figures, late log lines) reach Drive too
             self.mirror.close()  # waits for the last copy
         if self.wandb is not None:
             self.wandb.finish()

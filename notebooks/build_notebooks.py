@@ -9,8 +9,9 @@ from pathlib import Path
 
 import nbformat
 
-REPO = "https://github.com/magrpo-kit/magrpo-kit"  # the one place the repository URL is set
+REPO = "https://github.com/magrpo-kit/magrpo-kit"  # the one place the repository URL is set (badges, install)
 BRANCH = "main"
+DRIVE_FOLDER = "magrpo-kit/runs"  # kit.rundir.DRIVE_FOLDER
 HERE = Path(__file__).resolve().parent
 
 
@@ -28,13 +29,26 @@ def code(text: str, tags=()):
 
 
 INSTALL = code(f"""
-# Colab only (tagged `colab`): get the kit and its requirements. Colab's own torch meets requirements.txt,
-# so it is never reinstalled.
-import sys
+# Colab only (tagged `colab`): get the kit and its requirements (Colab's own torch is kept).
+REPO = "{REPO}"  # the kit's git repository: put your fork's URL here
+BRANCH = "{BRANCH}"
+KIT_DIR = "/content/magrpo-kit"
+import os, subprocess, sys
 if "google.colab" in sys.modules:
-    !test -d /content/magrpo-kit || git clone -q --depth 1 -b {BRANCH} {REPO} /content/magrpo-kit
-    %pip install -q -r /content/magrpo-kit/requirements.txt
-    %cd /content/magrpo-kit
+    if not os.path.isdir(os.path.join(KIT_DIR, "kit")):
+        got = subprocess.run(["git", "clone", "-q", "--depth", "1", "-b", BRANCH, REPO, KIT_DIR],
+                             capture_output=True, text=True)
+        if got.returncode != 0:
+            why = (got.stderr.strip().splitlines() or ["git clone failed"])[0]
+            raise RuntimeError(f"could not get the kit from {{REPO}} (branch {{BRANCH}}): {{why}}. "
+                               "Set REPO at the top of this cell to the kit's repository (your fork; a private one "
+                               f"as https://<token>@github.com/...) or upload the repository to {{KIT_DIR}}, then "
+                               "run this cell again.") from None
+    got = subprocess.run([sys.executable, "-m", "pip", "install", "-q", "-r", f"{{KIT_DIR}}/requirements.txt"],
+                         capture_output=True, text=True)
+    if got.returncode != 0:
+        raise RuntimeError(f"pip could not install the kit's requirements: {{got.stderr.strip()[-1500:]}}") from None
+    os.chdir(KIT_DIR)
 """, tags=["colab"])
 
 SETUP = code("""
@@ -53,14 +67,15 @@ drive = colab.mount_drive()  # Colab: mounts Google Drive once; elsewhere: None
 """, tags=["colab"])
 
 
-def run_dir_cell(default: str) -> nbformat.NotebookNode:
-    return code(f"""
-# The run to look at: a local run directory or its Drive mirror (smoke mode makes a tiny one).
-RUN_DIR = "{default}"
-if SMOKE:
-    RUN_DIR = str(colab.smoke_run())
-print("run:", RUN_DIR)
-""", tags=["parameters"])
+def run_cells() -> list:
+    return [code(f"""
+# The run to look at: by default the one 01_train made with this RUN_NAME, on this disk or on Drive.
+RUN_NAME = "magrpo_code"  # as in 01_train
+DRIVE_FOLDER = "{DRIVE_FOLDER}"  # under MyDrive, as in 01_train
+RUN_DIR = None  # or a run folder, which overrides RUN_NAME
+""", tags=["parameters"]), DRIVE, code("""
+RUN_DIR = colab.run_to_analyse(RUN_NAME, globals().get("drive"), DRIVE_FOLDER, RUN_DIR)  # smoke: a tiny run
+""")]
 
 
 def notebook(name: str, title: str, purpose: str, cells: list) -> None:
@@ -89,25 +104,8 @@ del key
 PRESET = "colab_a100"  # colab_a100 (A100), colab_t4 (free T4) or tiny_cpu
 """, tags=["parameters"]),
                  code("""
-# Smoke test: a few training steps of the preset on its real model, in a throw-away run directory.
-import tempfile, traceback
-from kit.config import load_config
-from kit.trainer import Trainer
-
-preset = "tiny_cpu" if SMOKE else PRESET
-steps = ["num_steps=2", "save_every=0", "eval_every=0", "batch_size=1", "num_generations=2", "log_rollouts=false"]
-if preset != "tiny_cpu":
-    steps.append("max_new_tokens=64")
-try:
-    cfg = load_config(preset, overrides=[f"run_dir={tempfile.mkdtemp()}/smoke", *steps])
-    trainer = Trainer(cfg)
-    summary = trainer.train()
-    trainer.close()
-    print(f"PASS: {preset} trained {summary['steps']} steps on {cfg.model_name}")
-except Exception:
-    traceback.print_exc()
-    print(f"FAIL: {preset} could not train; the error is above")
-    raise
+# Two training steps of the preset on its real model, in a throw-away folder: one PASS or FAIL line.
+result = colab.preset_smoke_test("tiny_cpu" if SMOKE else PRESET)
 """),
              ])
 
@@ -122,10 +120,10 @@ TASK = "code"  # code, writing, toy
 TASK_ARGS = {"dataset": "humaneval"}  # code: humaneval, coop, hub:OpenMLRL/CoopHumanEval; writing: {"kind": "tldr"}
 JUDGE_MODEL = None  # e.g. "claude-sonnet-4-5": adds the judge's score as a reward (needs ANTHROPIC_API_KEY)
 JUDGE_BUDGET_USD = 15.0  # hard cap on judge spend for this run
-RUN_NAME = "magrpo_code"
-DRIVE_FOLDER = "magrpo-kit/runs"  # under MyDrive
+RUN_NAME = "magrpo_code"  # the run's folder name, here and on Drive
+DRIVE_FOLDER = "{DRIVE_FOLDER}"  # under MyDrive; 02-05 find the run there by RUN_NAME
 NUM_STEPS = None  # None: the preset's
-""", tags=["parameters"]),
+""".replace("{DRIVE_FOLDER}", DRIVE_FOLDER), tags=["parameters"]),
                  DRIVE,
                  code("""
 cfg = colab.notebook_config(PRESET, TASK, TASK_ARGS, RUN_NAME, globals().get("drive"), DRIVE_FOLDER, NUM_STEPS,
@@ -144,17 +142,15 @@ random state). A changed training setting is refused with the list of fields tha
 trainer = colab.start_or_resume(cfg)
 """),
                  code("""
-from kit.plots import LiveCurve
-
-live = LiveCurve(every=1 if SMOKE else 5)  # the reward curve redraws while training runs
-summary = trainer.train(on_step=live)
-trainer.close()  # also waits for the last copy to Drive
+# Trains with a live reward curve (the whole run, also after a resume), writes eval/learning_curves.png,
+# then closes the trainer, which waits for the last copy to Drive.
+summary = colab.train_to_end(trainer, every=1 if SMOKE else 5)
 summary
 """),
                  code("""
 from kit import plots
 
-plots.learning_curves(cfg.run_dir, path=f"{cfg.run_dir}/eval/learning_curves.png")
+plots.learning_curves(cfg.run_dir)
 """),
                  code("""
 colab.flush_drive()  # make sure Drive has every file before the runtime goes away
@@ -165,7 +161,7 @@ colab.flush_drive()  # make sure Drive has every file before the runtime goes aw
              "Scores the untrained base and every saved checkpoint of a run on held-out items: pass@1/3/5/10 with "
              "the unbiased estimator, the mean reward and each part, the cooperation rate and tokens/s. The table "
              "and the curves show whether training improved the team on data it did not train on.", [
-                 DRIVE, run_dir_cell("checkpoints/magrpo_code"),
+                 *run_cells(),
                  code("""
 N = 3 if SMOKE else 10  # samples per agent per item (pass@k for k <= N)
 from IPython.display import Markdown, display
@@ -187,7 +183,7 @@ plots.learning_curves(RUN_DIR)
              "The paper's Table 1 on the same held-out items, sampling and scoring: a fixed single model, naive "
              "concatenation, a sequential pipeline and one-round discussion (all on the untrained base), against "
              "the MAGRPO team from the run's newest checkpoint.", [
-                 DRIVE, run_dir_cell("checkpoints/magrpo_code"),
+                 *run_cells(),
                  code("""
 N = 2 if SMOKE else 10
 from IPython.display import Markdown, display
@@ -208,7 +204,7 @@ plots.baseline_bars(rows, path=f"{RUN_DIR}/eval/baselines.png")
              "decorator, coordinator, strategy filter, wrapper, no use): shares over training from the run's "
              "rollouts, shares on fresh samples from the newest checkpoint, and an example program for each "
              "scheme.", [
-                 DRIVE, run_dir_cell("checkpoints/magrpo_code"),
+                 *run_cells(),
                  code("""
 from IPython.display import Markdown, display
 from kit import plots, schemes
@@ -220,15 +216,7 @@ plots.scheme_area(shares)
 """),
                  code("""
 # Fresh samples from the newest checkpoint on held-out items
-from kit.evaluate import RunContext, sample_joint
-
-ctx = RunContext(RUN_DIR)
-ctx.use_step(max(ctx.checkpoints(), default=0))
-joints, rewards, _, _ = sample_joint(ctx.team, ctx.task, ctx.items, 2 if SMOKE else 8, ctx.cfg, ctx.scorer)
-programs = [(r.details.get("helper_code", ""), r.details.get("main_code", ""), item["entry_point"])
-            for item, per in zip(ctx.items, rewards) for r in per]
-ctx.close()
-schemes.shares_of(programs)
+schemes.fresh_shares(RUN_DIR, n=2 if SMOKE else 8)
 """),
                  code("""
 for scheme, found in schemes.examples(RUN_DIR).items():
@@ -243,7 +231,7 @@ for scheme, found in schemes.examples(RUN_DIR).items():
              "reward part) show the prompts, each agent's completion, the reward parts and the advantages side "
              "by side; pick one for its reward breakdown, edit a completion and re-score it with the task's own "
              "reward. The widgets read the run's files, so they work after a reconnect and on a finished run.", [
-                 DRIVE, run_dir_cell("checkpoints/magrpo_code"),
+                 *run_cells(),
                  code("""
 from kit import explore
 

@@ -161,14 +161,17 @@ def test_restore_never_replaces_a_local_run_that_is_ahead_of_the_mirror(tmp_path
 
 
 def test_notebook_config_mirrors_to_drive_and_smoke_swaps_in_the_tiny_preset(tmp_path, monkeypatch):
+    import torch
+
     from kit.config import ConfigError
 
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)  # full mode needs a GPU (refused without)
     cfg = colab.notebook_config("colab_a100", "writing", {"kind": "arxiv"}, "mine", drive=tmp_path, num_steps=7,
                                 judge_model="claude-sonnet-4-5", judge_budget_usd=3.0)
     assert cfg.model_name == "Qwen/Qwen2.5-Coder-3B-Instruct" and cfg.task_args == {"kind": "arxiv"}
     assert cfg.run_dir == "checkpoints/mine" and cfg.mirror_dir == str(tmp_path / "magrpo-kit/runs/mine")
     assert cfg.num_steps == 7 and cfg.use_judge_reward and cfg.judge_budget_usd == 3.0
-    assert colab.notebook_config("colab_t4", "code", {}, "x").mirror_dir is None
+    assert colab.notebook_config("colab_t4", "code", {}, "x", log=lambda *_: None).mirror_dir is None
     monkeypatch.setenv("KIT_SMOKE_DIR", str(tmp_path / "smoke"))
     smoke = colab.notebook_config("colab_a100", "code", {}, "x", judge_model="claude-sonnet-4-5", smoke=True)
     assert smoke.model_name == "tiny" and smoke.num_steps == 3 and smoke.judge_model is None
