@@ -75,14 +75,16 @@ def main(argv: list[str] | None = None) -> int:
     train.add_argument("--run-dir", help="run directory (default: the preset's)")
     train.add_argument("--resume", action="store_true", help="continue the run in --run-dir from its newest checkpoint")
     ev = sub.add_parser("eval", help="pass@k and rewards of the base and a run's checkpoints on held-out items")
-    ev.add_argument("--steps", type=steps_arg, default="all", help="all, newest, or step numbers separated by commas (0: base)")
+    ev.add_argument("--steps", type=steps_arg, default="all",
+                    help="all, newest, or step numbers separated by commas (0: base)")
     bl = sub.add_parser("baselines", help="single / naive / sequential / discussion baselines vs the trained team")
     bl.add_argument("--methods", type=methods_arg, default="single,naive,sequential,discussion")
     bl.add_argument("--step", type=step_arg, default="newest", help="the team's checkpoint step (default: the newest)")
     for p in (ev, bl):
         p.add_argument("--run-dir", required=True)
         p.add_argument("--n", type=positive_int, default=10, help="samples per agent per item (pass@k for k <= n)")
-        p.add_argument("--items", type=positive_int, default=None, help="held-out items (default: the run's num_eval_items)")
+        p.add_argument("--items", type=positive_int, default=None,
+                       help="held-out items (default: the run's num_eval_items)")
     sc = sub.add_parser("schemes", help="cooperation-scheme shares per step from a run's rollouts.jsonl")
     sc.add_argument("--run-dir", required=True)
     sc.add_argument("--turn", type=int, default=0)

@@ -18,14 +18,14 @@ from __future__ import annotations
 
 import time
 
-from kit.evaluate import parallel_joints, sample_joint, sampling_args, score, summarize
-from kit.rollout import generate
+from kit.evaluate import parallel_joints, sample_joint, score, summarize
+from kit.tasks import has
 
 METHODS = ("single", "naive", "sequential", "discussion")
 
 
 def sequential_prompt(task, item: dict, agent: int, earlier: tuple[str, ...]) -> str:
-    if hasattr(task, "sequential_prompt"):
+    if has(task, "sequential_prompt"):
         return task.sequential_prompt(item, agent, earlier)
     roles = getattr(task, "roles", [f"agent_{i}" for i in range(len(earlier) + 1)])
     shown = "\n\n".join(f"Your teammate ({roles[i]}) wrote:\n{text.strip()}" for i, text in enumerate(earlier))
@@ -33,7 +33,7 @@ def sequential_prompt(task, item: dict, agent: int, earlier: tuple[str, ...]) ->
 
 
 def discussion_prompt(task, item: dict, agent: int, first: tuple[str, ...]) -> str:
-    if hasattr(task, "discussion_prompt"):
+    if has(task, "discussion_prompt"):
         return task.discussion_prompt(item, agent, first)
     roles = getattr(task, "roles", [f"agent_{i}" for i in range(len(first))])
     others = "\n\n".join(f"Your teammate's ({roles[i]}) first answer:\n{t.strip()}"
@@ -42,53 +42,57 @@ def discussion_prompt(task, item: dict, agent: int, first: tuple[str, ...]) -> s
             "Revise your answer so that the two fit together. Output only your part.")
 
 
-def run_method(method: str, team, task, cfg, items: list[dict], n: int, scorer) -> dict:
+def run_method(method: str, sampler, task, cfg, items: list[dict], n: int, scorer) -> dict:
     """One baseline (or `naive`, the team's own mode) over items: metrics, wall time and tokens/s."""
     if method not in METHODS:
         raise ValueError(f"method={method!r}; allowed: {', '.join(METHODS)}")
-    from kit.trainer import seed_everything
+    from kit.checkpoint import seed_everything
 
     seed_everything(cfg.seed + 20_011)
     start = time.perf_counter()
     if method == "naive":
-        _, rewards, tokens, gen_s = sample_joint(team, task, items, n, cfg, scorer)
+        _, rewards, tokens, gen_s = sample_joint(sampler, task, items, n, scorer)
     else:
-        joints, tokens, gen_s = _RUNNERS[method](team, task, cfg, items, n)
+        joints, tokens, gen_s = _RUNNERS[method](sampler, task, items, n)
         rewards = score(scorer, items, joints)
     out = {"method": method, **summarize(task, rewards, num_tokens=tokens, seconds=gen_s)}
     out["wall_s"] = time.perf_counter() - start
     return out
 
 
-def _single(team, task, cfg, items, n):
-    if not (hasattr(task, "single_prompt") and hasattr(task, "split_single")):
+def _single(sampler, task, items, n):
+    if not (has(task, "single_prompt") and has(task, "split_single")):
         raise ValueError(f"task {getattr(task, 'name', task)!r} has no single_prompt/split_single, which the "
                          "single-model baseline needs")
-    ro = generate(team, [(0, task.single_prompt(item)) for item in items], n, **sampling_args(cfg))
+    ro = sampler.sample([(0, task.single_prompt(item)) for item in items], n,
+                        keys=[("single", item["id"]) for item in items])
     joints = [[tuple(task.split_single(item, ro.texts[k][g])) for g in range(n)] for k, item in enumerate(items)]
     return joints, ro.num_tokens, ro.seconds
 
 
-def _sequential(team, task, cfg, items, n):
+def _sequential(sampler, task, items, n):
     N = len(task.prompts(items[0]))
-    ro = generate(team, [(0, task.prompts(item)[0]) for item in items], n, **sampling_args(cfg))
+    first = [("eval", item["id"], 0) for item in items]  # agent 0 samples as in the parallel methods
+    ro = sampler.sample([(0, task.prompts(item)[0]) for item in items], n, keys=first)
     partial = [[(ro.texts[k][g],) for g in range(n)] for k in range(len(items))]
     tokens, seconds = ro.num_tokens, ro.seconds
     for agent in range(1, N):  # one batched call per later agent, one sample per partial joint action
         requests = [(agent, sequential_prompt(task, item, agent, partial[k][g]))
                     for k, item in enumerate(items) for g in range(n)]
-        ro = generate(team, requests, 1, **sampling_args(cfg))
+        keys = [("sequential", item["id"], g, agent) for item in items for g in range(n)]
+        ro = sampler.sample(requests, 1, keys=keys)
         partial = [[partial[k][g] + (ro.texts[k * n + g][0],) for g in range(n)] for k in range(len(items))]
         tokens, seconds = tokens + ro.num_tokens, seconds + ro.seconds
     return partial, tokens, seconds
 
 
-def _discussion(team, task, cfg, items, n):
+def _discussion(sampler, task, items, n):
     N = len(task.prompts(items[0]))
-    first, tokens, seconds = parallel_joints(team, task, items, n, cfg)
+    first, tokens, seconds = parallel_joints(sampler, task, items, n)
     requests = [(a, discussion_prompt(task, item, a, first[k][g]))
                 for k, item in enumerate(items) for g in range(n) for a in range(N)]
-    ro = generate(team, requests, 1, **sampling_args(cfg))
+    keys = [("discussion", item["id"], g, a) for item in items for g in range(n) for a in range(N)]
+    ro = sampler.sample(requests, 1, keys=keys)
     revised = [[tuple(ro.texts[(k * n + g) * N + a][0] for a in range(N)) for g in range(n)]
                for k in range(len(items))]
     return revised, tokens + ro.num_tokens, seconds + ro.seconds
@@ -114,10 +118,10 @@ def compare(run_dir, methods=METHODS, n: int = 10, num_items: int | None = None,
     rows = []
     ctx.use_step(0)
     for method in methods:
-        if method == "single" and not hasattr(ctx.task, "single_prompt"):
+        if method == "single" and not has(ctx.task, "single_prompt"):
             log(f"[kit] baseline single skipped: task {ctx.cfg.task!r} has no single_prompt")
             continue
-        rows.append(run_method(method, ctx.team, ctx.task, ctx.cfg, ctx.items, n, ctx.scorer))
+        rows.append(run_method(method, ctx.sampler, ctx.task, ctx.cfg, ctx.items, n, ctx.scorer))
         log(f"[kit] baseline {method}: " + _brief(rows[-1]))
     have = sorted(ctx.checkpoints())
     chosen = have[-1] if step == "newest" and have else (int(step) if step != "newest" else None)
@@ -126,7 +130,7 @@ def compare(run_dir, methods=METHODS, n: int = 10, num_items: int | None = None,
             "the run first (its checkpoints appear under ckpt/)")
     else:
         ctx.use_step(chosen)
-        row = run_method("naive", ctx.team, ctx.task, ctx.cfg, ctx.items, n, ctx.scorer)
+        row = run_method("naive", ctx.sampler, ctx.task, ctx.cfg, ctx.items, n, ctx.scorer)
         row.update(method="magrpo", step=chosen)
         rows.append(row)
         log("[kit] magrpo team: " + _brief(row))

@@ -15,7 +15,9 @@ one intact.
 Adapter history: a checkpoint pruned by `keep_last` is not deleted outright; its adapters and state.json move to
 `<run_dir>/history/step_NNNNNN/` (the optimizer state, twice the adapters' size, is dropped). The history is
 thinned to at most `keep_history` steps spread over the whole run (multiples of an interval that doubles as the
-run grows), so evaluating "every checkpoint" shows the whole run, not only its end. A folder that has COMPLETE but fails to load (a truncated file on a flaky Drive) is skipped with a
+run grows), so evaluating "every checkpoint" shows the whole run, not only its end.
+
+A folder that has COMPLETE but fails to load (a truncated file on a flaky Drive) is skipped with a
 warning and the next older one is tried.
 """
 
@@ -43,6 +45,17 @@ def ckpt_dir(run_dir: str | Path) -> Path:
 
 def step_name(step: int) -> str:
     return f"step_{step:06d}"
+
+
+def step_seed(seed: int, step: int) -> int:
+    """The seed of training step `step`: every step reseeds from (seed, step), so a resumed run repeats it."""
+    return (seed * 1_000_003 + step * 7919 + 17) % (2**31 - 1)
+
+
+def seed_everything(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
 
 
 def rng_state() -> dict:

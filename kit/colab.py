@@ -1,194 +1,23 @@
-"""Colab and environment helpers: where we run, the GPU, Drive, secrets, and a run mirrored to Drive.
+"""What the notebooks' cells call: one function per cell that does more than display.
 
-    in_colab(), smoke()             Colab? KIT_SMOKE=1 (the notebooks' CPU smoke mode, used by CI)
-    gpu_summary()                   "NVIDIA A100-SXM4-40GB, 39.6 GiB" or a clear line on a CPU runtime
-    mount_drive()                   mounts Google Drive once (only in Colab); None elsewhere
-    secret("ANTHROPIC_API_KEY")     from the environment or Colab secrets; never printed
-    Mirror(run_dir, mirror_dir)     copies checkpoints and logs to Drive after each save, in the background
-    restore(mirror_dir, run_dir)    brings the newest complete checkpoint back after a disconnect
     notebook_config(...)            01_train's parameters cell as a validated TrainConfig (full mode needs a GPU)
     start_or_resume(cfg)            a Trainer for a new run, or for the newest one (restored from the mirror)
     train_to_end(trainer)           01's training cell: live curve, learning_curves.png, close (last Drive copy)
     run_to_analyse(run_name, drive) the run 02-05 look at: found by name on this disk or on Drive
     preset_smoke_test(preset)       00_setup's two-step PASS/FAIL check of a preset on its real model
     smoke_run()                     (KIT_SMOKE) a tiny two-step code-task run for the analysis notebooks
-
-Why a mirror and not training straight on Drive: Drive is slow and can drop writes when a runtime dies. The
-trainer writes each checkpoint locally (atomically), then the mirror copies it to Drive under a temporary name
-and renames it only when the copy is whole, so a half-copied checkpoint never looks complete on Drive.
+The environment helpers the cells use (smoke, gpu_summary, mount_drive, flush_drive, secret) come from
+kit/env.py; the Drive mirror and restore from kit/rundir.py.
 """
 
 from __future__ import annotations
 
 import os
 import shutil
-import threading
-from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
-from kit.rundir import DRIVE_FOLDER, LOCAL_ROOT
-
-DRIVE_ROOT = "/content/drive"
-_LOG_FILES = ("config.json", "metrics.jsonl", "rollouts.jsonl", "budget.json")
-
-
-def in_colab() -> bool:
-    try:
-        import google.colab  # noqa: F401
-
-        return True
-    except ImportError:
-        return False
-
-
-def smoke() -> bool:
-    """KIT_SMOKE=1: notebooks switch to the tiny CPU preset and a few steps (how CI runs them)."""
-    return os.environ.get("KIT_SMOKE", "") not in ("", "0", "false", "False")
-
-
-def gpu_summary() -> str:
-    import torch
-
-    if not torch.cuda.is_available():
-        return ("no GPU: this runtime has only a CPU. In Colab choose Runtime > Change runtime type > GPU "
-                "(A100 for the paper's recipe, T4 for colab_t4); the tiny_cpu preset still runs here")
-    props = torch.cuda.get_device_properties(0)
-    return f"{props.name}, {props.total_memory / 2**30:.1f} GiB"
-
-
-def mount_drive(root: str = DRIVE_ROOT, log=print) -> Path | None:
-    """Mount Google Drive once; outside Colab say so in one line and return None."""
-    if not in_colab():
-        log("[kit] not in Colab: no Drive, runs stay on this disk")
-        return None
-    mydrive = Path(root) / "MyDrive"
-    if not mydrive.exists():
-        from google.colab import drive
-
-        drive.mount(root)
-    return mydrive
-
-
-def flush_drive(log=print) -> None:
-    """Make sure everything written to Drive is uploaded (Colab only; unmounts Drive)."""
-    if in_colab() and Path(DRIVE_ROOT, "MyDrive").exists():
-        from google.colab import drive
-
-        drive.flush_and_unmount()
-        log("[kit] Drive flushed and unmounted")
-
-
-def secret(name: str) -> str | None:
-    """A secret from the environment or Colab's secrets panel, or None. The value is never printed or logged."""
-    value = os.environ.get(name)
-    if value:
-        return value
-    if in_colab():
-        try:
-            from google.colab import userdata
-
-            return userdata.get(name)
-        except Exception:  # not set, or notebook access not granted: the feature stays off
-            return None
-    return None
-
-
-class Mirror:
-    """Copy a run directory's logs and complete checkpoints to another folder (Drive) in a background thread."""
-
-    def __init__(self, run_dir: str | Path, mirror_dir: str | Path, keep_last: int = 3, keep_history: int = 0,
-                 log=print):
-        self.run_dir, self.mirror_dir = Path(run_dir), Path(mirror_dir)
-        self.keep_last, self.keep_history = keep_last, keep_history
-        self.log = log
-        self._pool = ThreadPoolExecutor(1, thread_name_prefix="kit-mirror")  # one copy at a time, in order
-        self._pending: list[Future] = []
-        self._lock = threading.Lock()
-
-    def push(self) -> Future:
-        """Queue a copy of everything new; returns at once."""
-        future = self._pool.submit(self._copy)
-        with self._lock:
-            self._pending = [f for f in self._pending if not f.done()] + [future]
-        return future
-
-    def flush(self) -> None:
-        """Wait for queued copies; raise the first copy error so a failing Drive is not silent."""
-        with self._lock:
-            pending, self._pending = self._pending, []
-        for f in pending:
-            f.result()
-
-    def close(self) -> None:
-        self.flush()
-        self._pool.shutdown(wait=True)
-
-    def _copy(self) -> None:
-        from kit.checkpoint import HISTORY, complete_checkpoints, thin_history
-
-        self.mirror_dir.mkdir(parents=True, exist_ok=True)
-        for name in _LOG_FILES:
-            _copy_file(self.run_dir / name, self.mirror_dir / name)
-        if (self.run_dir / "eval").is_dir():
-            for f in (self.run_dir / "eval").iterdir():
-                if f.is_file():
-                    _copy_file(f, self.mirror_dir / "eval" / f.name)
-        for ckpt in reversed(complete_checkpoints(self.run_dir)):  # oldest first
-            _copy_tree(ckpt, self.mirror_dir / "ckpt" / ckpt.name)
-        for kept in reversed(complete_checkpoints(self.run_dir, HISTORY)):
-            _copy_tree(kept, self.mirror_dir / HISTORY / kept.name)
-        for old in complete_checkpoints(self.mirror_dir)[self.keep_last:]:
-            shutil.rmtree(old, ignore_errors=True)
-        thin_history(self.mirror_dir, self.keep_history)
-
-
-def _copy_file(src: Path, dst: Path) -> None:
-    if not src.exists():
-        return
-    dst.parent.mkdir(parents=True, exist_ok=True)
-    tmp = dst.with_name(f".{dst.name}.partial")
-    shutil.copyfile(src, tmp)
-    os.replace(tmp, dst)
-
-
-def _copy_tree(src: Path, dst: Path) -> None:
-    """Copy a checkpoint folder under a temporary name, then rename: never a half checkpoint at `dst`."""
-    if (dst / "COMPLETE").exists():
-        return
-    tmp = dst.with_name(f".{dst.name}.partial")
-    shutil.rmtree(tmp, ignore_errors=True)
-    shutil.copytree(src, tmp)
-    if dst.exists():
-        shutil.rmtree(dst)
-    os.replace(tmp, dst)
-
-
-def restore(mirror_dir: str | Path, run_dir: str | Path, log=print) -> int | None:
-    """Bring a mirrored run back to `run_dir` (after a disconnect wiped the local disk). Returns the newest
-    complete checkpoint step now in `run_dir`, or None when the mirror holds no run."""
-    from kit.checkpoint import HISTORY, complete_checkpoints
-
-    mirror_dir, run_dir = Path(mirror_dir), Path(run_dir)
-    if not (mirror_dir / "config.json").exists():
-        return None
-    run_dir.mkdir(parents=True, exist_ok=True)
-    def newest(path):
-        found = complete_checkpoints(path)
-        return int(found[0].name.split("_")[-1]) if found else -1
-
-    remote = complete_checkpoints(mirror_dir)
-    if remote and newest(mirror_dir) > newest(run_dir):  # the mirror is ahead: take its logs and checkpoints
-        for name in _LOG_FILES:
-            _copy_file(mirror_dir / name, run_dir / name)
-        for ckpt in remote:
-            _copy_tree(ckpt, run_dir / "ckpt" / ckpt.name)
-        for kept in complete_checkpoints(mirror_dir, HISTORY):
-            _copy_tree(kept, run_dir / HISTORY / kept.name)
-        log(f"[kit] restored {run_dir} from {mirror_dir} ({remote[0].name})")
-    elif not (run_dir / "config.json").exists():
-        _copy_file(mirror_dir / "config.json", run_dir / "config.json")
-    step = newest(run_dir)
-    return step if step >= 0 else None
+from kit.env import flush_drive, gpu_summary, in_colab, mount_drive, require_gpu, secret, smoke  # noqa: F401
+from kit.rundir import DRIVE_FOLDER, LOCAL_ROOT, restore
 
 
 def start_or_resume(cfg, log=print, **trainer_kwargs):
@@ -286,16 +115,6 @@ def smoke_run(log=print) -> Path:
     trainer.train()
     trainer.close()
     return run_dir
-
-
-def require_gpu(preset: str) -> None:
-    """Full mode on a CPU runtime would load a billion-parameter model in fp32 and crawl: stop with the way out."""
-    import torch
-
-    if preset != "tiny_cpu" and not torch.cuda.is_available():
-        raise RuntimeError(f"preset {preset!r} needs a GPU and this runtime has none. In Colab: Runtime > Change "
-                           "runtime type > GPU (A100 for colab_a100, T4 for colab_t4), then Run all again. To try "
-                           "the kit on a CPU, set PRESET = 'tiny_cpu' (or KIT_SMOKE=1 for the smoke run).")
 
 
 def notebook_config(preset: str, task: str, task_args: dict, run_name: str, drive: Path | None = None,

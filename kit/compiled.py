@@ -37,6 +37,8 @@ import torch
 from torch import nn
 from transformers import StoppingCriteria
 
+from kit.sampling import seeded_config
+
 CACHE_BUCKET = 256  # static cache lengths are multiples of this
 MAX_CACHES = 4  # static caches kept per engine (one per (rows, length) shape in use)
 
@@ -288,7 +290,7 @@ class CompiledEngine:
 
     @torch.no_grad()
     def generate(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, adapters: list[str],
-                 generation_config) -> torch.Tensor:
+                 generation_config, row_seeds: torch.Tensor | None = None) -> torch.Tensor:
         """Left-padded prompts (R, P), rows grouped by adapter -> completion ids (R, T), EOS then padding."""
         index = [self.adapters.index(a) for a in adapters]
         if index != sorted(index):
@@ -319,10 +321,11 @@ class CompiledEngine:
             torch.cuda.synchronize()
             self.compile_seconds += time.perf_counter() - t0
             self.warm.add(shape)
-        config = copy.deepcopy(generation_config)
+        config, processors = seeded_config(generation_config, None if row_seeds is None else row_seeds[rows])
+        config = copy.deepcopy(config)
         config.disable_compile = not self.compile
         seq = self.gen.generate(input_ids=ids, attention_mask=att, past_key_values=self._cache(len(rows), length),
-                                generation_config=config, stopping_criteria=stopping)
+                                generation_config=config, stopping_criteria=stopping, logits_processor=processors)
         return seq[real, ids.shape[1]:]
 
 

@@ -103,7 +103,8 @@ CHOICES = {
 }
 # Fields that do not change what is trained: a resumed run may differ in these.
 NON_TRAINING = {"run_dir", "mirror_dir", "judge_budget_usd", "eval_every", "save_every", "keep_last", "keep_history",
-                "log_rollouts", "use_wandb", "wandb_project", "progress", "reward_workers", "reward_pool", "num_eval_items", "device", "num_steps",
+                "log_rollouts", "use_wandb", "wandb_project", "progress", "reward_workers", "reward_pool",
+                "num_eval_items", "device", "num_steps",
                 "rollout_engine", "generation_weights"}
 
 

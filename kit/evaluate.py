@@ -19,8 +19,9 @@ from pathlib import Path
 
 import numpy as np
 
-from kit.rewards import RewardModel, Scorer
-from kit.rollout import generate
+from kit.rewards import Scorer, reward_model_for
+from kit.rollout import Sampler
+from kit.tasks import has
 
 KS = (1, 3, 5, 10)
 
@@ -44,7 +45,7 @@ def summarize(task, rewards: list[list], *, ks=KS, num_tokens: int = 0, seconds:
         out[f"reward/{key}"] = float(np.mean([r.parts.get(key, 0.0) for r in flat]))
     if any("cooperation" in r.parts for r in flat):
         out["cooperation_rate"] = float(np.mean([r.parts.get("cooperation", 0.0) > 0 for r in flat]))
-    if hasattr(task, "is_pass") and n:
+    if has(task, "is_pass") and n:
         correct = [sum(bool(task.is_pass(r)) for r in per_item[:n]) for per_item in rewards]
         for k in ks:
             if k <= n:
@@ -54,24 +55,21 @@ def summarize(task, rewards: list[list], *, ks=KS, num_tokens: int = 0, seconds:
     return out
 
 
-def sampling_args(cfg) -> dict:
-    return dict(max_new_tokens=cfg.max_new_tokens, temperature=cfg.temperature, top_p=cfg.top_p, top_k=cfg.top_k,
-                use_chat_template=cfg.use_chat_template, max_prompt_tokens=cfg.max_prompt_tokens)
-
-
-def parallel_joints(team, task, items: list[dict], n: int, cfg):
+def parallel_joints(sampler: Sampler, task, items: list[dict], n: int, params=None, tag: str = "eval"):
     """n joint actions per item from the task's own prompts (agents in parallel, one batched generate):
-    (joints[item][g], generated tokens, generate seconds)."""
+    (joints[item][g], generated tokens, generate seconds). `params`: the sampler's own by default. Samples are
+    seeded by (tag, item id, agent): every checkpoint and method sees the same noise for the same item."""
     N = len(task.prompts(items[0])) if items else 0
     requests = [(a, p) for item in items for a, p in enumerate(task.prompts(item))]
-    ro = generate(team, requests, n, **sampling_args(cfg))
+    keys = [(tag, item["id"], a) for item in items for a in range(N)]
+    ro = sampler.sample(requests, n, params, keys=keys)
     joints = [[tuple(ro.texts[k * N + a][g] for a in range(N)) for g in range(n)] for k in range(len(items))]
     return joints, ro.num_tokens, ro.seconds
 
 
-def sample_joint(team, task, items: list[dict], n: int, cfg, scorer: Scorer):
+def sample_joint(sampler: Sampler, task, items: list[dict], n: int, scorer: Scorer):
     """`parallel_joints`, scored: (joints, rewards, tokens, seconds)."""
-    joints, tokens, seconds = parallel_joints(team, task, items, n, cfg)
+    joints, tokens, seconds = parallel_joints(sampler, task, items, n)
     return joints, score(scorer, items, joints), tokens, seconds
 
 
@@ -85,17 +83,30 @@ def score(scorer: Scorer, items: list[dict], joints: list[list[tuple]]) -> list[
     return out
 
 
-def evaluate_team(team, task, cfg, items: list[dict], n: int = 10, scorer: Scorer | None = None,
+def greedy_eval(sampler: Sampler, task, items: list[dict], scorer: Scorer) -> dict:
+    """The trainer's held-out check: one greedy joint action per item, scored with the run's reward model;
+    the mean reward and each part under `eval/`."""
+    if not items:
+        return {}
+    joints, _, _ = parallel_joints(sampler, task, items, 1, sampler.greedy)
+    rewards = [r for per in score(scorer, items, joints) for r in per]
+    out = {"eval/reward_mean": float(np.mean([r.total for r in rewards]))}
+    for key in sorted({k for r in rewards for k in r.parts}):
+        out[f"eval/{key}"] = float(np.mean([r.parts.get(key, 0.0) for r in rewards]))
+    return out
+
+
+def evaluate_team(sampler: Sampler, task, cfg, items: list[dict], n: int = 10, scorer: Scorer | None = None,
                   seed: int | None = None) -> dict:
     """Sample n joint actions per item, score them, summarise. Seeded, so two checkpoints see the same noise."""
-    from kit.trainer import seed_everything
+    from kit.checkpoint import seed_everything
 
     seed_everything(cfg.seed + 10_007 if seed is None else seed)
     own = scorer is None
-    scorer = scorer or Scorer(RewardModel(task), cfg.reward_workers, "thread")
+    scorer = scorer or Scorer(reward_model_for(cfg, task), cfg.reward_workers, "thread")
     try:
         start = time.perf_counter()
-        _, rewards, tokens, gen_s = sample_joint(team, task, items, n, cfg, scorer)
+        _, rewards, tokens, gen_s = sample_joint(sampler, task, items, n, scorer)
         out = summarize(task, rewards, num_tokens=tokens, seconds=gen_s)
         out["wall_s"] = time.perf_counter() - start
         return out
@@ -107,23 +118,20 @@ def evaluate_team(team, task, cfg, items: list[dict], n: int = 10, scorer: Score
 class RunContext:
     """A run directory's config, task, held-out items and team, built once for many evaluations."""
 
-    def __init__(self, run_dir: str | Path, split: str = "eval", num_items: int | None = None, log=print):
-        from kit.config import load_config
+    def __init__(self, run_dir: str | Path, split: str = "eval", num_items: int | None = None, log=print,
+                 reward_funcs=()):
         from kit.models import build_team
-        from kit.tasks import task_for
+        from kit.rundir import open_run
 
-        self.run_dir = Path(run_dir)
-        if not (self.run_dir / "config.json").exists():
-            raise FileNotFoundError(f"{self.run_dir} has no config.json: is it a run directory made by "
-                                    "`python -m kit train`?")
-        self.cfg = load_config(path=self.run_dir / "config.json")
-        self.task = task_for(self.cfg)
+        run = open_run(run_dir)
+        self.run_dir, self.cfg, self.task = run.path, run.cfg, run.task
         items = self.task.load(split)
         self.items = items[:num_items or self.cfg.num_eval_items or len(items)]
         self.team = build_team(self.cfg, log=log)
+        self.sampler = Sampler.from_config(self.team, self.cfg)
         self._fresh = {name: p.detach().clone() for m in self.team.models for name, p in m.named_parameters()
                        if "lora_" in name}
-        self.scorer = Scorer(RewardModel(self.task), self.cfg.reward_workers, "thread")
+        self.scorer = Scorer(run.reward_model(reward_funcs, log=log), self.cfg.reward_workers, "thread")
         self.log = log
 
     def checkpoints(self) -> dict[int, Path]:
@@ -177,7 +185,8 @@ def evaluate_run(run_dir: str | Path, steps: str | list[int] = "all", n: int = 1
     rows = []
     for step in chosen:
         ctx.use_step(step)
-        row = {"step": step, "split": split, **evaluate_team(ctx.team, ctx.task, ctx.cfg, ctx.items, n, ctx.scorer)}
+        row = {"step": step, "split": split,
+               **evaluate_team(ctx.sampler, ctx.task, ctx.cfg, ctx.items, n, ctx.scorer)}
         (out_dir / f"step_{step:06d}.json").write_text(json.dumps(row, indent=1))
         log(f"[kit] eval step {step}: " + ", ".join(f"{k}={v:.3f}" for k, v in row.items()
                                                      if k.startswith(("pass@", "reward/mean"))))

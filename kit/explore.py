@@ -23,10 +23,10 @@ class RunLog:
         path = self.run_dir / "rollouts.jsonl"
         if not path.exists():
             raise FileNotFoundError(f"{path} does not exist: train with log_rollouts=true (the default) first")
-        from kit.config import load_config
+        from kit.rundir import open_run
 
-        self.cfg = load_config(path=self.run_dir / "config.json")
-        self._task = None
+        self.run = open_run(self.run_dir)
+        self.cfg = self.run.cfg
         self.reload()
 
     def reload(self) -> None:
@@ -36,11 +36,7 @@ class RunLog:
 
     @property
     def task(self):
-        if self._task is None:
-            from kit.tasks import task_for
-
-            self._task = task_for(self.cfg)
-        return self._task
+        return self.run.task
 
     @property
     def roles(self) -> list[str]:

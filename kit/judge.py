@@ -3,7 +3,7 @@
     judge = Judge(run_dir, model="claude-sonnet-4-5", budget_usd=15)   # off, with one line, when no key
     judge.score(rubric, text)        -> float in [0, 1], or None (unscored)
     judge.feedback(problem, code, report) -> expert advice for the next turn, or None
-    JudgeReward(judge, rubric)       a reward function for `reward_funcs` (a plain f(item, completions))
+    kit.rewards.JudgeReward(judge, rubric)  its score as a reward function (reward_model_for adds it)
 
 The budget is a hard cap. Before each call the worst case of that call is reserved: every byte of the request
 counted as a token (a token is never shorter than a byte) plus `max_tokens` of output, at the model's prices
@@ -119,7 +119,7 @@ class Judge:
         self.stopped = False
         self.client = None
         if api_key is None:
-            from kit.colab import secret
+            from kit.env import secret
 
             api_key = secret("ANTHROPIC_API_KEY")
         if not api_key:
@@ -214,21 +214,3 @@ def parse_score(reply: str) -> float | None:
     except (ValueError, ZeroDivisionError):
         return None
     return min(max(score, 0.0), 1.0)
-
-
-class JudgeReward:
-    """`reward_funcs=[JudgeReward(judge, rubric)]`: the judge's score of the joint output, 0 when unscored.
-
-    Unscored items (judge off, over budget, failed call) get 0.0; their share is visible as the `judge_unscored`
-    metric, since the trainer logs each reward function by name."""
-
-    def __init__(self, judge: Judge, rubric: str, render=None):
-        self.judge, self.rubric = judge, rubric
-        self.render = render or (lambda item, comps: "\n\n".join(f"[agent {i}]\n{c}" for i, c in enumerate(comps)))
-        self.__name__ = "judge"
-
-    def __call__(self, item: dict, completions: tuple[str, ...]):
-        from kit.rewards import Reward
-
-        score = self.judge.score(self.rubric, self.render(item, completions)) if self.judge.enabled else None
-        return Reward(score or 0.0, {"judge": score or 0.0, "judge_unscored": float(score is None)})

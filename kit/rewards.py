@@ -106,7 +106,7 @@ class RewardModel:
     processor: str = "identity"
 
     def __post_init__(self):
-        n = len(self.funcs) + (self.task is not None and hasattr(self.task, "reward"))
+        n = len(self.funcs) + self._has_task_reward()
         if n == 0:
             raise ValueError("no reward: give a task with a reward(item, completions) method or reward functions")
         if self.weights is not None and len(self.weights) != n:
@@ -115,8 +115,7 @@ class RewardModel:
 
     def __call__(self, item: dict, completions: tuple[str, ...]) -> Reward:
         """Combined raw reward; parts hold the task's parts and each function's value by name."""
-        sources = ([self.task.reward] if self.task is not None and hasattr(self.task, "reward") else []) + \
-            list(self.funcs)
+        sources = ([self.task.reward] if self._has_task_reward() else []) + list(self.funcs)
         weights = self.weights or [1.0] * len(sources)
         total, parts, details = 0.0, {}, {}
         for i, (fn, w) in enumerate(zip(sources, weights)):
@@ -127,6 +126,11 @@ class RewardModel:
             if len(sources) > 1 or not r.parts:
                 parts[_name(fn, i)] = r.total
         return Reward(total, parts, details)
+
+    def _has_task_reward(self) -> bool:
+        from kit.tasks import has
+
+        return self.task is not None and has(self.task, "reward")
 
     def process(self, total: float) -> float:
         return parse_processor(self.processor)(total)
@@ -178,3 +182,43 @@ class Scorer:
         if self.executor is not None:
             self.executor.shutdown(wait=True, cancel_futures=True)
             self.executor = None
+
+
+class JudgeReward:
+    """`reward_funcs=[JudgeReward(judge, rubric)]`: the judge's score of the joint output, 0 when unscored.
+
+    Unscored items (judge off, over budget, failed call) get 0.0; their share is visible as the `judge_unscored`
+    metric, since the trainer logs each reward function by name."""
+
+    def __init__(self, judge, rubric: str, render=None):  # judge: a kit.judge.Judge
+        self.judge, self.rubric = judge, rubric
+        self.render = render or (lambda item, comps: "\n\n".join(f"[agent {i}]\n{c}" for i, c in enumerate(comps)))
+        self.__name__ = "judge"
+
+    def __call__(self, item: dict, completions: tuple[str, ...]):
+        score = self.judge.score(self.rubric, self.render(item, completions)) if self.judge.enabled else None
+        return Reward(score or 0.0, {"judge": score or 0.0, "judge_unscored": float(score is None)})
+
+
+DEFAULT_RUBRIC = "How well do the agents' outputs fit together and solve the task? 10: excellent, 0: useless."
+
+
+def reward_model_for(cfg, task, reward_funcs=(), log=print) -> RewardModel:
+    """A run's reward, built one way for training and for evaluation: the task's own reward, plain reward
+    functions, and the Claude judge when the config asks for it (its score as a reward, its advice as feedback),
+    weighted by `reward_weights` (the task's reward first) and processed by `reward_processor`."""
+    from kit.tasks import has
+
+    funcs = list(reward_funcs)  # the judge, when asked for, comes last (after the task's reward and these)
+    if cfg.judge_model and (cfg.use_judge_reward or cfg.judge_feedback):
+        from kit.judge import Judge
+
+        judge = Judge(cfg.run_dir, cfg.judge_model, cfg.judge_budget_usd, log=log)
+        if cfg.use_judge_reward:
+            funcs.append(JudgeReward(judge, getattr(task, "judge_rubric", None) or DEFAULT_RUBRIC))
+        if cfg.judge_feedback:
+            if not has(task, "attach_judge"):
+                raise ValueError(f"judge_feedback=true but task {cfg.task!r} takes no judge feedback")
+            task.attach_judge(judge)
+    return RewardModel(task, funcs, cfg.reward_weights, cfg.reward_processor)
+

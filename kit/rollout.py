@@ -22,6 +22,7 @@ Not covered: speculative decoding; inference servers (vLLM, SGLang) are not wire
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from dataclasses import dataclass, field
 from typing import Protocol
@@ -29,6 +30,7 @@ from typing import Protocol
 import torch
 
 from kit.magrpo import head_logprobs, token_logprobs
+from kit.sampling import row_seed, seeded_config
 
 
 @dataclass
@@ -48,6 +50,11 @@ class Segment:
     prompt_len: int
     sample: torch.Tensor
     agent: torch.Tensor
+
+    def slice(self, lo: int, hi: int) -> "Segment":
+        """Rows lo..hi (a micro-batch of the update)."""
+        return Segment(self.base, self.input_ids[lo:hi], self.attention_mask[lo:hi], self.completion_mask[lo:hi],
+                       self.prompt_len, self.sample[lo:hi], self.agent[lo:hi])
 
     def rows(self, agents: list[int]) -> "Segment":
         """The sub-batch of the given agents' rows, with all-padding columns trimmed away."""
@@ -118,8 +125,9 @@ class Engine(Protocol):
     compile_seconds: float  # cumulative time spent compiling
 
     def generate(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, adapters: list[str],
-                 generation_config) -> torch.Tensor:
-        """(R, P) left-padded prompts, each row's adapter -> (R, T) completion ids (EOS, then padding)."""
+                 generation_config, row_seeds: torch.Tensor | None = None) -> torch.Tensor:
+        """(R, P) left-padded prompts, each row's adapter -> (R, T) completion ids (EOS, then padding).
+        With `row_seeds` (R,) int64, sampling is per-row seeded (see `seeded_config`)."""
         ...
 
     def sync(self) -> None:
@@ -140,12 +148,13 @@ class HFEngine:
         pass
 
     @torch.no_grad()
-    def generate(self, input_ids, attention_mask, adapters, generation_config):
+    def generate(self, input_ids, attention_mask, adapters, generation_config, row_seeds=None):
+        config, processors = seeded_config(generation_config, row_seeds)
         was_training = self.model.training
         self.model.eval()
         try:
             seq = self.model.generate(input_ids=input_ids, attention_mask=attention_mask, adapter_names=adapters,
-                                      generation_config=generation_config)
+                                      generation_config=config, logits_processor=processors)
         finally:
             self.model.train(was_training)
         return seq[:, input_ids.shape[1]:]
@@ -181,8 +190,13 @@ def engine_for(team, base: int, log=print) -> Engine:
 @torch.no_grad()
 def generate(team, requests: list[tuple[int, str]], num_generations: int, *, max_new_tokens: int,
              temperature: float = 1.0, top_p: float = 1.0, top_k: int = 0, use_chat_template: bool = True,
-             max_prompt_tokens: int | None = None) -> Rollout:
-    """One batched engine call per base for all requests x G samples. temperature 0 means greedy."""
+             max_prompt_tokens: int | None = None, keys: list[tuple] | None = None, seed: int = 0) -> Rollout:
+    """One batched engine call per base for all requests x G samples. temperature 0 means greedy.
+
+    `keys` (one tuple per request) seed every sample on its own, from (seed, key, g): a request samples the same
+    completions whatever else is in the batch (and on whichever process). Without keys, the global torch RNG."""
+    if keys is not None and len(keys) != len(requests):
+        raise ValueError(f"{len(keys)} keys for {len(requests)} requests: give one key per request")
     G = num_generations
     texts: list[list[str]] = [[""] * G for _ in requests]
     out = Rollout(requests, texts)
@@ -203,12 +217,13 @@ def generate(team, requests: list[tuple[int, str]], num_generations: int, *, max
         agents = [requests[k][0] for k in mine for _ in range(G)]
         eos = eos_ids(model, tok)
         config = sampling_config(max_new_tokens, temperature, top_p, top_k, eos, tok.pad_token_id)
+        seeds = None if keys is None else torch.tensor([row_seed(seed, keys[k], g) for k in mine for g in range(G)])
         engine = engine_for(team, base)
         engine.sync()  # every call samples from the adapters as they are now (after any optimizer step or load)
         compiled_before = engine.compile_seconds
         t0 = time.perf_counter()
         comp = engine.generate(enc["input_ids"], enc["attention_mask"], [team.adapter_of[a] for a in agents],
-                               config)  # (R, T)
+                               config, seeds)  # (R, T)
         compile_s = engine.compile_seconds - compiled_before
         out.seconds += time.perf_counter() - t0 - compile_s
         out.compile_seconds += compile_s
@@ -224,6 +239,53 @@ def generate(team, requests: list[tuple[int, str]], num_generations: int, *, max
             texts[k][g] = text
         out.num_tokens += int(cmask.sum())
     return out
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """How completions are sampled; temperature 0 is greedy."""
+
+    max_new_tokens: int
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0
+    use_chat_template: bool = True
+    max_prompt_tokens: int | None = None
+
+    @classmethod
+    def from_config(cls, cfg) -> "SamplingParams":
+        return cls(cfg.max_new_tokens, cfg.temperature, cfg.top_p, cfg.top_k, cfg.use_chat_template,
+                   cfg.max_prompt_tokens)
+
+    def greedy(self) -> "SamplingParams":
+        return dataclasses.replace(self, temperature=0.0)
+
+
+class Sampler:
+    """The one way the trainer, evaluation and baselines sample: the team and the run's sampling settings, built
+    once from the config (`params` for training and evaluation, `greedy` for the trainer's held-out check).
+
+        sampler = Sampler.from_config(team, cfg)
+        ro = sampler.sample([(agent, prompt), ...], n)            # n completions per request, one batched call
+        ro = sampler.sample(requests, 1, sampler.greedy)
+
+    Every call refreshes the engines first (`generate` syncs before each engine call), so sampling after an
+    optimizer step or a checkpoint load never uses stale adapters. Tests pass a fake with the same `sample`.
+    """
+
+    def __init__(self, team, params: SamplingParams, seed: int = 0):
+        self.team, self.params, self.greedy, self.seed = team, params, params.greedy(), seed
+
+    @classmethod
+    def from_config(cls, team, cfg) -> "Sampler":
+        return cls(team, SamplingParams.from_config(cfg), cfg.seed)
+
+    def sample(self, requests: list[tuple[int, str]], n: int, params: SamplingParams | None = None,
+               keys: list[tuple] | None = None) -> Rollout:
+        """n completions per request. With `keys` (one tuple per request, e.g. (step, item, turn, agent)), each
+        sample is seeded from (the run's seed, key, sample index), independent of the rest of the batch."""
+        return generate(self.team, requests, n, **dataclasses.asdict(params or self.params), keys=keys,
+                        seed=self.seed)
 
 
 def position_ids(attention_mask: torch.Tensor) -> torch.Tensor:

@@ -2,7 +2,14 @@
 
     read_jsonl(path)                  metrics.jsonl / rollouts.jsonl rows; a torn last line is dropped, with a warning
     truncate_jsonl(path, step)        keep the rows of steps <= step (what a resume does)
+    open_run(run_dir)                 a run's config, task and reward model, as evaluation, schemes and the explorer use them
     find_run(run_name, drive)         the run folder to analyse: local checkpoints/<run_name> or its Drive mirror
+    Mirror(run_dir, mirror_dir)       copies checkpoints and logs to Drive after each save, in the background
+    restore(mirror_dir, run_dir)      brings the newest complete checkpoint back after a disconnect
+
+Why a mirror and not training straight on Drive: Drive is slow and can drop writes when a runtime dies. The
+trainer writes each checkpoint locally (atomically), then the mirror copies it to Drive under a temporary name
+and renames it only when the copy is whole, so a half-copied checkpoint never looks complete on Drive.
 
 A runtime that dies while a line is being appended leaves a half-written last line. It belongs to a step after
 the newest checkpoint, so a resume drops it anyway; readers skip it instead of failing on it. A broken line
@@ -12,12 +19,17 @@ anywhere else is real damage and is reported with its file and line number.
 from __future__ import annotations
 
 import json
+import os
+import shutil
+import threading
 import warnings
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
 CONFIG, METRICS, ROLLOUTS, BUDGET = "config.json", "metrics.jsonl", "rollouts.jsonl", "budget.json"
 DRIVE_FOLDER = "magrpo-kit/runs"  # runs under MyDrive, as 01_train mirrors them
 LOCAL_ROOT = "checkpoints"
+_LOG_FILES = (CONFIG, METRICS, ROLLOUTS, BUDGET)
 
 
 def read_jsonl(path: str | Path) -> list[dict]:
@@ -47,6 +59,45 @@ def truncate_jsonl(path: str | Path, step: int) -> None:
         path.write_text("".join(json.dumps(row) + "\n" for row in keep))
 
 
+class Run:
+    """A run directory opened for analysis: its config, and (built on first use) its task and reward model."""
+
+    def __init__(self, run_dir: str | Path):
+        from kit.config import load_config
+
+        self.path = Path(run_dir)
+        if not (self.path / CONFIG).exists():
+            raise FileNotFoundError(f"{self.path} has no {CONFIG}: is it a run directory made by `python -m kit "
+                                    "train` or 01_train?")
+        self.cfg = load_config(path=self.path / CONFIG)
+        self._task = None
+
+    @property
+    def task(self):
+        if self._task is None:
+            from kit.tasks import task_for
+
+            self._task = task_for(self.cfg)
+        return self._task
+
+    def reward_model(self, reward_funcs=(), log=print):
+        """The reward the run trained with (kit.rewards.reward_model_for). Reward functions passed to the Trainer
+        in Python are not in config.json: pass the same ones here."""
+        from kit.rewards import reward_model_for
+
+        try:
+            return reward_model_for(self.cfg, self.task, reward_funcs, log=log)
+        except ValueError as err:
+            if "reward_weights" not in str(err):
+                raise
+            raise ValueError(f"{err}. The run at {self.path} was trained with reward functions passed in Python; "
+                             "pass the same ones (reward_funcs=[...]) to score it the same way") from None
+
+
+def open_run(run_dir: str | Path) -> Run:
+    return Run(run_dir)
+
+
 def newest_step(run_dir: str | Path) -> int:
     """The newest complete checkpoint's step, -1 when there is none (kept adapters count: see checkpoint.py)."""
     from kit.checkpoint import saved_steps
@@ -69,3 +120,101 @@ def find_run(run_name: str, drive: str | Path | None = None, drive_folder: str =
             f"no run named {run_name!r}: looked in {', '.join(str(p) for p in places)}.{hint} Train it in "
             "01_train with the same RUN_NAME (and DRIVE_FOLDER), or set RUN_DIR to the run's folder.")
     return max(found, key=lambda p: (newest_step(p), p == places[0]))
+
+
+class Mirror:
+    """Copy a run directory's logs and complete checkpoints to another folder (Drive) in a background thread."""
+
+    def __init__(self, run_dir: str | Path, mirror_dir: str | Path, keep_last: int = 3, keep_history: int = 0,
+                 log=print):
+        self.run_dir, self.mirror_dir = Path(run_dir), Path(mirror_dir)
+        self.keep_last, self.keep_history = keep_last, keep_history
+        self.log = log
+        self._pool = ThreadPoolExecutor(1, thread_name_prefix="kit-mirror")  # one copy at a time, in order
+        self._pending: list[Future] = []
+        self._lock = threading.Lock()
+
+    def push(self) -> Future:
+        """Queue a copy of everything new; returns at once."""
+        future = self._pool.submit(self._copy)
+        with self._lock:
+            self._pending = [f for f in self._pending if not f.done()] + [future]
+        return future
+
+    def flush(self) -> None:
+        """Wait for queued copies; raise the first copy error so a failing Drive is not silent."""
+        with self._lock:
+            pending, self._pending = self._pending, []
+        for f in pending:
+            f.result()
+
+    def close(self) -> None:
+        self.flush()
+        self._pool.shutdown(wait=True)
+
+    def _copy(self) -> None:
+        from kit.checkpoint import HISTORY, complete_checkpoints, thin_history
+
+        self.mirror_dir.mkdir(parents=True, exist_ok=True)
+        for name in _LOG_FILES:
+            _copy_file(self.run_dir / name, self.mirror_dir / name)
+        if (self.run_dir / "eval").is_dir():
+            for f in (self.run_dir / "eval").iterdir():
+                if f.is_file():
+                    _copy_file(f, self.mirror_dir / "eval" / f.name)
+        for ckpt in reversed(complete_checkpoints(self.run_dir)):  # oldest first
+            _copy_tree(ckpt, self.mirror_dir / "ckpt" / ckpt.name)
+        for kept in reversed(complete_checkpoints(self.run_dir, HISTORY)):
+            _copy_tree(kept, self.mirror_dir / HISTORY / kept.name)
+        for old in complete_checkpoints(self.mirror_dir)[self.keep_last:]:
+            shutil.rmtree(old, ignore_errors=True)
+        thin_history(self.mirror_dir, self.keep_history)
+
+
+def _copy_file(src: Path, dst: Path) -> None:
+    if not src.exists():
+        return
+    dst.parent.mkdir(parents=True, exist_ok=True)
+    tmp = dst.with_name(f".{dst.name}.partial")
+    shutil.copyfile(src, tmp)
+    os.replace(tmp, dst)
+
+
+def _copy_tree(src: Path, dst: Path) -> None:
+    """Copy a checkpoint folder under a temporary name, then rename: never a half checkpoint at `dst`."""
+    if (dst / "COMPLETE").exists():
+        return
+    tmp = dst.with_name(f".{dst.name}.partial")
+    shutil.rmtree(tmp, ignore_errors=True)
+    shutil.copytree(src, tmp)
+    if dst.exists():
+        shutil.rmtree(dst)
+    os.replace(tmp, dst)
+
+
+def restore(mirror_dir: str | Path, run_dir: str | Path, log=print) -> int | None:
+    """Bring a mirrored run back to `run_dir` (after a disconnect wiped the local disk). Returns the newest
+    complete checkpoint step now in `run_dir`, or None when the mirror holds no run."""
+    from kit.checkpoint import HISTORY, complete_checkpoints
+
+    mirror_dir, run_dir = Path(mirror_dir), Path(run_dir)
+    if not (mirror_dir / "config.json").exists():
+        return None
+    run_dir.mkdir(parents=True, exist_ok=True)
+    def newest(path):
+        found = complete_checkpoints(path)
+        return int(found[0].name.split("_")[-1]) if found else -1
+
+    remote = complete_checkpoints(mirror_dir)
+    if remote and newest(mirror_dir) > newest(run_dir):  # the mirror is ahead: take its logs and checkpoints
+        for name in _LOG_FILES:
+            _copy_file(mirror_dir / name, run_dir / name)
+        for ckpt in remote:
+            _copy_tree(ckpt, run_dir / "ckpt" / ckpt.name)
+        for kept in complete_checkpoints(mirror_dir, HISTORY):
+            _copy_tree(kept, run_dir / HISTORY / kept.name)
+        log(f"[kit] restored {run_dir} from {mirror_dir} ({remote[0].name})")
+    elif not (run_dir / "config.json").exists():
+        _copy_file(mirror_dir / "config.json", run_dir / "config.json")
+    step = newest(run_dir)
+    return step if step >= 0 else None

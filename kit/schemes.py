@@ -286,10 +286,9 @@ def scheme_shares(run_dir: str | Path, entry_points: dict[str, str] | None = Non
 
 
 def _entry_points(run_dir: Path) -> dict[str, str]:
-    from kit.config import load_config
-    from kit.tasks import task_for
+    from kit.rundir import open_run
 
-    task = task_for(load_config(path=run_dir / "config.json"))
+    task = open_run(run_dir).task
     out = {}
     for split in ("train", "eval"):
         for item in task.load(split):
@@ -335,7 +334,7 @@ def fresh_shares(run_dir: str | Path, n: int = 8, step: int | None = None, num_i
     try:
         step = max(ctx.checkpoints(), default=0) if step is None else step
         ctx.use_step(step)
-        _, rewards, _, _ = sample_joint(ctx.team, ctx.task, ctx.items, n, ctx.cfg, ctx.scorer)
+        _, rewards, _, _ = sample_joint(ctx.sampler, ctx.task, ctx.items, n, ctx.scorer)
     finally:
         ctx.close()
     programs = [(r.details.get("helper_code", ""), r.details.get("main_code", ""), item["entry_point"])

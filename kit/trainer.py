@@ -10,8 +10,10 @@ prompts and the tree grows one level per turn (again one generate call per level
 tree (kit/magrpo.py). Advantages are group-relative over each agent's G completions at a node. Then each
 adapter takes one AdamW step on its own rows; the other adapters and the base never move.
 
-Reproducibility: every step reseeds python/numpy/torch from (seed, step) and the data order is a function of
-(seed, epoch), so a resumed run continues exactly (bitwise on a CPU) where it stopped.
+Reproducibility: every sample is seeded from (seed, step, item, turn, tree path, agent, g) (kit/sampling.py),
+every step reseeds python/numpy/torch from (seed, step), and the data order is a function of (seed, epoch), so a
+resumed run continues exactly (bitwise on a CPU) where it stopped, and an item's rollouts do not depend on the
+rest of the batch.
 
 Not covered: multi-GPU, off-policy reuse of samples (no ratio, no clipping: on-policy, one step per batch),
 early termination of tree branches (CoMLRL's early_termination_threshold).
@@ -21,7 +23,6 @@ from __future__ import annotations
 
 import json
 import math
-import random
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -30,10 +31,12 @@ import numpy as np
 import torch
 
 from kit import checkpoint, magrpo, rundir
+from kit.checkpoint import seed_everything, step_seed
 from kit import config as config_mod
 from kit.config import TrainConfig, validate
-from kit.rewards import Reward, RewardModel, Scorer
-from kit.rollout import Rollout, completion_logprobs, generate
+from kit.rewards import Reward, Scorer, reward_model_for
+from kit.rollout import Rollout, Sampler, completion_logprobs
+from kit.tasks import describe, has
 
 PERF_PREFIX = "perf/"  # metrics that measure time; the only ones that differ between identical runs
 
@@ -51,19 +54,9 @@ class Level:
     advantages: np.ndarray | None = None  # (nodes, N, G)
 
 
-def step_seed(seed: int, step: int) -> int:
-    return (seed * 1_000_003 + step * 7919 + 17) % (2**31 - 1)
-
-
-def seed_everything(seed: int) -> None:
-    random.seed(seed)
-    np.random.seed(seed)
-    torch.manual_seed(seed)
-
-
 class Trainer:
     def __init__(self, cfg: TrainConfig, task=None, reward_funcs=None, team=None, resume: bool = False,
-                 log=print):
+                 log=print, sampler=None):
         self.cfg = validate(cfg)
         self.log = log
         self.run_dir = Path(cfg.run_dir)
@@ -81,22 +74,9 @@ class Trainer:
 
             task = task_for(cfg)
         self.task = task
-        self.judge = None
-        if cfg.judge_model and (cfg.use_judge_reward or cfg.judge_feedback):
-            from kit.judge import Judge, JudgeReward
-
-            self.judge = Judge(cfg.run_dir, cfg.judge_model, cfg.judge_budget_usd, log=log)
-            if cfg.use_judge_reward:
-                rubric = getattr(task, "judge_rubric", "How well do the agents' outputs fit together and solve "
-                                                       "the task? 10: excellent, 0: useless.")
-                reward_funcs = list(reward_funcs or []) + [JudgeReward(self.judge, rubric)]
-            if cfg.judge_feedback:
-                if not hasattr(task, "attach_judge"):
-                    raise ValueError(f"judge_feedback=true but task {cfg.task!r} takes no judge feedback")
-                task.attach_judge(self.judge)
-        self.reward_model = RewardModel(task if hasattr(task, "reward") else None, list(reward_funcs or []),
-                                        cfg.reward_weights, cfg.reward_processor)
-        if cfg.num_turns > 1 and not hasattr(task, "feedback"):
+        self.reward_model = reward_model_for(cfg, task, reward_funcs or (), log=log)
+        log(f"[kit] {describe(task)}")
+        if cfg.num_turns > 1 and not has(task, "feedback"):
             raise ValueError(f"num_turns={cfg.num_turns} needs a task with feedback(item, completions, reward)")
         self.train_items = task.load("train")
         self.eval_items = task.load("eval")[: cfg.num_eval_items]
@@ -107,6 +87,7 @@ class Trainer:
 
             team = build_team(cfg, log=log)
         self.team = team
+        self.sampler = sampler or Sampler.from_config(team, cfg)  # anything with sample(requests, n, params)
         self.team.roles = list(getattr(task, "roles", [])) or [f"agent_{i}" for i in range(cfg.num_agents)]
         self.optimizers, self.schedulers = {}, {}
         from transformers import get_scheduler
@@ -124,7 +105,7 @@ class Trainer:
         self.run_dir.mkdir(parents=True, exist_ok=True)
         self.mirror = None
         if cfg.mirror_dir:
-            from kit.colab import Mirror
+            from kit.rundir import Mirror
 
             self.mirror = Mirror(self.run_dir, cfg.mirror_dir, cfg.keep_last, cfg.keep_history, log=log)
         if resume:
@@ -165,22 +146,24 @@ class Trainer:
         """Grow the rollout tree turn by turn; each level is one batched generate and one batched scoring."""
         cfg, N, G = self.cfg, self.cfg.num_agents, self.cfg.num_generations
         joints = magrpo.joint_actions(N, G, cfg.joint_mode)
-        nodes = [{"item": i, "prompts": list(self.task.prompts(item)), "parent": None} for i, item in enumerate(items)]
+        nodes = [{"item": i, "prompts": list(self.task.prompts(item)), "parent": None, "path": ()}
+                 for i, item in enumerate(items)]
         for node in nodes:
             if len(node["prompts"]) != N:
                 raise ValueError(f"task.prompts returned {len(node['prompts'])} prompts for {N} agents")
         levels: list[Level] = []
         for turn in range(cfg.num_turns):
             requests = [(a, node["prompts"][a]) for node in nodes for a in range(N)]
-            ro = generate(self.team, requests, G, max_new_tokens=cfg.max_new_tokens, temperature=cfg.temperature,
-                          top_p=cfg.top_p, top_k=cfg.top_k, use_chat_template=cfg.use_chat_template,
-                          max_prompt_tokens=cfg.max_prompt_tokens)
+            # each request's samples are seeded by (seed, step, item, turn, path in the tree, agent): the same
+            # rollouts whatever else is in the batch
+            keys = [("train", self.step, node["item"], turn, *node["path"], a) for node in nodes for a in range(N)]
+            ro = self.sampler.sample(requests, G, keys=keys)
             jobs = [(items[node["item"]], self.joint(ro, n, idx)) for n, node in enumerate(nodes) for idx in joints]
             rewards = [f.result() for f in self.scorer.submit(jobs)]
             per_node = [rewards[n * len(joints):(n + 1) * len(joints)] for n in range(len(nodes))]
             levels.append(Level(turn, nodes, ro, joints, per_node))
             if turn + 1 < cfg.num_turns:
-                nodes = [{"item": node["item"], "parent": (n, j),
+                nodes = [{"item": node["item"], "parent": (n, j), "path": node["path"] + (j,),
                           "prompts": list(self.task.feedback(items[node["item"]], self.joint(ro, n, idx),
                                                              per_node[n][j]))}
                          for n, node in enumerate(nodes) for j, idx in enumerate(joints)]
@@ -231,7 +214,7 @@ class Trainer:
             total_tokens = sum(int(s.completion_mask[lo:hi].sum()) for s, _, lo, hi in chunks)
             loss_sum, kl_sum = 0.0, 0.0
             for seg, adv, lo, hi in chunks:
-                sub = _slice(seg, lo, hi)
+                sub = seg.slice(lo, hi)
                 logp = completion_logprobs(model, sub)  # (R, T)
                 ref = None
                 if cfg.beta > 0:
@@ -259,20 +242,11 @@ class Trainer:
 
     @torch.no_grad()
     def evaluate(self, items: list[dict] | None = None) -> dict:
-        """Greedy joint output per held-out item; mean reward and parts, under `eval/`."""
-        items = self.eval_items if items is None else items
-        if not items:
-            return {}
-        N = self.cfg.num_agents
-        requests = [(a, p) for item in items for a, p in enumerate(self.task.prompts(item))]
-        ro = generate(self.team, requests, 1, max_new_tokens=self.cfg.max_new_tokens, temperature=0.0,
-                      use_chat_template=self.cfg.use_chat_template, max_prompt_tokens=self.cfg.max_prompt_tokens)
-        jobs = [(item, tuple(ro.texts[k * N + a][0] for a in range(N))) for k, item in enumerate(items)]
-        rewards = self.scorer.score(jobs)
-        out = {"eval/reward_mean": float(np.mean([r.total for r in rewards]))}
-        for key in sorted({k for r in rewards for k in r.parts}):
-            out[f"eval/{key}"] = float(np.mean([r.parts.get(key, 0.0) for r in rewards]))
-        return out
+        """Greedy joint output per held-out item; mean reward and parts, under `eval/` (kit.evaluate.greedy_eval,
+        with the run's own reward model, as `python -m kit eval` scores)."""
+        from kit.evaluate import greedy_eval
+
+        return greedy_eval(self.sampler, self.task, self.eval_items if items is None else items, self.scorer)
 
     # ---- logging
 
@@ -394,9 +368,3 @@ class Trainer:
         if self.wandb is not None:
             self.wandb.finish()
 
-
-def _slice(seg, lo: int, hi: int):
-    from kit.rollout import Segment
-
-    return Segment(seg.base, seg.input_ids[lo:hi], seg.attention_mask[lo:hi], seg.completion_mask[lo:hi],
-                   seg.prompt_len, seg.sample[lo:hi], seg.agent[lo:hi])

@@ -8,7 +8,7 @@ import shutil
 
 import pytest
 
-from kit import colab, explore
+from kit import colab, explore, rundir
 from kit.checkpoint import complete_checkpoints
 from kit.config import load_config
 from kit.trainer import Trainer
@@ -46,7 +46,7 @@ def test_a_half_copied_checkpoint_on_drive_is_never_taken_as_complete(tmp_path):
     shutil.copytree = dies_midway
     try:
         with pytest.raises(OSError):
-            colab._copy_tree(src, dst)
+            rundir._copy_tree(src, dst)
     finally:
         shutil.copytree = real_copytree
     assert complete_checkpoints(tmp_path / "drive") == [] and not dst.exists()
@@ -88,7 +88,19 @@ def test_secret_comes_from_the_environment_only_outside_colab(monkeypatch):
 def test_outside_colab_drive_is_one_line_and_none():
     said = []
     assert colab.mount_drive(log=said.append) is None and len(said) == 1
-    assert "GPU" in colab.gpu_summary() or "GiB" in colab.gpu_summary()
+
+
+def test_the_gpu_line_names_the_card_or_says_how_to_get_one(monkeypatch):
+    import types
+
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert "Change runtime type > GPU" in colab.gpu_summary()
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    card = types.SimpleNamespace(name="NVIDIA A100-SXM4-40GB", total_memory=40 * 2**30)
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda i: card)
+    assert colab.gpu_summary() == "NVIDIA A100-SXM4-40GB, 40.0 GiB"
 
 
 # --- the explorer
@@ -156,7 +168,7 @@ def test_restore_never_replaces_a_local_run_that_is_ahead_of_the_mirror(tmp_path
     trainer.mirror = None  # the mirror stops at step 2 (Drive unreachable)
     trainer.train()
     metrics = (tmp_path / "local" / "metrics.jsonl").read_text()
-    assert colab.restore(tmp_path / "drive", tmp_path / "local", log=lambda *_: None) == 4
+    assert rundir.restore(tmp_path / "drive", tmp_path / "local", log=lambda *_: None) == 4
     assert (tmp_path / "local" / "metrics.jsonl").read_text() == metrics
 
 

@@ -98,7 +98,7 @@ def test_analysis_notebooks_find_the_run_on_drive_in_a_new_runtime(toy_run, tmp_
     monkeypatch.chdir(tmp_path)  # a new runtime: no checkpoints/ folder on this disk
     monkeypatch.delenv("KIT_SMOKE", raising=False)
     drive = tmp_path / "MyDrive"
-    colab.Mirror(toy_run, drive / rundir.DRIVE_FOLDER / "magrpo_code").push().result()
+    rundir.Mirror(toy_run, drive / rundir.DRIVE_FOLDER / "magrpo_code").push().result()
     assert colab.run_to_analyse("magrpo_code", drive, **QUIET) == drive / rundir.DRIVE_FOLDER / "magrpo_code"
     with pytest.raises(FileNotFoundError, match="Google Drive is not mounted"):
         colab.run_to_analyse("magrpo_code", None, **QUIET)
@@ -112,8 +112,8 @@ def test_the_newer_of_the_local_run_and_its_drive_copy_is_analysed(toy_run, tmp_
     local = tmp_path / "checkpoints" / "r"
     drive = tmp_path / "MyDrive"
     remote = drive / rundir.DRIVE_FOLDER / "r"
-    colab.Mirror(toy_run, remote).push().result()
-    colab.Mirror(toy_run, local).push().result()
+    rundir.Mirror(toy_run, remote).push().result()
+    rundir.Mirror(toy_run, local).push().result()
     assert rundir.find_run("r", drive, local_root=tmp_path / "checkpoints") == local  # a tie: this disk
     (remote / "ckpt" / "step_000002").rename(remote / "ckpt" / "step_000009")
     assert rundir.find_run("r", drive, local_root=tmp_path / "checkpoints") == remote

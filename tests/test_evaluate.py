@@ -101,31 +101,32 @@ def test_step_zero_is_the_untrained_base_again_after_a_checkpoint(ctx):
 
 def test_every_baseline_samples_n_joint_actions_per_item(ctx):
     for method in baselines.METHODS:
-        row = baselines.run_method(method, ctx.team, ctx.task, ctx.cfg, ctx.items[:3], 4, ctx.scorer)
+        row = baselines.run_method(method, ctx.sampler, ctx.task, ctx.cfg, ctx.items[:3], 4, ctx.scorer)
         assert row["method"] == method and row["num_items"] == 3 and row["num_samples"] == 4
         assert row["tokens"] > 0 and row["wall_s"] > 0 and 0.0 <= row["pass@1"] <= 1.0
 
 
-def test_sequential_and_discussion_show_teammates_text(ctx, monkeypatch):
-    seen = []
-    real = baselines.generate
+class SpySampler:
+    """A sampler that records every batch of requests and answers with the real one."""
 
-    def spy(team, requests, n, **kw):
-        seen.append(requests)
-        return real(team, requests, n, **kw)
+    def __init__(self, real):
+        self.real, self.seen = real, []
 
-    import kit.evaluate
+    def sample(self, requests, n, params=None, keys=None):
+        self.seen.append(requests)
+        return self.real.sample(requests, n, params, keys=keys)
 
-    monkeypatch.setattr(baselines, "generate", spy)
-    monkeypatch.setattr(kit.evaluate, "generate", spy)  # the first round of a discussion goes through it
-    joints, _, _ = baselines._sequential(ctx.team, ctx.task, ctx.cfg, ctx.items[:2], 3)
-    second = seen[1]
+
+def test_sequential_and_discussion_show_teammates_text(ctx):
+    spy = SpySampler(ctx.sampler)
+    joints, _, _ = baselines._sequential(spy, ctx.task, ctx.items[:2], 3)
+    second = spy.seen[1]
     assert len(second) == 6 and all(agent == 1 for agent, _ in second)
     assert all(f"Your teammate (digit_0) wrote:\n{joints[k][g][0].strip()}" in second[k * 3 + g][1]
                for k in range(2) for g in range(3))
-    seen.clear()
-    revised, _, _ = baselines._discussion(ctx.team, ctx.task, ctx.cfg, ctx.items[:2], 2)
-    assert len(seen) == 2 and len(seen[1]) == 2 * 2 * 2 and "Your first answer:" in seen[1][0][1]
+    spy.seen.clear()
+    revised, _, _ = baselines._discussion(spy, ctx.task, ctx.items[:2], 2)
+    assert len(spy.seen) == 2 and len(spy.seen[1]) == 2 * 2 * 2 and "Your first answer:" in spy.seen[1][0][1]
 
 
 def test_single_model_baseline_needs_the_task_hooks(ctx):
@@ -133,7 +134,7 @@ def test_single_model_baseline_needs_the_task_hooks(ctx):
         prompts = DigitSum().prompts
 
     with pytest.raises(ValueError, match="single_prompt"):
-        baselines._single(ctx.team, NoSingle(), ctx.cfg, ctx.items[:1], 2)
+        baselines._single(ctx.sampler, NoSingle(), ctx.items[:1], 2)
 
 
 def test_plots_render_from_a_run_directory(run_dir, ctx, tmp_path):

@@ -14,7 +14,8 @@ import pytest
 
 pytest.importorskip("anthropic")
 
-from kit.judge import PRICES, Budget, Judge, JudgeReward, parse_score, price_of  # noqa: E402
+from kit.judge import PRICES, Budget, Judge, parse_score, price_of  # noqa: E402
+from kit.rewards import JudgeReward  # noqa: E402
 
 KEY = "test-key-" + secrets.token_hex(16)  # made per run: no key-shaped literal in the repository
 MODEL = "claude-haiku-4-5"  # $1 / $5 per million tokens

@@ -1,15 +1,62 @@
-"""Tasks: one module per task, each exposing `make_task(num_agents, **task_args)`.
+"""Tasks: one module per task, each exposing `make_task(num_agents, **task_args)`; the contract is `Task` below.
 
-A task is any object with `name`, `num_agents`, `roles`, `load(split)`, `prompts(item)` and
-`reward(item, completions) -> Reward | float`, and optionally `feedback(item, completions, reward)` for
-multi-turn. `from_functions` builds one from plain functions for a notebook cell.
+A task needs `name`, `num_agents`, `roles`, `load(split)`, `prompts(item)` and a reward (its own
+`reward(item, completions) -> Reward | float`, or plain reward functions given to the trainer). Every other
+member is an optional hook listed in `HOOKS` with what it turns on; `has(task, hook)` is the one test for them
+and `describe(task)` says which are on. `from_functions` builds a task from plain functions for a notebook cell.
 """
 
 from __future__ import annotations
 
 import importlib
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import Callable, Protocol, runtime_checkable
+
+
+@runtime_checkable
+class Task(Protocol):
+    """What the trainer, evaluation and baselines need from a task."""
+
+    name: str
+    num_agents: int
+    roles: list[str]  # a short name per agent, e.g. ["helper", "main"]
+
+    def load(self, split: str) -> list[dict]:
+        """Items of "train" or "eval"; each has an "id". Offline samples where the real set is on a hub."""
+        ...
+
+    def prompts(self, item: dict) -> list[str]:
+        """One prompt per agent for the first turn."""
+        ...
+
+
+HOOKS = {  # optional members and what each one turns on
+    "reward": "the task's own joint reward(item, completions) -> Reward | float (else: reward functions only)",
+    "feedback": "multi-turn training (num_turns > 1): feedback(item, completions, reward) -> next-turn prompts",
+    "is_pass": "pass@k in evaluation and baselines: is_pass(reward) -> bool",
+    "single_prompt": "the single-model baseline: single_prompt(item) -> one prompt for the whole solution",
+    "split_single": "the single-model baseline: split_single(item, text) -> one completion per agent",
+    "sequential_prompt": "the sequential baseline's prompts (default: the teammates' text appended)",
+    "discussion_prompt": "the discussion baseline's prompts (default: the first answers appended)",
+    "judge_rubric": "the Claude judge's rubric for this task (default: a generic one)",
+    "attach_judge": "judge_feedback=true: attach_judge(judge) puts the judge's advice in next-turn prompts",
+}
+
+
+def has(task, hook: str) -> bool:
+    """Whether `task` provides optional member `hook` (one of HOOKS)."""
+    if hook not in HOOKS:
+        raise KeyError(f"{hook!r} is not a task hook; hooks: {', '.join(HOOKS)}")
+    return getattr(task, hook, None) is not None
+
+
+def describe(task) -> str:
+    """One line: the task, its agents, and which optional hooks it turns on."""
+    on = [h for h in HOOKS if has(task, h)]
+    off = [h for h in HOOKS if h not in on]
+    roles = ", ".join(getattr(task, "roles", []) or [])
+    return (f"task {getattr(task, 'name', type(task).__name__)!r} ({roles}): hooks on: {', '.join(on) or 'none'}"
+            f"; off: {', '.join(off) or 'none'}")
 
 
 def get_task(name: str, num_agents: int, **task_args):

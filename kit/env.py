@@ -1,0 +1,86 @@
+"""Where the kit runs: Colab or not, smoke mode, the GPU, Google Drive, secrets. No other kit module is imported.
+
+    in_colab(), smoke()             Colab? KIT_SMOKE=1 (the notebooks' CPU smoke mode, used by CI)
+    gpu_summary()                   "NVIDIA A100-SXM4-40GB, 39.6 GiB" or a clear line on a CPU runtime
+    require_gpu(preset)             stop full mode on a CPU runtime with how to switch it
+    mount_drive(), flush_drive()    Google Drive (only in Colab); None elsewhere
+    secret("ANTHROPIC_API_KEY")     from the environment or Colab secrets; never printed
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+DRIVE_ROOT = "/content/drive"
+
+
+def in_colab() -> bool:
+    try:
+        import google.colab  # noqa: F401
+
+        return True
+    except ImportError:
+        return False
+
+
+def smoke() -> bool:
+    """KIT_SMOKE=1: notebooks switch to the tiny CPU preset and a few steps (how CI runs them)."""
+    return os.environ.get("KIT_SMOKE", "") not in ("", "0", "false", "False")
+
+
+def gpu_summary() -> str:
+    import torch
+
+    if not torch.cuda.is_available():
+        return ("no GPU: this runtime has only a CPU. In Colab choose Runtime > Change runtime type > GPU "
+                "(A100 for the paper's recipe, T4 for colab_t4); the tiny_cpu preset still runs here")
+    props = torch.cuda.get_device_properties(0)
+    return f"{props.name}, {props.total_memory / 2**30:.1f} GiB"
+
+
+def mount_drive(root: str = DRIVE_ROOT, log=print) -> Path | None:
+    """Mount Google Drive once; outside Colab say so in one line and return None."""
+    if not in_colab():
+        log("[kit] not in Colab: no Drive, runs stay on this disk")
+        return None
+    mydrive = Path(root) / "MyDrive"
+    if not mydrive.exists():
+        from google.colab import drive
+
+        drive.mount(root)
+    return mydrive
+
+
+def flush_drive(log=print) -> None:
+    """Make sure everything written to Drive is uploaded (Colab only; unmounts Drive)."""
+    if in_colab() and Path(DRIVE_ROOT, "MyDrive").exists():
+        from google.colab import drive
+
+        drive.flush_and_unmount()
+        log("[kit] Drive flushed and unmounted")
+
+
+def secret(name: str) -> str | None:
+    """A secret from the environment or Colab's secrets panel, or None. The value is never printed or logged."""
+    value = os.environ.get(name)
+    if value:
+        return value
+    if in_colab():
+        try:
+            from google.colab import userdata
+
+            return userdata.get(name)
+        except Exception:  # not set, or notebook access not granted: the feature stays off
+            return None
+    return None
+
+
+def require_gpu(preset: str) -> None:
+    """Full mode on a CPU runtime would load a billion-parameter model in fp32 and crawl: stop with the way out."""
+    import torch
+
+    if preset != "tiny_cpu" and not torch.cuda.is_available():
+        raise RuntimeError(f"preset {preset!r} needs a GPU and this runtime has none. In Colab: Runtime > Change "
+                           "runtime type > GPU (A100 for colab_a100, T4 for colab_t4), then Run all again. To try "
+                           "the kit on a CPU, set PRESET = 'tiny_cpu' (or KIT_SMOKE=1 for the smoke run).")

@@ -1,0 +1,86 @@
+"""Per-row seeded sampling: each sample's randomness is a function of its own seed, never of the batch.
+
+    seed = row_seed(run_seed, (step, item, turn, agent), g)     # one int64 per sample
+    config, processors = seeded_config(generation_config, seeds) # greedy decoding + SeededSampling
+
+`SeededSampling` applies the config's temperature, top-k and top-p, then adds Gumbel noise computed by a
+counter-based hash of (row seed, decoding step, token id); the argmax of warped logits plus Gumbel noise is an
+exact sample from the warped distribution (the Gumbel-max trick). So a request samples the same completion
+whether it is generated alone, in a bigger batch, in another order or on another process, and the engines (PEFT's
+generate, the compiled one) need no random state of their own.
+"""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+
+import torch
+
+_GOLDEN, _MIX1, _MIX2 = (c - 2**64 for c in (0x9E3779B97F4A7C15, 0xBF58476D1CE4E5B9, 0x94D049BB133111EB))
+
+
+def _mix(x: torch.Tensor) -> torch.Tensor:
+    """SplitMix64's finalizer on int64 tensors (multiplication wraps; shifts made logical by masking)."""
+    def lsr(v, k):
+        return (v >> k) & ((1 << (64 - k)) - 1)
+
+    x = (x ^ lsr(x, 30)) * _MIX1
+    x = (x ^ lsr(x, 27)) * _MIX2
+    return x ^ lsr(x, 31)
+
+
+def seeded_gumbel(row_seeds: torch.Tensor, step: int, vocab: int) -> torch.Tensor:
+    """(R,) int64 seeds -> (R, V) Gumbel noise, a pure function of (row seed, step, token id)."""
+    base = _mix(row_seeds + torch.full_like(row_seeds, step + 1) * _GOLDEN)  # (R,); int64 products wrap
+    tokens = torch.arange(vocab, device=row_seeds.device, dtype=torch.int64)
+    bits = (_mix(base[:, None] + tokens * _MIX1) >> 40) & 0xFFFFFF  # 24 random bits
+    u = (bits.float() + 0.5) / 2**24  # uniform in (0, 1)
+    return -torch.log(-torch.log(u))
+
+
+class SeededSampling:
+    """A logits processor that samples (temperature, top-k, top-p) with per-row noise: argmax(warped logits +
+    Gumbel noise) is a sample from the warped distribution (the Gumbel-max trick), and the noise depends only on
+    the row's seed, the decoding step and the token, never on the other rows of the batch or on a global RNG.
+    Used with greedy decoding (`do_sample=False`), so the argmax is the sample."""
+
+    def __init__(self, row_seeds: torch.Tensor, temperature: float, top_p: float, top_k: int):
+        from transformers import TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper
+
+        self.row_seeds, self.settings = row_seeds, (temperature, top_p, top_k)
+        self.warpers = ([TemperatureLogitsWarper(temperature)] if temperature != 1.0 else []) + \
+            ([TopKLogitsWarper(top_k)] if top_k > 0 else []) + ([TopPLogitsWarper(top_p)] if top_p < 1.0 else [])
+        self.start: int | None = None  # the prompt width, seen at the first step
+
+    def rows(self, index) -> "SeededSampling":
+        """The same sampler for a re-ordered or padded batch (row r takes the seed of row index[r])."""
+        return SeededSampling(self.row_seeds[index], *self.settings)
+
+    def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
+        if self.start is None:
+            self.start = input_ids.shape[1]
+        for warp in self.warpers:
+            scores = warp(input_ids, scores)
+        noise = seeded_gumbel(self.row_seeds.to(scores.device), input_ids.shape[1] - self.start, scores.shape[-1])
+        return scores.float() + noise
+
+
+def seeded_config(generation_config, row_seeds: torch.Tensor | None):
+    """(config, logits processors) for one engine call: per-row seeded sampling when seeds are given and the
+    config samples; otherwise the config as it is (greedy, or sampling from the global RNG)."""
+    from transformers import LogitsProcessorList
+
+    if row_seeds is None or not generation_config.do_sample:
+        return generation_config, LogitsProcessorList()
+    sampler = SeededSampling(row_seeds, generation_config.temperature, generation_config.top_p,
+                             generation_config.top_k or 0)
+    greedy = copy.deepcopy(generation_config)
+    greedy.do_sample, greedy.temperature, greedy.top_p, greedy.top_k = False, 1.0, 1.0, 50
+    return greedy, LogitsProcessorList([sampler])
+
+
+def row_seed(seed: int, key: tuple, sample: int) -> int:
+    """The int64 sampling seed of sample `sample` of a request with key `key` (any tuple of ints and strings)."""
+    digest = hashlib.blake2b(repr((seed, *key, sample)).encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "little", signed=True)

@@ -1,0 +1,70 @@
+"""The package's shape: no import loop between kit's modules, counting imports inside functions.
+
+Run: python -m pytest tests/test_structure.py
+"""
+
+import ast
+from pathlib import Path
+
+KIT = Path(__file__).resolve().parent.parent / "kit"
+
+
+def module_name(path: Path) -> str:
+    parts = path.relative_to(KIT.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def kit_imports(path: Path, modules: set[str]) -> set[str]:
+    """The kit modules a file imports anywhere (top level or inside a function)."""
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            found |= {a.name for a in node.names if a.name in modules}
+        elif isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("kit"):
+            found.add(node.module)
+            found |= {f"{node.module}.{a.name}" for a in node.names if f"{node.module}.{a.name}" in modules}
+    return found & modules
+
+
+def import_graph() -> dict[str, set[str]]:
+    files = {module_name(p): p for p in KIT.rglob("*.py")}
+    modules = set(files)
+    return {name: kit_imports(path, modules) - {name, "kit"} for name, path in files.items()}
+
+
+def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
+    state: dict[str, int] = {}  # 1: on the current path, 2: done
+    path: list[str] = []
+
+    def visit(node):
+        state[node] = 1
+        path.append(node)
+        for nxt in sorted(graph.get(node, ())):
+            if state.get(nxt) == 1:
+                return path[path.index(nxt):] + [nxt]
+            if nxt not in state and (cycle := visit(nxt)):
+                return cycle
+        path.pop()
+        state[node] = 2
+        return None
+
+    for node in sorted(graph):
+        if node not in state and (cycle := visit(node)):
+            return cycle
+    return None
+
+
+def test_the_cycle_finder_finds_a_loop():
+    assert find_cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
+    assert find_cycle({"a": {"b"}, "b": set(), "c": {"a", "b"}}) is None
+
+
+def test_kit_has_no_import_loop():
+    graph = import_graph()
+    assert {"kit.trainer", "kit.colab", "kit.env", "kit.rundir", "kit.tasks.code"} <= set(graph)
+    assert "kit.rundir" in graph["kit.trainer"] and "kit.env" in graph["kit.judge"]
+    assert find_cycle(graph) is None, " -> ".join(find_cycle(graph))
+
+
+def test_environment_helpers_import_no_other_kit_module():
+    assert import_graph()["kit.env"] == set()
