@@ -142,27 +142,43 @@ def aux_use(main_code: str, entry_point: str, aux: str = AUX) -> AuxUse:
     fn = _top_function(tree, entry_point) if tree is not None else None
     if fn is None:
         return AuxUse()
-    params = {a.arg for a in ast.walk(fn.args) if isinstance(a, ast.arg)}
-    names = {aux}
-    shadowed = aux in params
-    for node in ast.walk(fn):  # aliases: h = aux; shadowing: aux = ...
-        if isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name):
-            target, value = node.targets[0].id, node.value
-            if isinstance(value, ast.Name) and value.id in names:
-                names.add(target)
-            elif target == aux:
-                shadowed = True
-        elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node is not fn and node.name == aux:
-            shadowed = True
-    called_funcs = {id(n.func) for n in ast.walk(fn) if isinstance(n, ast.Call)}
-    alias_values = {id(n.value) for n in ast.walk(fn) if isinstance(n, ast.Assign)}
-    calls = 0
-    for node in ast.walk(fn):
-        if isinstance(node, ast.Name) and node.id in names and isinstance(node.ctx, ast.Load):
-            if id(node) in called_funcs or id(node) not in alias_values:
-                calls += 1
+    names, shadowed = helper_aliases(fn, {aux})
+    calls = len(helper_uses(fn, names))
     wrapper = calls > 0 and is_wrapper(body_without_docstring(fn), names)
-    return AuxUse(calls, wrapper, calls > 0 and _ignores(fn, names), shadowed)
+    return AuxUse(calls, wrapper, calls > 0 and _ignores(fn, names), aux in shadowed)
+
+
+def helper_aliases(fn, helpers: set[str]) -> tuple[set[str], set[str]]:
+    """(the names through which `fn` reaches a helper, the helpers it shadows). A helper is shadowed when `fn`
+    rebinds its name (a parameter, an assignment, a nested def); the others reach it, and so do their aliases,
+    followed to a fixed point: `h = aux`, `g = h`, `a = b = aux`. The one alias rule of the reward (aux_use) and
+    of the scheme detector (kit/schemes.py)."""
+    params = {a.arg for a in ast.walk(fn.args) if isinstance(a, ast.arg)}
+    rebound = set(params)
+    for node in ast.walk(fn):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node is not fn:
+            rebound.add(node.name)
+        elif isinstance(node, ast.Assign) and not (isinstance(node.value, ast.Name) and node.value.id in helpers):
+            rebound |= {t.id for t in node.targets if isinstance(t, ast.Name)}
+    names = helpers - rebound
+    changed = True
+    while changed:
+        changed = False
+        for node in ast.walk(fn):
+            if isinstance(node, ast.Assign) and isinstance(node.value, ast.Name) and node.value.id in names:
+                for t in node.targets:
+                    if isinstance(t, ast.Name) and t.id not in names:
+                        names.add(t.id)
+                        changed = True
+    return names, helpers & rebound
+
+
+def helper_uses(fn, names: set[str]) -> list[ast.Name]:
+    """Every read of one of `names` in `fn` (a call, or the helper passed as a value), except as the source of an
+    alias (`h = aux` is not a use; `h(x)` is)."""
+    alias_sources = {id(n.value) for n in ast.walk(fn) if isinstance(n, ast.Assign)}
+    return [n for n in ast.walk(fn) if isinstance(n, ast.Name) and n.id in names and isinstance(n.ctx, ast.Load)
+            and id(n) not in alias_sources]
 
 
 def calls_one_of(node, names) -> bool:

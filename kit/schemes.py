@@ -25,7 +25,8 @@ from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from kit.codeparse import AUX, body_without_docstring, calls_one_of, extract_code, is_wrapper
+from kit.codeparse import (AUX, body_without_docstring, calls_one_of, extract_code, helper_aliases, helper_uses,
+                           is_wrapper)
 from kit.rundir import ROLLOUTS, read_jsonl
 
 SCHEMES = ("fallback", "decorator", "coordinator", "strategy_filter", "wrapper", "no_use", "unparseable")
@@ -62,12 +63,11 @@ def classify(helper_code: str, main_code: str, entry_point: str) -> Schemes:
             fn = node
     if fn is None:
         return Schemes({"no_use"}, "no_use")
-    names = _reachable_names(fn, helper_names(helper_code, entry_point))
+    names, _ = helper_aliases(fn, helper_names(helper_code, entry_point))
     if not names:
         return Schemes({"no_use"}, "no_use")
     parents = {id(child): node for node in ast.walk(fn) for child in ast.iter_child_nodes(node)}
-    uses = [n for n in ast.walk(fn) if isinstance(n, ast.Name) and n.id in names and isinstance(n.ctx, ast.Load)
-            and not _is_alias_source(n, parents)]
+    uses = helper_uses(fn, names)
     if not uses:
         return Schemes({"no_use"}, "no_use")
     body = body_without_docstring(fn)
@@ -99,35 +99,6 @@ def classify(helper_code: str, main_code: str, entry_point: str) -> Schemes:
 
 
 # --- helpers over the AST
-
-
-def _reachable_names(fn, helpers: set[str]) -> set[str]:
-    """Helper names main can reach: minus those it rebinds locally, plus aliases of the rest."""
-    params = {a.arg for a in ast.walk(fn.args) if isinstance(a, ast.arg)}
-    shadowed = set(params)
-    for node in ast.walk(fn):
-        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node is not fn:
-            shadowed.add(node.name)
-        elif isinstance(node, ast.Assign):
-            for t in node.targets:
-                if isinstance(t, ast.Name) and not (isinstance(node.value, ast.Name) and node.value.id in helpers):
-                    shadowed.add(t.id)
-    names = helpers - shadowed
-    changed = True
-    while changed:  # h = aux; g = h
-        changed = False
-        for node in ast.walk(fn):
-            if isinstance(node, ast.Assign) and isinstance(node.value, ast.Name) and node.value.id in names:
-                for t in node.targets:
-                    if isinstance(t, ast.Name) and t.id not in names:
-                        names.add(t.id)
-                        changed = True
-    return names
-
-
-def _is_alias_source(name: ast.Name, parents) -> bool:
-    parent = parents.get(id(name))
-    return isinstance(parent, ast.Assign) and parent.value is name
 
 
 def _ancestors(node, parents, stop) -> list[ast.AST]:

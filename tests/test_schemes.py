@@ -98,6 +98,24 @@ def test_scheme_of_labelled_program(name, helper, code, primary, also):
     assert primary in result.found and also <= result.found
 
 
+@pytest.mark.parametrize("name, helper, code, primary, also", [c for c in CASES if c[1] == AUX],
+                         ids=[c[0] for c in CASES if c[1] == AUX])
+def test_the_reward_and_the_scheme_detector_agree_on_whether_main_uses_aux(name, helper, code, primary, also):
+    from kit.codeparse import aux_use
+
+    assert aux_use(code, "solve").uses == (primary not in ("no_use", "unparseable")), name
+
+
+def test_chained_aliases_are_one_rule_for_the_reward_and_the_schemes():
+    from kit.codeparse import aux_use
+
+    code = main("a = b = aux\nreturn a(x) + 1")
+    assert aux_use(code, "solve").calls == 1 and aux_use(code, "solve").uses
+    assert classify(AUX, code, "solve").primary == "decorator"
+    later = main("g = h\nh = aux\nreturn g(x) + 1")  # an alias of an alias defined later in the source
+    assert aux_use(later, "solve").uses and classify(AUX, later, "solve").primary == "decorator"
+
+
 def test_at_least_forty_labelled_programs_cover_every_scheme():
     assert len(CASES) >= 40
     assert {c[3] for c in CASES} == {"fallback", "decorator", "coordinator", "strategy_filter", "wrapper",
