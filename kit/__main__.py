@@ -1,6 +1,7 @@
 """Command line.
 
     python -m kit train --preset tiny_cpu [--config F] [--set k=v ...] [--run-dir D] [--resume]
+    python -m kit train --run-dir D --resume [--set num_steps=2000]    # continue with the run's own config
     python -m kit eval --run-dir D [--steps all|newest|100,200] [--n 10] [--items 32]
     python -m kit baselines --run-dir D [--methods single,naive,sequential,discussion] [--n 10]
     python -m kit schemes --run-dir D [--turn 0]
@@ -96,18 +97,22 @@ def main(argv: list[str] | None = None) -> int:
             print(f"error: {err}", file=sys.stderr)
             return 2
 
+    from pathlib import Path
+
     from kit.config import ConfigError, load_config
+    from kit.trainer import Trainer
 
     overrides = list(args.overrides) + ([f"run_dir={args.run_dir}"] if args.run_dir else [])
+    saved = args.resume and args.run_dir and not (args.preset or args.config) and \
+        (Path(args.run_dir) / "config.json").exists()
     try:
-        cfg = load_config(args.preset, args.config, overrides)
+        if saved:  # --resume --run-dir D: the run's own config, with any --set on top
+            trainer = Trainer.from_run(args.run_dir, overrides)
+        else:
+            trainer = Trainer(load_config(args.preset, args.config, overrides), resume=args.resume)
     except ConfigError as err:
         print(f"config error: {err}", file=sys.stderr)
         return 2
-    from kit.trainer import Trainer
-
-    try:
-        trainer = Trainer(cfg, resume=args.resume)
     except (FileExistsError, ValueError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2

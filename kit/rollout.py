@@ -227,18 +227,26 @@ def generate(team, requests: list[tuple[int, str]], num_generations: int, *, max
         compile_s = engine.compile_seconds - compiled_before
         out.seconds += time.perf_counter() - t0 - compile_s
         out.compile_seconds += compile_s
-        P = enc["input_ids"].shape[1]
-        cmask = completion_mask(comp, eos)
-        seq = torch.cat([enc["input_ids"], comp], dim=1)  # (R, P + T)
-        attention = torch.cat([enc["attention_mask"], cmask], dim=1)
         sample = torch.tensor([k * G + g for k in mine for g in range(G)], device=device)
-        out.segments.append(Segment(base, seq, attention, cmask, P, sample, torch.tensor(agents, device=device)))
+        seg = build_segment(base, enc["input_ids"], enc["attention_mask"], comp, eos, sample,
+                            torch.tensor(agents, device=device))
+        out.segments.append(seg)
+        cmask = seg.completion_mask
         decoded = tok.batch_decode(comp * cmask + tok.pad_token_id * (1 - cmask), skip_special_tokens=True)
         for r, text in enumerate(decoded):
             k, g = divmod(int(sample[r]), G)
             texts[k][g] = text
         out.num_tokens += int(cmask.sum())
     return out
+
+
+def build_segment(base: int, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, completion: torch.Tensor,
+                  eos: list[int], sample: torch.Tensor, agent: torch.Tensor) -> Segment:
+    """The update's view of one engine call: left-padded prompts (R, P) and completion ids (R, T) joined, with
+    the completion mask (up to and including the first EOS) and the attention over both."""
+    cmask = completion_mask(completion, eos)
+    return Segment(base, torch.cat([prompt_ids, completion], dim=1), torch.cat([prompt_mask, cmask], dim=1), cmask,
+                   prompt_ids.shape[1], sample, agent)
 
 
 @dataclass(frozen=True)

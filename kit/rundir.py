@@ -2,7 +2,8 @@
 
     read_jsonl(path)                  metrics.jsonl / rollouts.jsonl rows; a torn last line is dropped, with a warning
     truncate_jsonl(path, step)        keep the rows of steps <= step (what a resume does)
-    open_run(run_dir)                 a run's config, task and reward model, as evaluation, schemes and the explorer use them
+    open_run(run_dir)                 a run's config, task and reward model: how the trainer (from_run), evaluation,
+                                      schemes and the explorer open a run
     find_run(run_name, drive)         the run folder to analyse: local checkpoints/<run_name> or its Drive mirror
     Mirror(run_dir, mirror_dir)       copies checkpoints and logs to Drive after each save, in the background
     restore(mirror_dir, run_dir)      brings the newest complete checkpoint back after a disconnect
@@ -62,14 +63,14 @@ def truncate_jsonl(path: str | Path, step: int) -> None:
 class Run:
     """A run directory opened for analysis: its config, and (built on first use) its task and reward model."""
 
-    def __init__(self, run_dir: str | Path):
+    def __init__(self, run_dir: str | Path, overrides: list[str] = ()):
         from kit.config import load_config
 
         self.path = Path(run_dir)
         if not (self.path / CONFIG).exists():
             raise FileNotFoundError(f"{self.path} has no {CONFIG}: is it a run directory made by `python -m kit "
                                     "train` or 01_train?")
-        self.cfg = load_config(path=self.path / CONFIG)
+        self.cfg = load_config(path=self.path / CONFIG, overrides=list(overrides))
         self._task = None
 
     @property
@@ -94,8 +95,9 @@ class Run:
                              "pass the same ones (reward_funcs=[...]) to score it the same way") from None
 
 
-def open_run(run_dir: str | Path) -> Run:
-    return Run(run_dir)
+def open_run(run_dir: str | Path, overrides: list[str] = ()) -> Run:
+    """The run in `run_dir` as it was saved (`overrides`, "key=value" strings, change fields on the way in)."""
+    return Run(run_dir, overrides)
 
 
 def newest_step(run_dir: str | Path) -> int:

@@ -112,6 +112,15 @@ class Trainer:
             self._resume()
         config_mod.save(self.cfg, saved)
 
+    @classmethod
+    def from_run(cls, run_dir, overrides: list[str] = (), **kwargs) -> "Trainer":
+        """Continue the run in `run_dir` with the config it saved (`overrides` may change fields that do not
+        change training, e.g. num_steps with a constant schedule, or reward_workers)."""
+        from kit.rundir import open_run
+
+        run = open_run(run_dir, overrides)
+        return cls(run.cfg, task=kwargs.pop("task", None) or run.task, resume=True, **kwargs)
+
     # ---- run directory
 
     def _resume(self) -> None:

@@ -300,6 +300,17 @@ def test_cli_resume_on_an_empty_folder_says_it_starts_a_new_run(tmp_path, capsys
     assert "nothing to resume" in capsys.readouterr().out
 
 
+def test_cli_resume_with_only_the_run_dir_continues_with_the_runs_own_config(tmp_path, capsys):
+    run = tmp_path / "r"
+    trainer = Trainer(cfg_for(run), **QUIET)  # tiny_cpu with num_generations=2, batch_size=2, 2 steps
+    trainer.train()
+    trainer.close()
+    assert cli(["train", "--run-dir", str(run), "--resume", "--set", "num_steps=3"]) == 0
+    assert "step_000003" in capsys.readouterr().out
+    saved = json.loads((run / "config.json").read_text())
+    assert saved["num_steps"] == 3 and saved["num_generations"] == 2
+
+
 @pytest.mark.parametrize("args, message", [
     (["eval", "--n", "0"], "argument --n: 0 is too small"),
     (["eval", "--steps", "abc"], "argument --steps: 'abc': give all, newest, or step numbers"),

@@ -5,8 +5,6 @@ Run: python -m pytest tests/test_evaluate.py
 
 import json
 import math
-import subprocess
-import sys
 
 import pytest
 
@@ -161,18 +159,23 @@ def test_plots_explain_missing_data(tmp_path):
         plots.eval_curves([])
 
 
-def test_cli_eval_and_baselines_write_tables_and_pngs(run_dir):
-    def cli(*args):
-        return subprocess.run([sys.executable, "-m", "kit", *args], capture_output=True, text=True, timeout=300)
+def test_cli_eval_and_baselines_write_tables_and_pngs(run_dir, capsys):
+    from kit.__main__ import main
 
-    out = cli("eval", "--run-dir", str(run_dir), "--steps", "newest", "--n", "3", "--items", "3")
-    assert out.returncode == 0, out.stderr
-    assert "| 4 |" in out.stdout and (run_dir / "eval" / "eval_curves.png").exists()
-    out = cli("baselines", "--run-dir", str(run_dir), "--methods", "naive,sequential", "--n", "2", "--items", "2")
-    assert out.returncode == 0, out.stderr
-    assert "| sequential |" in out.stdout and "| magrpo |" in out.stdout
+    def cli(*args):  # in-process: the tiny model's warm-up is already cached
+        code = main(list(args))
+        out = capsys.readouterr()
+        return code, out.out, out.err
+
+    code, out, err = cli("eval", "--run-dir", str(run_dir), "--steps", "newest", "--n", "3", "--items", "3")
+    assert code == 0, err
+    assert "| 4 |" in out and (run_dir / "eval" / "eval_curves.png").exists()
+    code, out, err = cli("baselines", "--run-dir", str(run_dir), "--methods", "naive,sequential", "--n", "2",
+                         "--items", "2")
+    assert code == 0, err
+    assert "| sequential |" in out and "| magrpo |" in out
     assert (run_dir / "eval" / "baselines.png").exists()
-    out = cli("schemes", "--run-dir", str(run_dir))
-    assert out.returncode == 2 and "code task" in out.stderr  # the toy task has no programs
-    out = cli("eval", "--run-dir", str(run_dir.parent / "nope"))
-    assert out.returncode == 2 and "no config.json" in out.stderr
+    code, out, err = cli("schemes", "--run-dir", str(run_dir))
+    assert code == 2 and "code task" in err  # the toy task has no programs
+    code, out, err = cli("eval", "--run-dir", str(run_dir.parent / "nope"))
+    assert code == 2 and "no config.json" in err

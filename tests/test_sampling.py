@@ -104,3 +104,19 @@ def test_keys_must_match_the_requests():
     with pytest.raises(ValueError, match="one key per request"):
         generate(make_team(), REQUESTS, 1, max_new_tokens=2, keys=[("a",)])
     assert dataclasses.asdict(SamplingParams(4).greedy())["temperature"] == 0.0
+
+
+def test_a_segment_joins_prompts_and_completions_and_masks_after_the_first_eos():
+    from kit.rollout import build_segment
+
+    eos = 9
+    prompts = torch.tensor([[0, 4, 5], [3, 4, 5]])
+    mask = torch.tensor([[0, 1, 1], [1, 1, 1]])
+    seg = build_segment(0, prompts, mask, torch.tensor([[6, eos, eos], [7, 8, 1]]), [eos], torch.tensor([0, 1]),
+                        torch.tensor([1, 1]))
+    assert seg.input_ids.tolist() == [[0, 4, 5, 6, 9, 9], [3, 4, 5, 7, 8, 1]]
+    assert seg.completion_mask.tolist() == [[1, 1, 0], [1, 1, 1]]
+    assert seg.attention_mask.tolist() == [[0, 1, 1, 1, 1, 0], [1, 1, 1, 1, 1, 1]]
+    assert seg.prompt_len == 3
+    part = seg.slice(1, 2)
+    assert part.input_ids.tolist() == [[3, 4, 5, 7, 8, 1]] and part.sample.tolist() == [1]
