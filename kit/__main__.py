@@ -17,14 +17,18 @@ import json
 import sys
 
 
-def positive_int(text: str) -> int:
+def whole_number(text: str, smallest: int = 1, hint: str = "") -> int:
     try:
         value = int(text)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"{value} is too small: give 1 or more")
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number{hint}") from None
+    if value < smallest:
+        raise argparse.ArgumentTypeError(f"{value} is too small: give {smallest} or more{hint}")
     return value
+
+
+def positive_int(text: str) -> int:
+    return whole_number(text, 1)
 
 
 def steps_arg(text: str) -> str | list[int]:
@@ -54,15 +58,7 @@ def methods_arg(text: str) -> list[str]:
 
 
 def step_arg(text: str) -> str | int:
-    if text == "newest":
-        return text
-    try:
-        step = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r}: give newest or a step number") from None
-    if step < 0:
-        raise argparse.ArgumentTypeError(f"{text!r}: a step number is 0 or more")
-    return step
+    return text if text == "newest" else whole_number(text, 0, " (or newest)")
 
 
 def main(argv: list[str] | None = None) -> int:

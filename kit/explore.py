@@ -68,6 +68,13 @@ class RunLog:
             out.append(r)
         return out
 
+    def best(self, step: int | None = None) -> dict:
+        """The joint action with the highest reward in `step` (default: the newest step)."""
+        steps = self.steps()
+        if not steps:
+            raise ValueError(f"{self.run_dir}/rollouts.jsonl has no joint actions yet")
+        return max(self.rows(step=steps[-1] if step is None else step), key=lambda r: r["reward"])
+
     def item(self, item_id: str) -> dict:
         for split in ("train", "eval"):
             for it in self.task.load(split):

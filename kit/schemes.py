@@ -288,6 +288,16 @@ def examples(run_dir: str | Path, entry_points: dict[str, str] | None = None, pe
     return dict(found)
 
 
+def examples_markdown(run_dir: str | Path, entry_points: dict[str, str] | None = None, turn: int = 0) -> str:
+    """One example program per scheme (the newest), as markdown: what 04_schemes shows."""
+    parts = []
+    for scheme, found in examples(run_dir, entry_points, turn=turn).items():
+        ex = found[0]
+        parts.append(f"**{scheme}** (step {ex['step']}, {ex['item']}, reward {ex['reward']:.2f})\n\n"
+                     f"```python\n{ex['helper']}\n{ex['main']}\n```")
+    return "\n\n".join(parts) or "(no code-task joint actions in rollouts.jsonl yet)"
+
+
 def shares_of(programs: list[tuple[str, str, str]]) -> dict[str, float]:
     """Share of each primary scheme among (helper_code, main_code, entry_point) programs."""
     counts = Counter(classify(h, m, e).primary for h, m, e in programs)

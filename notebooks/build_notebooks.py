@@ -219,10 +219,7 @@ plots.scheme_area(shares)
 schemes.fresh_shares(RUN_DIR, n=2 if SMOKE else 8)
 """),
                  code("""
-for scheme, found in schemes.examples(RUN_DIR).items():
-    ex = found[0]
-    display(Markdown(f"**{scheme}** (step {ex['step']}, {ex['item']}, reward {ex['reward']:.2f})\\n\\n"
-                     f"```python\\n{ex['helper']}\\n{ex['main']}\\n```"))
+display(Markdown(schemes.examples_markdown(RUN_DIR)))  # one example program per scheme
 """),
              ])
 
@@ -239,9 +236,7 @@ explore.browser(RUN_DIR)
 """),
                  code("""
 # The same, without widgets: the best joint action of the newest step and its breakdown
-log = explore.RunLog(RUN_DIR)
-best = max(log.rows(step=log.steps()[-1]), key=lambda r: r["reward"])
-explore.breakdown(best)
+explore.breakdown(explore.RunLog(RUN_DIR).best())
 """),
              ])
 

@@ -125,6 +125,12 @@ def test_runlog_filters_by_step_reward_and_part(code_run):
     assert log.rows(part="tests", part_min=0.5) == []
 
 
+def test_best_is_the_highest_reward_of_the_newest_step(code_run):
+    log = explore.RunLog(code_run)
+    assert log.best() == max(log.rows(step=2), key=lambda r: r["reward"])
+    assert log.best(step=1)["step"] == 1
+
+
 def test_breakdown_and_render_show_parts_completions_and_advantages(code_run):
     log = explore.RunLog(code_run)
     row = log.rows(step=2)[0]

@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from kit.schemes import classify, scheme_shares
+from kit.schemes import classify, examples_markdown, scheme_shares
 
 AUX = "def aux(x):\n    return x\n"
 AUX12 = "def aux1(x):\n    return x\n\ndef aux2(x):\n    return x > 0\n"
@@ -134,3 +134,13 @@ def test_scheme_shares_per_step_from_rollouts(tmp_path):
     assert [s["step"] for s in shares] == [1, 2]
     assert shares[0]["wrapper"] == 0.5 and shares[0]["coordinator"] == 0.5 and shares[0]["count"] == 2
     assert shares[1]["no_use"] == 1.0
+
+
+def test_example_programs_render_as_markdown_one_per_scheme(tmp_path):
+    rows = [{"step": 1, "item": "p", "turn": 0, "reward": 1.5, "completions": [AUX, main("return aux(x)")]},
+            {"step": 2, "item": "p", "turn": 0, "reward": 0.5, "completions": [AUX, main("return x")]}]
+    (tmp_path / "rollouts.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    text = examples_markdown(tmp_path, entry_points={"p": "solve"})
+    assert "**wrapper** (step 1, p, reward 1.50)" in text and "**no_use** (step 2, p, reward 0.50)" in text
+    assert text.count("```python") == 2 and "return aux(x)" in text
+
