@@ -114,8 +114,9 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     summary = trainer.train()
     trainer.close()
-    print(format_summary(summary))
-    print(json.dumps(summary))
+    if trainer.dist.is_main:  # several processes (accelerate launch, torchrun): one summary
+        print(format_summary(summary))
+        print(json.dumps(summary))
     return 0
 
 

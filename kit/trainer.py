@@ -21,6 +21,7 @@ early termination of tree branches (CoMLRL's early_termination_threshold).
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import time
@@ -34,6 +35,7 @@ from kit import checkpoint, magrpo, rundir
 from kit.checkpoint import seed_everything, step_seed
 from kit import config as config_mod
 from kit.config import TrainConfig, validate
+from kit.distributed import Dist
 from kit.rewards import Reward, Scorer, reward_model_for
 from kit.rollout import Rollout, Sampler, completion_logprobs
 from kit.tasks import describe, has
@@ -58,17 +60,24 @@ class Trainer:
     def __init__(self, cfg: TrainConfig, task=None, reward_funcs=None, team=None, resume: bool = False,
                  log=print, sampler=None):
         self.cfg = validate(cfg)
-        self.log = log
+        self.dist = Dist()  # one process, or this one's place among several (accelerate launch / torchrun)
+        self.log = log if self.dist.is_main else (lambda *_: None)
+        log = self.log
         self.run_dir = Path(cfg.run_dir)
         saved = self.run_dir / rundir.CONFIG
-        if saved.exists() and not resume:
+        exists = saved.exists()
+        self.dist.barrier()  # every process has looked before the main one writes config.json
+        if exists and not resume:
             raise FileExistsError(f"run_dir {str(self.run_dir)!r} already holds a run; resume it (resume=True, "
                                   "--resume) or choose another run_dir")
-        if saved.exists():  # refuse a changed setting now, before minutes of model loading
+        if exists:  # refuse a changed setting now, before minutes of model loading
             config_mod.check_resume(saved, self.cfg)
         elif resume:
             log(f"[kit] nothing to resume in {self.run_dir} (no run there yet): starting a new run")
-        resume = saved.exists()
+        resume = exists
+        if self.dist.world > cfg.batch_size:
+            raise ValueError(f"{self.dist.world} processes share batch_size={cfg.batch_size} items per step: give "
+                             f"every process at least one (batch_size >= {self.dist.world})")
         if task is None:
             from kit.tasks import task_for
 
@@ -85,7 +94,7 @@ class Trainer:
         if team is None:
             from kit.models import build_team
 
-            team = build_team(cfg, log=log)
+            team = build_team(dataclasses.replace(cfg, device=self.dist.device(cfg.device)), log=log)
         self.team = team
         self.sampler = sampler or Sampler.from_config(team, cfg)  # anything with sample(requests, n, params)
         self.team.roles = list(getattr(task, "roles", [])) or [f"agent_{i}" for i in range(cfg.num_agents)]
@@ -102,15 +111,17 @@ class Trainer:
         self.scorer = Scorer(self.reward_model, cfg.reward_workers, cfg.reward_pool)
         self.wandb = None
         self.use_wandb = cfg.use_wandb  # switched off (not the config) when wandb is missing
-        self.run_dir.mkdir(parents=True, exist_ok=True)
         self.mirror = None
-        if cfg.mirror_dir:
+        if self.dist.is_main:  # one writer: the other processes only compute
+            self.run_dir.mkdir(parents=True, exist_ok=True)
+        if cfg.mirror_dir and self.dist.is_main:
             from kit.rundir import Mirror
 
             self.mirror = Mirror(self.run_dir, cfg.mirror_dir, cfg.keep_last, cfg.keep_history, log=log)
         if resume:
             self._resume()
-        config_mod.save(self.cfg, saved)
+        if self.dist.is_main:
+            config_mod.save(self.cfg, saved)
 
     @classmethod
     def from_run(cls, run_dir, overrides: list[str] = (), **kwargs) -> "Trainer":
@@ -128,9 +139,12 @@ class Trainer:
         self.step = state["step"] if state else 0
         # Lines written after the checkpoint belong to steps that will be run again: drop them.
         for name in (rundir.METRICS, rundir.ROLLOUTS):
-            rundir.truncate_jsonl(self.run_dir / name, self.step)
+            if self.dist.is_main:
+                rundir.truncate_jsonl(self.run_dir / name, self.step)
 
     def _append(self, name: str, rows: list[dict]) -> None:
+        if not self.dist.is_main:
+            return
         with open(self.run_dir / name, "a") as f:
             for row in rows:
                 f.write(json.dumps(row) + "\n")
@@ -151,12 +165,15 @@ class Trainer:
 
     # ---- rollout
 
-    def sample(self, items: list[dict]) -> list[Level]:
-        """Grow the rollout tree turn by turn; each level is one batched generate and one batched scoring."""
+    def sample(self, items: list[dict], positions: list[int] | None = None) -> list[Level]:
+        """Grow the rollout tree turn by turn; each level is one batched generate and one batched scoring.
+        `positions`: the items' places in the step's global batch (default 0, 1, ...), which seed their samples."""
         cfg, N, G = self.cfg, self.cfg.num_agents, self.cfg.num_generations
+        positions = list(range(len(items))) if positions is None else positions
         joints = magrpo.joint_actions(N, G, cfg.joint_mode)
-        nodes = [{"item": i, "prompts": list(self.task.prompts(item)), "parent": None, "path": ()}
-                 for i, item in enumerate(items)]
+        # node ids count over the global batch (item position x joint actions per level), as one process would
+        nodes = [{"item": i, "prompts": list(self.task.prompts(item)), "parent": None, "path": (),
+                  "id": positions[i], "parent_id": None} for i, item in enumerate(items)]
         for node in nodes:
             if len(node["prompts"]) != N:
                 raise ValueError(f"task.prompts returned {len(node['prompts'])} prompts for {N} agents")
@@ -165,7 +182,8 @@ class Trainer:
             requests = [(a, node["prompts"][a]) for node in nodes for a in range(N)]
             # each request's samples are seeded by (seed, step, item, turn, path in the tree, agent): the same
             # rollouts whatever else is in the batch
-            keys = [("train", self.step, node["item"], turn, *node["path"], a) for node in nodes for a in range(N)]
+            keys = [("train", self.step, positions[node["item"]], turn, *node["path"], a)
+                    for node in nodes for a in range(N)]
             ro = self.sampler.sample(requests, G, keys=keys)
             jobs = [(items[node["item"]], self.joint(ro, n, idx)) for n, node in enumerate(nodes) for idx in joints]
             rewards = [f.result() for f in self.scorer.submit(jobs)]
@@ -173,6 +191,7 @@ class Trainer:
             levels.append(Level(turn, nodes, ro, joints, per_node))
             if turn + 1 < cfg.num_turns:
                 nodes = [{"item": node["item"], "parent": (n, j), "path": node["path"] + (j,),
+                          "id": node["id"] * len(joints) + j, "parent_id": (node["id"], j),
                           "prompts": list(self.task.feedback(items[node["item"]], self.joint(ro, n, idx),
                                                              per_node[n][j]))}
                          for n, node in enumerate(nodes) for j, idx in enumerate(joints)]
@@ -219,8 +238,9 @@ class Trainer:
                 adv = torch.tensor(level.advantages.reshape(-1)[seg.sample.cpu().numpy()], device=seg.input_ids.device)
                 step = cfg.micro_batch_size or len(adv)
                 chunks += [(seg, adv, i, min(i + step, len(adv))) for i in range(0, len(adv), step)]
-            total_rows = sum(hi - lo for _, _, lo, hi in chunks)
-            total_tokens = sum(int(s.completion_mask[lo:hi].sum()) for s, _, lo, hi in chunks)
+            # each chunk's loss is weighted by its share of ALL rows (or tokens), over every process
+            total_rows, total_tokens = self.dist.sum([sum(hi - lo for _, _, lo, hi in chunks),
+                                                      sum(int(s.completion_mask[lo:hi].sum()) for s, _, lo, hi in chunks)])
             loss_sum, kl_sum = 0.0, 0.0
             for seg, adv, lo, hi in chunks:
                 sub = seg.slice(lo, hi)
@@ -237,6 +257,12 @@ class Trainer:
                 loss_sum += float(loss.detach()) * weight
                 kl_sum += st.get("kl", 0.0) * weight
             params = team.parameters_of(adapter)
+            if self.dist.world > 1:  # the gradient of the global loss: the sum of every process's part
+                for q in params:
+                    if q.grad is None:
+                        q.grad = torch.zeros_like(q)
+                self.dist.sum_([q.grad for q in params])
+                loss_sum, kl_sum = self.dist.sum([loss_sum, kl_sum])
             norm = torch.nn.utils.clip_grad_norm_(params, cfg.max_grad_norm if cfg.max_grad_norm > 0 else math.inf)
             opt.step()
             self.schedulers[adapter].step()
@@ -260,40 +286,56 @@ class Trainer:
     # ---- logging
 
     def metrics(self, levels: list[Level], update_stats: dict, times: dict) -> dict:
-        rewards = [r for lv in levels for node in lv.rewards for r in node]
-        totals = np.array([r.total for r in rewards])
+        """The step's metrics row, over every process's share of the batch."""
+        mine = {"rewards": [[(r.total, r.parts) for node in lv.rewards for r in node] for lv in levels],
+                "returns": levels[0].returns.ravel().tolist(),
+                "advantages": [(float(np.abs(lv.advantages).sum()), int(lv.advantages.size)) for lv in levels],
+                "tokens": sum(lv.rollout.num_tokens for lv in levels)}
+        every = self.dist.gather(mine)
+        per_level = [[r for part in every for r in part["rewards"][t]] for t in range(len(levels))]
+        rewards = [r for level in per_level for r in level]
+        totals = np.array([total for total, _ in rewards])
         row = {"step": self.step, "reward/mean": float(totals.mean()), "reward/std": float(totals.std())}
-        for key in sorted({k for r in rewards for k in r.parts}):
-            row[f"reward/{key}"] = float(np.mean([r.parts.get(key, 0.0) for r in rewards]))
+        for key in sorted({k for _, parts in rewards for k in parts}):
+            row[f"reward/{key}"] = float(np.mean([parts.get(key, 0.0) for _, parts in rewards]))
         if len(levels) > 1:
-            for lv in levels:
-                row[f"reward/turn_{lv.turn}"] = float(np.mean([r.total for node in lv.rewards for r in node]))
-        row["return/mean"] = float(np.mean(levels[0].returns))
-        row["advantage/abs_mean"] = float(np.mean([np.abs(lv.advantages).mean() for lv in levels]))
+            for lv, level in zip(levels, per_level):
+                row[f"reward/turn_{lv.turn}"] = float(np.mean([total for total, _ in level]))
+        row["return/mean"] = float(np.mean([x for part in every for x in part["returns"]]))
+        row["advantage/abs_mean"] = float(np.mean([sum(part["advantages"][t][0] for part in every) /
+                                                   sum(part["advantages"][t][1] for part in every)
+                                                   for t in range(len(levels))]))
         row.update(update_stats)
         row["lr"] = self.schedulers[self.team.adapters[0]].get_last_lr()[0]
-        num_tokens = sum(lv.rollout.num_tokens for lv in levels)
+        num_tokens = sum(part["tokens"] for part in every)
         row["completion/tokens"] = num_tokens
-        row["perf/tokens_per_s"] = num_tokens / max(times["generate"], 1e-9)
+        row["perf/tokens_per_s"] = num_tokens / max(times["generate"], 1e-9)  # all processes, this one's time
         for k, v in times.items():
             row[f"perf/{k}_s"] = v
         return row
 
     def rollout_rows(self, levels: list[Level], items: list[dict]) -> list[dict]:
+        """Every joint action of the step, gathered from all processes in the order one process logs them."""
         rows = []
         for lv in levels:
             for n, node in enumerate(lv.nodes):
                 for j, idx in enumerate(lv.joints):
                     r = lv.rewards[n][j]
-                    rows.append({"step": self.step, "item": items[node["item"]]["id"], "turn": lv.turn, "node": n,
-                                 "parent": node["parent"], "joint": list(idx), "prompts": node["prompts"],
-                                 "completions": list(self.joint(lv.rollout, n, idx)), "reward": r.total,
-                                 "parts": r.parts, "return": float(lv.returns[n, j]),
-                                 "advantages": [float(lv.advantages[n, a, g]) for a, g in enumerate(idx)]})
+                    rows.append({"step": self.step, "item": items[node["item"]]["id"], "turn": lv.turn,
+                                 "node": node["id"], "parent": node["parent_id"], "joint": list(idx),
+                                 "prompts": node["prompts"], "completions": list(self.joint(lv.rollout, n, idx)),
+                                 "reward": r.total, "parts": r.parts, "return": float(lv.returns[n, j]),
+                                 "advantages": [float(lv.advantages[n, a, g]) for a, g in enumerate(idx)],
+                                 "_order": (lv.turn, node["id"], j)})
+        if self.dist.world > 1:
+            rows = [r for part in self.dist.gather(rows) for r in part]
+            rows.sort(key=lambda r: r["_order"])
+        for r in rows:
+            del r["_order"]
         return rows
 
     def _wandb(self, row: dict) -> None:
-        if not self.use_wandb:
+        if not self.use_wandb or not self.dist.is_main:
             return
         if self.wandb is None:
             try:
@@ -315,14 +357,16 @@ class Trainer:
 
         cfg = self.cfg
         end = cfg.num_steps if max_steps is None else min(cfg.num_steps, self.step + max_steps)
-        if self.step == 0 and cfg.eval_every and self.eval_items:
+        if self.step == 0 and cfg.eval_every and self.eval_items and self.dist.is_main:
             self._append("metrics.jsonl", [{"step": 0, **self.evaluate()}])
-        bar = tqdm(total=cfg.num_steps, initial=self.step, desc="MAGRPO", disable=not cfg.progress)
+        bar = tqdm(total=cfg.num_steps, initial=self.step, desc="MAGRPO", disable=not (cfg.progress and self.dist.is_main))
         while self.step < end:
             t0 = time.perf_counter()
             items = self.batch_items(self.step)
+            positions = self.dist.share(len(items))  # this process's items (all of them with one process)
+            items = [items[k] for k in positions]
             seed_everything(step_seed(cfg.seed, self.step))
-            levels = self.sample(items)
+            levels = self.sample(items, positions)
             t1 = time.perf_counter()
             stats = self.update(levels)
             t2 = time.perf_counter()
@@ -332,8 +376,8 @@ class Trainer:
             compile_s = sum(lv.rollout.compile_seconds for lv in levels)  # > 0 only when a new shape compiled
             row = self.metrics(levels, stats, {"sample": t1 - t0, "generate": generate_s, "compile": compile_s,
                                                "update": t2 - t1, "step": time.perf_counter() - t0})
-            if cfg.eval_every and self.step % cfg.eval_every == 0:
-                row.update(self.evaluate())
+            if cfg.eval_every and self.step % cfg.eval_every == 0 and self.dist.is_main:
+                row.update(self.evaluate())  # held-out check on the main process (the others go on)
             for r in rollouts:
                 r["step"] = self.step
             self._append("metrics.jsonl", [row])
@@ -341,13 +385,15 @@ class Trainer:
             self._wandb(row)
             bar.set_postfix(reward=f"{row['reward/mean']:.3f}", refresh=False)
             bar.update(1)
-            if (cfg.save_every and self.step % cfg.save_every == 0) or self.step == cfg.num_steps:
+            if ((cfg.save_every and self.step % cfg.save_every == 0) or self.step == cfg.num_steps) \
+                    and self.dist.is_main:
                 self.save()
                 if self.mirror is not None:
                     self.mirror.push()  # copied in the background; the next step starts now
             if on_step is not None:
                 on_step(row)
         bar.close()
+        self.dist.barrier()  # the main process has written the last step before anyone reads the summary
         return self.summary()
 
     def save(self) -> Path:

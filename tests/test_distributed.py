@@ -1,0 +1,98 @@
+"""Data parallelism over items (kit/distributed.py): 2 CPU processes (gloo, launched by torchrun) against 1.
+
+Run: python -m pytest tests/test_distributed.py      (each 2-process run starts two interpreters: ~10 s)
+"""
+
+import json
+import os
+import socket
+import subprocess
+import sys
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from kit.config import load_config
+from kit.trainer import Trainer
+
+ARGS = ["--set", "batch_size=4", "--set", "num_generations=2", "--set", "eval_every=0", "--set", "save_every=1",
+        "--set", "keep_last=4", "--set", "progress=false"]
+QUIET = dict(log=lambda *_: None)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def launch(processes: int, *args: str) -> subprocess.CompletedProcess:
+    """`torchrun --nproc_per_node N -m kit train ...`, one thread per process, as a user would launch it."""
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(processes),
+           "--master_port", str(free_port()), "-m", "kit", "train", *args]
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=600,
+                         env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert out.returncode == 0, out.stderr[-3000:]
+    return out
+
+
+def rows(run, name):
+    return [json.loads(line) for line in open(run / name)]
+
+
+def adapters(run, step):
+    path = run / "ckpt" / f"step_{step:06d}" / "adapters"
+    return {a: load_file(str(path / a / "adapter_model.safetensors")) for a in ("agent_0", "agent_1")}
+
+
+def assert_same_run(one, two, step):
+    """Same rollouts, same metrics (up to float summation order), same adapters (fp32, tight tolerance)."""
+    a, b = rows(one, "rollouts.jsonl"), rows(two, "rollouts.jsonl")
+    a = [r for r in a if r["step"] <= step]
+    assert len(a) == len(b) and len(b) == step * 4 * 2  # steps x items x aligned joint actions
+    for x, y in zip(a, b):
+        assert (x["step"], x["item"], x["node"], x["completions"], x["reward"]) == \
+               (y["step"], y["item"], y["node"], y["completions"], y["reward"])
+        assert y["advantages"] == pytest.approx(x["advantages"], abs=1e-9)
+    for x, y in zip([r for r in rows(one, "metrics.jsonl") if r["step"] <= step], rows(two, "metrics.jsonl")):
+        for key in x:
+            if not key.startswith("perf/"):
+                assert y[key] == pytest.approx(x[key], rel=1e-5, abs=1e-6), key
+    wa, wb = adapters(one, step), adapters(two, step)
+    for agent in wa:
+        for key in wa[agent]:
+            torch.testing.assert_close(wb[agent][key], wa[agent][key], rtol=0, atol=1e-4)
+
+
+@pytest.fixture(scope="module")
+def one_process(tmp_path_factory):
+    """The reference: 4 steps on one process (checkpoints at every step)."""
+    run = tmp_path_factory.mktemp("dp") / "one"
+    overrides = [a for a in ARGS if a != "--set"] + [f"run_dir={run}", "num_steps=4"]
+    trainer = Trainer(load_config("tiny_cpu", overrides=overrides), **QUIET)
+    trainer.train()
+    trainer.close()
+    return run
+
+
+@pytest.mark.slow
+def test_two_processes_then_one_equal_one_process_throughout(one_process, tmp_path):
+    run = tmp_path / "two"
+    out = launch(2, "--preset", "tiny_cpu", "--run-dir", str(run), "--set", "num_steps=2", *ARGS)
+    assert out.stdout.count("trained 2 steps") == 1  # one summary: the main process's
+    assert [r["step"] for r in rows(run, "metrics.jsonl")] == [1, 2]  # one writer: no line twice
+    assert_same_run(one_process, run, 2)
+    resumed = Trainer.from_run(run, ["num_steps=4"], **QUIET)  # the same run continued on one process
+    resumed.train()
+    resumed.close()
+    assert_same_run(one_process, run, 4)
+
+
+@pytest.mark.slow
+def test_more_processes_than_items_is_refused_with_the_fix(tmp_path):
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port",
+           str(free_port()), "-m", "kit", "train", "--preset", "tiny_cpu", "--run-dir", str(tmp_path / "r"),
+           "--set", "batch_size=1", "--set", "num_steps=1"]
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert out.returncode != 0 and "batch_size >= 2" in out.stderr
