@@ -23,6 +23,8 @@ inside the SDK client, and is never printed, logged, written to the run director
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import hashlib
 import json
 import os
@@ -53,7 +55,12 @@ def price_of(model: str) -> tuple[float, float]:
 
 
 class Budget:
-    """A dollar ledger with reservations, persisted to budget.json after every change of spend."""
+    """A dollar ledger with reservations, kept in budget.json and shared by every process of a run.
+
+    Each change happens under an exclusive lock (`flock` on budget.json.lock, plus a thread lock), reading the file
+    first: the spend and the reservations of calls in flight are those of ALL processes (data-parallel training
+    scores on each one), so the cap holds for the run, not per process. A reservation belongs to its process id;
+    those of processes that no longer exist (a crash mid-call) are dropped when the ledger is next read."""
 
     def __init__(self, path: str | Path, cap_usd: float, warn_at: float = 0.8, log=print):
         if cap_usd < 0:
@@ -62,36 +69,69 @@ class Budget:
         self.cap = float(cap_usd)
         self.warn_at = warn_at
         self.log = log
-        self.reserved = 0.0
-        self.spent, self.calls, self.input_tokens, self.output_tokens = 0.0, 0, 0, 0
-        if self.path.exists():  # a resumed run continues the ledger
-            saved = json.loads(self.path.read_text())
-            self.spent = float(saved.get("spent_usd", 0.0))
-            self.calls = int(saved.get("calls", 0))
-            self.input_tokens = int(saved.get("input_tokens", 0))
-            self.output_tokens = int(saved.get("output_tokens", 0))
-        self._warned = self.spent >= warn_at * self.cap
         self._lock = threading.Lock()
         self._settled = threading.Condition(self._lock)
+        self.spent, self.calls, self.input_tokens, self.output_tokens = 0.0, 0, 0, 0
+        self.reservations: dict[str, float] = {}
+        with self._shared():  # a resumed run (or another process) continues the ledger
+            pass
+        self._warned = self.spent >= warn_at * self.cap
+
+    @property
+    def reserved(self) -> float:
+        return sum(self.reservations.values())
+
+    @contextlib.contextmanager
+    def _shared(self, write: bool = False):
+        """Hold the thread lock (the caller) and the file lock; load the ledger; write it back if asked."""
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        with open(self.path.with_name(self.path.name + ".lock"), "a") as lock:
+            locked = _flock(lock, fcntl.LOCK_EX, self.log)
+            try:
+                self._load()
+                yield
+                if write:
+                    self._write()
+            finally:
+                if locked:
+                    fcntl.flock(lock, fcntl.LOCK_UN)
+
+    def _load(self) -> None:
+        if not self.path.exists():
+            return
+        saved = json.loads(self.path.read_text())
+        self.spent = float(saved.get("spent_usd", 0.0))
+        self.calls = int(saved.get("calls", 0))
+        self.input_tokens = int(saved.get("input_tokens", 0))
+        self.output_tokens = int(saved.get("output_tokens", 0))
+        self.reservations = {pid: usd for pid, usd in saved.get("reserved_usd", {}).items() if _alive(int(pid))}
 
     def reserve(self, usd: float) -> bool:
-        """Reserve `usd`, waiting while calls in flight hold the room; False once the spend itself leaves none."""
+        """Reserve `usd`, waiting while calls in flight (of any process) hold the room; False once the spend
+        itself leaves none."""
+        me = str(os.getpid())
         with self._settled:
-            while self.spent + self.reserved + usd > self.cap:
-                if self.spent + usd > self.cap:
-                    return False
-                self._settled.wait()
-            self.reserved += usd
-            return True
+            while True:
+                with self._shared(write=True):
+                    if self.spent + self.reserved + usd <= self.cap:
+                        self.reservations[me] = self.reservations.get(me, 0.0) + usd
+                        return True
+                    if self.spent + usd > self.cap:
+                        return False
+                self._settled.wait(0.05)  # a settle here wakes us; another process's is seen on the next read
 
     def settle(self, reserved_usd: float, actual_usd: float, input_tokens: int = 0, output_tokens: int = 0) -> None:
-        with self._lock:
-            self.reserved -= reserved_usd
+        me = str(os.getpid())
+        with self._lock, self._shared(write=True):
+            left = self.reservations.get(me, 0.0) - reserved_usd
+            if left > 1e-12:
+                self.reservations[me] = left
+            else:
+                self.reservations.pop(me, None)
             self.spent += actual_usd
             self.calls += 1
             self.input_tokens += input_tokens
             self.output_tokens += output_tokens
-            self._write()
             warn = not self._warned and self.spent >= self.warn_at * self.cap
             self._warned = self._warned or warn
             self._settled.notify_all()
@@ -99,12 +139,40 @@ class Budget:
             self.log(f"[kit] judge budget: ${self.spent:.2f} of ${self.cap:.2f} spent ({self.warn_at:.0%} reached)")
 
     def _write(self) -> None:
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = self.path.with_suffix(".json.tmp")
-        tmp.write_text(json.dumps({"cap_usd": self.cap, "spent_usd": round(self.spent, 6), "calls": self.calls,
+        tmp = self.path.with_name(f".{self.path.name}.{os.getpid()}.tmp")
+        tmp.write_text(json.dumps({"cap_usd": self.cap, "spent_usd": round(self.spent, 9), "calls": self.calls,
                                    "input_tokens": self.input_tokens, "output_tokens": self.output_tokens,
+                                   "reserved_usd": self.reservations,
                                    "updated": time.strftime("%Y-%m-%dT%H:%M:%S")}, indent=1))
         os.replace(tmp, self.path)
+
+
+_NO_FLOCK_WARNED = False
+
+
+def _flock(file, op: int, log) -> bool:
+    """flock, or (on a file system without locks, e.g. some FUSE mounts) a one-time warning and False: the ledger
+    is then safe within this process only, so keep a multi-process run's directory on a local disk."""
+    global _NO_FLOCK_WARNED
+    try:
+        fcntl.flock(file, op)
+        return True
+    except OSError as e:
+        if not _NO_FLOCK_WARNED:
+            _NO_FLOCK_WARNED = True
+            log(f"[kit] judge budget: this file system cannot lock {file.name} ({e}); the budget is exact for one "
+                "process only. Keep the run directory on a local disk when training on several processes.")
+        return False
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 class Judge:

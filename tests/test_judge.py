@@ -198,3 +198,33 @@ def test_the_key_never_reaches_any_file_of_a_training_run(tmp_path, server, monk
         if path.is_file():
             assert KEY.encode() not in path.read_bytes(), path
     assert not any(KEY in str(line) for line in said)
+
+
+def _spend_until_refused(path, cap, results):
+    budget = Budget(path, cap, log=lambda *_: None)
+    calls = 0
+    while budget.reserve(0.003):  # worst case 0.003, real cost 0.001
+        time.sleep(0.001)
+        budget.settle(0.003, 0.001)
+        calls += 1
+    results.put(calls)
+
+
+def test_the_cap_holds_for_a_run_spread_over_two_processes(tmp_path):
+    """Data-parallel training scores on every process: two ledgers of the same run must not each spend the cap."""
+    import multiprocessing
+
+    ctx = multiprocessing.get_context("fork")
+    results = ctx.Queue()
+    workers = [ctx.Process(target=_spend_until_refused, args=(tmp_path / "budget.json", 0.05, results))
+               for _ in range(2)]
+    for w in workers:
+        w.start()
+    calls = [results.get(timeout=60) for _ in workers]
+    for w in workers:
+        w.join(timeout=10)
+    assert all(c > 0 for c in calls)  # both processes used the judge
+    assert 0.05 - 0.003 <= sum(calls) * 0.001 <= 0.05  # together: up to the cap, never past it
+    ledger = json.loads((tmp_path / "budget.json").read_text())
+    assert ledger["calls"] == sum(calls) and ledger["spent_usd"] == pytest.approx(sum(calls) * 0.001)
+    assert ledger["reserved_usd"] == {}
