@@ -159,8 +159,8 @@ def saved_steps(run_dir: str | Path) -> dict[int, Path]:
 def load_into(path: Path, team, optimizers: dict, schedulers: dict) -> dict:
     """Load adapters, optimizer, scheduler and RNG state from `path`; returns state.json."""
     state = json.loads((path / "state.json").read_text())
-    optim = torch.load(path / "optim.pt", weights_only=False)
-    rng = torch.load(path / "rng.pt", weights_only=False)
+    optim = torch.load(path / "optim.pt", map_location="cpu", weights_only=False)  # the step moves it
+    rng = torch.load(path / "rng.pt", map_location="cpu", weights_only=False)
     load_adapters(path, team)
     for adapter in team.adapters:
         optimizers[adapter].load_state_dict(optim[adapter]["optimizer"])
@@ -178,7 +178,7 @@ def load_adapters(path: Path, team) -> int:
     for adapter in team.adapters:
         model = team.model_of(team.agents_of_adapter(adapter)[0])
         weights = load_file(str(path / "adapters" / adapter / "adapter_model.safetensors"),
-                            device=str(team.device))
+                            device=str(next(model.parameters()).device))
         result = set_peft_model_state_dict(model, weights, adapter_name=adapter)
         missing = [k for k in result.missing_keys if "lora_" in k and f".{adapter}." in k]
         if missing:

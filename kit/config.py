@@ -30,6 +30,7 @@ class TrainConfig:
     quantization: str = "auto"  # auto: 4-bit NF4 on CUDA, full precision on CPU; 4bit; none
     dtype: str = "auto"  # auto (bf16/fp16 on CUDA, fp32 on CPU), float32, bfloat16, float16
     device: str = "auto"  # auto, cpu, cuda, cuda:1 ...
+    agent_devices: list[str] | None = None  # one device per agent (cuda:0, cuda:1 ...): each base on its own GPU
     gradient_checkpointing: bool = False  # trade compute for memory in the update
     rollout_engine: str = "auto"  # auto (compiled on CUDA, hf on CPU), hf (PEFT eager), compiled (CUDA graphs)
     generation_weights: str = "auto"  # compiled engine: auto (a bf16/fp16 copy of a 4-bit base if it fits), copy, 4bit
@@ -104,7 +105,7 @@ CHOICES = {
 # Fields that do not change what is trained: a resumed run may differ in these.
 NON_TRAINING = {"run_dir", "mirror_dir", "judge_budget_usd", "eval_every", "save_every", "keep_last", "keep_history",
                 "log_rollouts", "use_wandb", "wandb_project", "progress", "reward_workers", "reward_pool",
-                "num_eval_items", "device", "num_steps",
+                "num_eval_items", "device", "agent_devices", "num_steps",
                 "rollout_engine", "generation_weights"}
 
 
@@ -301,6 +302,13 @@ def validate(cfg: TrainConfig) -> TrainConfig:
              f"a list of {cfg.num_agents} model names (one per agent, num_agents={cfg.num_agents})")
         need(not cfg.share_adapter or len(set(cfg.agent_models)) == 1, "agent_models",
              "a single base model when share_adapter=true (an adapter lives on one base)")
+    if cfg.agent_devices is not None:
+        need(len(cfg.agent_devices) == cfg.num_agents, "agent_devices",
+             f"a list of {cfg.num_agents} devices (one per agent, num_agents={cfg.num_agents})")
+        names = cfg.agent_models or [cfg.model_name] * cfg.num_agents
+        need(all(len({d for d, n in zip(cfg.agent_devices, names) if n == name}) == 1 for name in names),
+             "agent_devices", "the same device for agents on the same base (a base, with its adapters, lives on "
+             "one device): give agent_models one entry per base you want on its own device")
     if importlib.util.find_spec(f"kit.tasks.{cfg.task}") is None:
         tasks = sorted(p.stem for p in (Path(__file__).parent / "tasks").glob("*.py") if p.stem != "__init__")
         raise ConfigError(f"task={cfg.task!r} does not exist; allowed: {', '.join(tasks)}")

@@ -1,7 +1,7 @@
 """Data parallelism over items, for runs launched on several processes by accelerate (or torchrun).
 
-    accelerate launch --num_processes 2 -m kit train --preset colab_a100      # two GPUs, same config
-    torchrun --nproc_per_node 2 -m kit train --preset tiny_cpu                  # two CPU processes (gloo)
+    accelerate launch --multi_gpu --num_processes 2 -m kit train --preset colab_a100   # two GPUs, same config
+    torchrun --nproc_per_node 2 -m kit train --preset tiny_cpu                           # two CPU processes (gloo)
 
 Each process holds the whole team (base + adapters) on its own device and takes its share of every step's items
 (`batch_size` is the global batch: process r takes items r, r + P, r + 2P, ...). It samples and scores its share;

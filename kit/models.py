@@ -15,7 +15,9 @@ choices make it learnable: a unit-gain init (std 1/sqrt(hidden)) with tied embed
 the prompt and the logits have room to move, and a 60-step deterministic warm-up that teaches the answer format
 of short prompts (one digit, then <eos>) with random digits, as a pretrained model would already know a format.
 
-Not covered: multi-GPU placement, full fine-tuning (the kit trains adapters only).
+Several GPUs: `agent_devices` puts each base of a heterogeneous team on its own device (model parallelism by agent,
+in one process); data parallelism over items is kit/distributed.py. Not covered: one base split over GPUs
+(`device_map="auto"`), full fine-tuning (the kit trains adapters only).
 """
 
 from __future__ import annotations
@@ -283,10 +285,6 @@ class Team:
         base = self.base_of[self.agents_of_adapter(adapter)[0]]
         return adapter_parameters(self.models[base], adapter)
 
-    @property
-    def device(self) -> torch.device:
-        return next(self.models[0].parameters()).device
-
 
 def build_team(cfg, log=print) -> Team:
     """Load the base model(s) named in the config and attach the agents' adapters."""
@@ -296,8 +294,9 @@ def build_team(cfg, log=print) -> Team:
     base_of = [unique.index(n) for n in names]
     lcfg = lora_config(cfg.lora_r, cfg.lora_alpha, cfg.lora_dropout, cfg.lora_target_modules)
     models, toks = [], []
+    devices = list(getattr(cfg, "agent_devices", None) or [cfg.device] * cfg.num_agents)
     for b, name in enumerate(unique):
-        model, tok = load_base(name, quantization=cfg.quantization, dtype=cfg.dtype, device=cfg.device,
+        model, tok = load_base(name, quantization=cfg.quantization, dtype=cfg.dtype, device=devices[names.index(name)],
                                gradient_checkpointing=cfg.gradient_checkpointing, seed=cfg.seed, log=log)
         mine = list(dict.fromkeys(a for a, bb in zip(adapter_of, base_of) if bb == b))
         models.append(attach_adapters(model, mine, lcfg, seed=cfg.seed))

@@ -15,8 +15,10 @@ every step reseeds python/numpy/torch from (seed, step), and the data order is a
 resumed run continues exactly (bitwise on a CPU) where it stopped, and an item's rollouts do not depend on the
 rest of the batch.
 
-Not covered: multi-GPU, off-policy reuse of samples (no ratio, no clipping: on-policy, one step per batch),
-early termination of tree branches (CoMLRL's early_termination_threshold).
+Several GPUs: data parallelism over items (kit/distributed.py: `accelerate launch -m kit train ...`), or one
+base per GPU for a heterogeneous team (`agent_devices`). Not covered: off-policy reuse of samples (no ratio, no
+clipping: on-policy, one step per batch), early termination of tree branches (CoMLRL's
+early_termination_threshold).
 """
 
 from __future__ import annotations
@@ -78,6 +80,10 @@ class Trainer:
         if self.dist.world > cfg.batch_size:
             raise ValueError(f"{self.dist.world} processes share batch_size={cfg.batch_size} items per step: give "
                              f"every process at least one (batch_size >= {self.dist.world})")
+        if self.dist.world > 1 and cfg.agent_devices:
+            raise ValueError("agent_devices places each base on its own GPU within ONE process; it does not combine "
+                             "with several processes: launch one process, or drop agent_devices for data "
+                             "parallelism (README: More than one GPU)")
         if task is None:
             from kit.tasks import task_for
 

@@ -90,9 +90,56 @@ def test_two_processes_then_one_equal_one_process_throughout(one_process, tmp_pa
 
 
 @pytest.mark.slow
-def test_more_processes_than_items_is_refused_with_the_fix(tmp_path):
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port",
+def test_accelerate_launch_starts_two_processes_and_more_processes_than_items_is_refused(tmp_path):
+    # the README's launch command (accelerate's multi-GPU launcher runs on a CPU too, with gloo)
+    cmd = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2",
+           "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no", "--main_process_port",
            str(free_port()), "-m", "kit", "train", "--preset", "tiny_cpu", "--run-dir", str(tmp_path / "r"),
            "--set", "batch_size=1", "--set", "num_steps=1"]
     out = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env={**os.environ, "OMP_NUM_THREADS": "1"})
     assert out.returncode != 0 and "batch_size >= 2" in out.stderr
+
+
+def test_agent_devices_must_match_the_team(tmp_path):
+    from kit.config import ConfigError
+
+    with pytest.raises(ConfigError, match=r"agent_devices.*a list of 2 devices"):
+        load_config("tiny_cpu", overrides=["agent_devices=[cpu]"])
+    with pytest.raises(ConfigError, match=r"agent_devices.*the same device for agents on the same base"):
+        load_config("tiny_cpu", overrides=["agent_devices=[cpu, 'cuda:1']"])  # both agents on the one tiny base
+    cfg = load_config("tiny_cpu", overrides=["agent_models=[tiny, other]", "agent_devices=[cpu, 'cuda:1']"])
+    assert cfg.agent_devices == ["cpu", "cuda:1"]
+
+
+def test_each_base_of_a_heterogeneous_team_loads_on_its_own_device(monkeypatch):
+    import kit.models as models
+
+    placed = {}
+    real = models.load_base
+
+    def spy(name, **kw):
+        placed[name] = kw["device"]
+        return real("tiny", **{**kw, "device": "cpu"})
+
+    monkeypatch.setattr(models, "load_base", spy)
+    cfg = load_config("tiny_cpu", overrides=["num_agents=3", "agent_models=[m0, m1, m0]",
+                                             "agent_devices=['cuda:0', 'cuda:1', 'cuda:0']"])
+    team = models.build_team(cfg, log=lambda *_: None)
+    assert placed == {"m0": "cuda:0", "m1": "cuda:1"} and team.base_of == [0, 1, 0]
+
+
+def test_agent_devices_with_several_processes_is_refused(tmp_path, monkeypatch):
+    import kit.trainer as trainer
+
+    class TwoProcesses(trainer.Dist):
+        def __init__(self):
+            self.world, self.rank, self.local_rank = 2, 0, 0
+
+        def barrier(self):
+            pass
+
+    monkeypatch.setattr(trainer, "Dist", TwoProcesses)
+    cfg = load_config("tiny_cpu", overrides=[f"run_dir={tmp_path / 'r'}", "agent_models=[tiny, other]",
+                                             "agent_devices=[cpu, cpu]"])
+    with pytest.raises(ValueError, match="agent_devices places each base on its own GPU within ONE process"):
+        Trainer(cfg, log=lambda *_: None)
