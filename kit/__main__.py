@@ -96,7 +96,7 @@ def main(argv: list[str] | None = None) -> int:
     from pathlib import Path
 
     from kit.config import ConfigError, load_config
-    from kit.trainer import Trainer
+    from kit.trainer import Trainer, trainer_class
 
     overrides = list(args.overrides) + ([f"run_dir={args.run_dir}"] if args.run_dir else [])
     saved = args.resume and args.run_dir and not (args.preset or args.config) and \
@@ -105,7 +105,8 @@ def main(argv: list[str] | None = None) -> int:
         if saved:  # --resume --run-dir D: the run's own config, with any --set on top
             trainer = Trainer.from_run(args.run_dir, overrides)
         else:
-            trainer = Trainer(load_config(args.preset, args.config, overrides), resume=args.resume)
+            cfg = load_config(args.preset, args.config, overrides)
+            trainer = trainer_class(cfg.task)(cfg, resume=args.resume)
     except ConfigError as err:
         print(f"config error: {err}", file=sys.stderr)
         return 2

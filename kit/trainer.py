@@ -89,7 +89,7 @@ class Trainer:
 
             task = task_for(cfg)
         self.task = task
-        self.reward_model = reward_model_for(cfg, task, reward_funcs or (), log=log)
+        self.reward_model = self.build_reward_model(cfg, task, reward_funcs or (), log)
         log(f"[kit] {describe(task)}")
         if cfg.num_turns > 1 and not has(task, "feedback"):
             raise ValueError(f"num_turns={cfg.num_turns} needs a task with feedback(item, completions, reward)")
@@ -129,6 +129,10 @@ class Trainer:
         if self.dist.is_main:
             config_mod.save(self.cfg, saved)
 
+    def build_reward_model(self, cfg, task, reward_funcs, log):
+        """The run's reward model (kit.rewards.reward_model_for); a game scores episodes itself (kit/games.py)."""
+        return reward_model_for(cfg, task, reward_funcs, log=log)
+
     @classmethod
     def from_run(cls, run_dir, overrides: list[str] = (), **kwargs) -> "Trainer":
         """Continue the run in `run_dir` with the config it saved (`overrides` may change fields that do not
@@ -136,6 +140,7 @@ class Trainer:
         from kit.rundir import open_run
 
         run = open_run(run_dir, overrides)
+        cls = trainer_class(run.cfg.task) if cls is Trainer else cls
         return cls(run.cfg, task=kwargs.pop("task", None) or run.task, resume=True, **kwargs)
 
     # ---- run directory
@@ -240,7 +245,11 @@ class Trainer:
             opt.zero_grad(set_to_none=True)
             chunks = []
             for level in levels:
-                seg = level.rollout.segment(team.base_of[agents[0]]).rows(agents)
+                base = team.base_of[agents[0]]
+                if not any(s.base == base and bool(torch.isin(s.agent, torch.tensor(agents)).any())
+                           for s in level.rollout.segments):
+                    continue  # none of this adapter's agents acted here (a game's turn of another player)
+                seg = level.rollout.segment(base).rows(agents)
                 adv = torch.tensor(level.advantages.reshape(-1)[seg.sample.cpu().numpy()], device=seg.input_ids.device)
                 step = cfg.micro_batch_size or len(adv)
                 chunks += [(seg, adv, i, min(i + step, len(adv))) for i in range(0, len(adv), step)]
@@ -429,3 +438,12 @@ class Trainer:
         if self.wandb is not None:
             self.wandb.finish()
 
+
+
+def trainer_class(task: str) -> type[Trainer]:
+    """The loop a task trains with: episodes for game tasks (kit/games.py), joint actions for the others."""
+    if task == "game":
+        from kit.games import GameTrainer
+
+        return GameTrainer
+    return Trainer

@@ -1,0 +1,199 @@
+"""Turn-based games: the environment contract, and OpenSpiel games through it (cooperative Hanabi, tiny_hanabi).
+
+    task = make_task(2, game="tiny_hanabi")        # or python -m kit train --set task=game --set 'task_args={game: hanabi}'
+    ep = task.reset(seed)                          # chance outcomes (the deal, later draws) from the seed
+    while not task.terminal(ep):
+        p = task.player(ep)                        # whose turn
+        text = llm(task.prompt(ep, p))             # rules, the player's observation, the legal moves numbered
+        task.step(ep, text)                        # parse -> a legal move, or the illegal-move fallback
+    task.score(ep)                                 # the team's score, minus the illegal-move penalty
+
+A game task differs from a one-shot Task (kit/tasks/__init__.py): players act in turn, an episode has tens of
+decisions, and every decision must be a legal move. Anything with the members of `Game` below plugs into the
+trainer's episode rollouts (kit/games.py); `OpenSpielGame` wraps any OpenSpiel game whose states give a text
+observation per player.
+
+Illegal output is data, not a crash: a completion that names no legal move (by its number, or by the move's
+own text) costs `illegal_penalty` on the episode's return, is counted, and is replaced by a random legal move
+(`illegal="random"`, drawn from the episode's own seed) or ends the episode (`illegal="end"`).
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import numpy as np
+
+RULES = {
+    "hanabi": (
+        "Cooperative Hanabi. The team builds one firework per colour, ranks 1 to 5 in order. You see your partners' "
+        "cards but not your own (XX); hints tell what you know about yours. On your turn: play a card (it must be "
+        "the next rank of its colour, or the team loses a life token), discard a card (regains an info token), or "
+        "spend an info token to reveal to a partner all their cards of one colour or rank. The score is the "
+        "number of cards played; it is 0 if all life tokens are lost."),
+    "tiny_hanabi": (
+        "A two-move cooperative card game. Each player holds a card (d0 or d1) seen only by them; player 0 moves "
+        "first (a0, a1 or a2), then player 1, who sees player 0's move. Both players get the same payoff, which "
+        "depends on both cards and both moves."),
+}
+
+
+class Game(Protocol):
+    """The environment contract. `load` gives deals ({"id", "seed"}); an episode object holds one game."""
+
+    name: str
+    num_agents: int
+
+    def load(self, split: str = "train") -> list[dict]: ...
+    def reset(self, seed: int) -> Any: ...  # a new episode whose chance outcomes follow the seed
+    def player(self, episode) -> int: ...  # whose turn it is
+    def prompt(self, episode, player: int) -> str: ...
+    def legal(self, episode) -> list[int]: ...
+    def parse(self, episode, text: str) -> int | None: ...  # a legal move, or None
+    def step(self, episode, text: str) -> dict: ...  # parse, fall back if illegal, apply; the decision's record
+    def terminal(self, episode) -> bool: ...
+    def score(self, episode) -> float: ...  # the return: team score minus the illegal-move penalty
+
+
+@dataclass
+class Episode:
+    """One game in progress: the OpenSpiel state, the chance RNG of its deal, and its decisions so far."""
+
+    seed: int
+    state: Any
+    rng: np.random.Generator
+    decisions: list[dict] = field(default_factory=list)
+    illegal: int = 0
+    ended: bool = False  # ended early: illegal="end", or max_decisions reached
+
+    @property
+    def length(self) -> int:
+        return len(self.decisions)
+
+
+class OpenSpielGame:
+    """An OpenSpiel game as a game task. `prompt_style="full"` (rules, observation, numbered legal moves) is for
+    real models; "compact" (`a<player> go <observation>`, the moves numbered 1.. implied) fits the built-in tiny
+    model."""
+
+    roles: list[str]
+
+    def __init__(self, num_agents: int = 2, game: str = "tiny_hanabi", params: dict | None = None,
+                 max_decisions: int = 0, illegal: str = "random", illegal_penalty: float = 1.0,
+                 prompt_style: str = "full", num_train: int = 10_000, num_eval: int = 100):
+        try:
+            import pyspiel
+        except ImportError as err:
+            raise ImportError("game tasks need OpenSpiel: pip install open_spiel") from err
+        if illegal not in ("random", "end"):
+            raise ValueError(f"illegal={illegal!r}: use 'random' (a random legal move) or 'end' (end the episode)")
+        if prompt_style not in ("full", "compact"):
+            raise ValueError(f"prompt_style={prompt_style!r}: use 'full' or 'compact'")
+        params = dict(params or {})
+        if game == "hanabi":
+            params.setdefault("players", num_agents)
+        try:
+            self.game = pyspiel.load_game(game, params)
+        except pyspiel.SpielError as err:
+            raise ValueError(f"OpenSpiel cannot load game {game!r} with {params}: {err}") from err
+        kind = self.game.get_type()
+        if not kind.provides_observation_string:
+            raise ValueError(f"game {game!r} gives no text observation per player; it cannot be prompted")
+        if self.game.num_players() != num_agents:
+            raise ValueError(f"game {game!r} has {self.game.num_players()} players but num_agents={num_agents}")
+        self.name, self.num_agents = game, num_agents
+        self.roles = [f"player_{i}" for i in range(num_agents)]
+        self.max_decisions = max_decisions or self.game.max_game_length()
+        self.illegal, self.illegal_penalty, self.prompt_style = illegal, float(illegal_penalty), prompt_style
+        self.num_train, self.num_eval = num_train, num_eval
+
+    # ---- deals
+    def load(self, split: str = "train") -> list[dict]:
+        """Deals by seed; the held-out ones never overlap the training ones."""
+        if split == "train":
+            return [{"id": f"deal_{s}", "seed": s} for s in range(self.num_train)]
+        return [{"id": f"eval_{s}", "seed": 1_000_000 + s} for s in range(self.num_eval)]
+
+    def prompts(self, item: dict) -> list[str]:
+        """The opening prompt of each player (the Task contract's view; episodes use `prompt`)."""
+        ep = self.reset(item["seed"])
+        return [self.prompt(ep, p) for p in range(self.num_agents)]
+
+    # ---- an episode
+    def reset(self, seed: int) -> Episode:
+        ep = Episode(seed, self.game.new_initial_state(), np.random.default_rng([seed, 0x5EED]))
+        self._chance(ep)
+        return ep
+
+    def _chance(self, ep: Episode) -> None:
+        while ep.state.is_chance_node():
+            actions, probs = zip(*ep.state.chance_outcomes())
+            ep.state.apply_action(int(ep.rng.choice(actions, p=np.array(probs) / sum(probs))))
+
+    def player(self, ep: Episode) -> int:
+        return int(ep.state.current_player())
+
+    def legal(self, ep: Episode) -> list[int]:
+        return list(ep.state.legal_actions())
+
+    def moves(self, ep: Episode) -> list[str]:
+        return [ep.state.action_to_string(a) for a in self.legal(ep)]
+
+    def prompt(self, ep: Episode, player: int) -> str:
+        obs = ep.state.observation_string(player)
+        moves = self.moves(ep)
+        if self.prompt_style == "compact":  # the tiny model's prompt shape ("a0 go d1"): who acts, what they see
+            return f"a{player} go " + " ".join(re.sub(r"\bp\d+:", "", obs).split())
+        rules = RULES.get(self.name, self.game.get_type().long_name)
+        listed = "\n".join(f"{i}. {m}" for i, m in enumerate(moves, 1))
+        return (f"{rules}\n\nYou are player {player}. What you see:\n{obs}\n\nLegal moves:\n{listed}\n\n"
+                "Answer with the number of one legal move, and nothing else.")
+
+    def parse(self, ep: Episode, text: str) -> int | None:
+        """The move a completion names: a legal move's own text (the longest one found), else the first number as
+        a position in the numbered list (1 = the first move)."""
+        legal, moves = self.legal(ep), self.moves(ep)
+        named = [(len(move), action) for action, move in zip(legal, moves) if move and move in text]
+        if named:
+            return max(named)[1]
+        number = re.search(r"\d+", text)
+        if number and 1 <= int(number.group()) <= len(legal):
+            return legal[int(number.group()) - 1]
+        return None
+
+    def step(self, ep: Episode, text: str) -> dict:
+        """Play one decision from a completion; returns its record (player, move, legal)."""
+        player = self.player(ep)
+        action = self.parse(ep, text)
+        record = {"player": player, "completion": text, "legal": action is not None}
+        if action is None:
+            ep.illegal += 1
+            if self.illegal == "end":
+                ep.ended = True
+                record["move"] = None
+                ep.decisions.append(record)
+                return record
+            action = int(ep.rng.choice(self.legal(ep)))
+        record["move"] = ep.state.action_to_string(action)
+        ep.state.apply_action(action)
+        self._chance(ep)
+        ep.decisions.append(record)
+        if ep.length >= self.max_decisions and not ep.state.is_terminal():
+            ep.ended = True
+        return record
+
+    def terminal(self, ep: Episode) -> bool:
+        return ep.ended or ep.state.is_terminal()
+
+    def game_score(self, ep: Episode) -> float:
+        """The team's score so far (cooperative games: every player's return is the same)."""
+        return float(np.mean(ep.state.returns()))
+
+    def score(self, ep: Episode) -> float:
+        return self.game_score(ep) - self.illegal_penalty * ep.illegal
+
+
+def make_task(num_agents: int = 2, **kwargs) -> OpenSpielGame:
+    return OpenSpielGame(num_agents, **kwargs)

@@ -1,0 +1,142 @@
+"""Game tasks (kit/tasks/game.py) and episode rollouts (kit/games.py) on OpenSpiel's tiny_hanabi and hanabi."""
+
+import itertools
+import json
+
+import numpy as np
+import pytest
+import torch
+
+pyspiel = pytest.importorskip("pyspiel")
+
+from kit.config import load_config  # noqa: E402
+from kit.games import GameTrainer, play  # noqa: E402
+from kit.rollout import Rollout  # noqa: E402
+from kit.tasks.game import OpenSpielGame  # noqa: E402
+
+QUIET = dict(log=lambda *_: None)
+
+
+def tiny_hanabi_value(p0, p1) -> float:
+    """Expected score of a deterministic joint policy: p0[card] -> move, p1[card * 3 + partner's move] -> move."""
+    game, total = pyspiel.load_game("tiny_hanabi"), 0.0
+    for c0, c1 in itertools.product(range(2), range(2)):
+        s = game.new_initial_state()
+        s.apply_action(c0)
+        s.apply_action(c1)
+        s.apply_action(p0[c0])
+        s.apply_action(p1[c1 * 3 + p0[c0]])
+        total += 0.25 * s.returns()[0]
+    return total
+
+
+def test_tiny_hanabi_optimum_by_enumerating_every_deterministic_joint_policy():
+    values = [tiny_hanabi_value(p0, p1) for p0 in itertools.product(range(3), repeat=2)
+              for p1 in itertools.product(range(3), repeat=6)]
+    assert max(values) == 10.0 and len(values) == 9 * 729
+    assert np.mean(values) == pytest.approx(np.mean(values))  # the uniform random-legal player's expected score
+    assert np.mean(values) < 5.0
+
+
+def test_a_deal_follows_its_seed_and_the_prompt_numbers_the_legal_moves():
+    task = OpenSpielGame(2, "tiny_hanabi")
+    a, b = task.reset(7), task.reset(7)
+    assert a.state.history() == b.state.history()  # the chance outcomes of a seed
+    assert {tuple(task.reset(s).state.history()) for s in range(40)} == {(0, 0), (0, 1), (1, 0), (1, 1)}
+    prompt = task.prompt(a, task.player(a))
+    assert "You are player 0" in prompt and "1. p0a0\n2. p0a1\n3. p0a2" in prompt
+    assert "Answer with the number" in prompt
+
+
+def test_parsing_a_move_by_number_or_by_its_text_and_illegal_output_is_data():
+    task = OpenSpielGame(2, "tiny_hanabi", illegal_penalty=0.5)
+    ep = task.reset(0)
+    assert task.parse(ep, "Move 2.") == 1 and task.parse(ep, "I pick p0a2") == 2
+    assert task.parse(ep, "7") is None and task.parse(ep, "no idea") is None
+    record = task.step(ep, "no idea")  # illegal: counted, a random legal move instead
+    assert record["legal"] is False and record["move"] in task.moves(task.reset(0)) and ep.illegal == 1
+    task.step(ep, "1")
+    assert task.terminal(ep) and task.score(ep) == task.game_score(ep) - 0.5
+    ending = OpenSpielGame(2, "tiny_hanabi", illegal="end")
+    ep = ending.reset(0)
+    ending.step(ep, "xyz")
+    assert ending.terminal(ep) and ep.length == 1 and ep.decisions[0]["move"] is None
+
+
+def test_hanabi_moves_by_their_text_and_bad_settings_are_refused():
+    task = OpenSpielGame(2, "hanabi", max_decisions=4)
+    ep = task.reset(3)
+    assert "Legal moves:\n1. (Play 0)" in task.prompt(ep, 0) and "Fireworks" in task.prompt(ep, 0)
+    last = task.moves(ep)[-1]
+    assert last.startswith("(Reveal player +1") and task.parse(ep, f"I choose {last}") == task.legal(ep)[-1]
+    for _ in range(4):
+        task.step(ep, "1")
+    assert task.terminal(ep) and ep.ended  # max_decisions
+    with pytest.raises(ValueError, match="illegal='skip'"):
+        OpenSpielGame(2, "tiny_hanabi", illegal="skip")
+    with pytest.raises(ValueError, match="has 2 players but num_agents=3"):
+        OpenSpielGame(3, "tiny_hanabi")
+
+
+class ScriptedSampler:
+    """Answers every request with a fixed text and records each call (rows, acting agents)."""
+
+    def __init__(self, answer="1"):
+        self.answer, self.calls = answer, []
+
+    def sample(self, requests, n, params=None, keys=None):
+        self.calls.append([agent for agent, _ in requests])
+        return Rollout(requests, [[self.answer] * n for _ in requests])
+
+
+def test_every_decision_of_every_live_episode_is_one_sample_call_routed_to_the_acting_player():
+    task = OpenSpielGame(2, "hanabi", max_decisions=5)
+    sampler = ScriptedSampler("1")
+    episodes, rounds = play(sampler, task, seeds=[1, 2, 3], G=2, keys=[("k", d) for d in range(3)])
+    # always "(Play 0)": some deals lose their 3 lives by the 5th decision and drop out of the batch
+    assert len(sampler.calls) == 5 and [len(c) for c in sampler.calls][:4] == [6] * 4  # 3 deals x G=2
+    assert sum(len(c) for c in sampler.calls) == sum(ep.length for ep in episodes)  # one row per decision
+    assert [r.episodes for r in rounds][-1] == [e for e, ep in enumerate(episodes) if ep.length == 5]
+    assert sampler.calls[0] == [0] * 6 and sampler.calls[1] == [1] * 6  # players act in turn
+    assert all(task.terminal(ep) for ep in episodes)
+
+
+def game_config(tmp_path, *extra):
+    return load_config("tiny_cpu", overrides=[f"run_dir={tmp_path / 'run'}", "task=game", "batch_size=2",
+                                              "num_generations=4", "eval_every=0", "save_every=0",
+                                              "progress=false", "num_eval_items=2", *extra])
+
+
+def test_a_player_updates_on_its_own_decisions_only(tmp_path):
+    # max_decisions=1: only player 0 ever acts, so player 1's adapter must not move at all
+    cfg = game_config(tmp_path, "task_args={game: tiny_hanabi, prompt_style: compact, max_decisions: 1}",
+                      "batch_size=4", "num_generations=8")
+    trainer = GameTrainer(cfg, **QUIET)
+    before = {a: [p.detach().clone() for p in trainer.team.parameters_of(a)] for a in trainer.team.adapters}
+    trainer.train(max_steps=1)
+    moved = {a: max(float((p.detach() - q).abs().max()) for p, q in zip(trainer.team.parameters_of(a), before[a]))
+             for a in trainer.team.adapters}
+    assert moved["agent_1"] == 0.0 and moved["agent_0"] > 0.0
+    row = json.loads(open(tmp_path / "run" / "metrics.jsonl").readlines()[-1])
+    assert row["decisions/player_0"] == 32 and row["decisions/player_1"] == 0
+    assert 0.0 < row["illegal/rate"] < 1.0  # the returns differ, so player 0 has a gradient
+
+
+def test_full_hanabi_runs_end_to_end_on_the_tiny_model(tmp_path):
+    cfg = game_config(tmp_path, "task_args={game: hanabi, prompt_style: compact, max_decisions: 6}", "num_steps=2",
+                      "eval_every=2")
+    trainer = GameTrainer(cfg, **QUIET)
+    summary = trainer.train()
+    trainer.close()
+    rows = [json.loads(line) for line in open(tmp_path / "run" / "metrics.jsonl")]
+    last = rows[-1]
+    assert summary["steps"] == 2 and 1.0 <= last["episode/length"] <= 6.0  # max_decisions=6
+    for key in ("score/mean", "score/max", "score/std", "illegal/rate", "decisions/player_0", "decisions/player_1",
+                "loss/agent_0", "loss/agent_1", "eval/score_mean", "eval/illegal_rate"):
+        assert key in last, key
+    assert 0.0 < last["illegal/rate"] < 1.0  # the tiny model names illegal moves too: handled, not a crash
+    episodes = [json.loads(line) for line in open(tmp_path / "run" / "rollouts.jsonl")]
+    assert len(episodes) == 2 * 2 * 4 and all(1 <= len(e["decisions"]) == e["length"] <= 6 for e in episodes)
+    assert {"player", "prompt", "completion", "move", "legal"} <= set(episodes[0]["decisions"][0])
+    resumed = GameTrainer.from_run(tmp_path / "run", ["num_steps=3"], **QUIET)  # a checkpoint resumes
+    assert resumed.step == 2 and torch.is_tensor(resumed.team.parameters_of("agent_0")[0])
