@@ -96,14 +96,15 @@ def main(argv: list[str] | None = None) -> int:
     from pathlib import Path
 
     from kit.config import ConfigError, load_config
-    from kit.trainer import Trainer, trainer_class
+    from kit.games import trainer_class
 
     overrides = list(args.overrides) + ([f"run_dir={args.run_dir}"] if args.run_dir else [])
     saved = args.resume and args.run_dir and not (args.preset or args.config) and \
         (Path(args.run_dir) / "config.json").exists()
     try:
         if saved:  # --resume --run-dir D: the run's own config, with any --set on top
-            trainer = Trainer.from_run(args.run_dir, overrides)
+            task = json.loads((Path(args.run_dir) / "config.json").read_text()).get("task")
+            trainer = trainer_class(task).from_run(args.run_dir, overrides)
         else:
             cfg = load_config(args.preset, args.config, overrides)
             trainer = trainer_class(cfg.task)(cfg, resume=args.resume)

@@ -131,3 +131,8 @@ def play_eval(sampler, task, items: list[dict]) -> dict:
     return {"eval/reward_mean": float(np.mean([task.score(ep) for ep in episodes])),
             "eval/score_mean": float(np.mean(scores)),
             "eval/illegal_rate": sum(ep.illegal for ep in episodes) / max(decisions, 1)}
+
+
+def trainer_class(task: str) -> type[Trainer]:
+    """The loop a task trains with: episodes for game tasks, joint actions (Trainer) for the others."""
+    return GameTrainer if task == "game" else Trainer

@@ -140,7 +140,6 @@ class Trainer:
         from kit.rundir import open_run
 
         run = open_run(run_dir, overrides)
-        cls = trainer_class(run.cfg.task) if cls is Trainer else cls
         return cls(run.cfg, task=kwargs.pop("task", None) or run.task, resume=True, **kwargs)
 
     # ---- run directory
@@ -439,11 +438,3 @@ class Trainer:
             self.wandb.finish()
 
 
-
-def trainer_class(task: str) -> type[Trainer]:
-    """The loop a task trains with: episodes for game tasks (kit/games.py), joint actions for the others."""
-    if task == "game":
-        from kit.games import GameTrainer
-
-        return GameTrainer
-    return Trainer
