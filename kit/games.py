@@ -49,7 +49,8 @@ def play(sampler, task, seeds: list[int], G: int, keys: list[tuple], params=None
         live = [e for e, ep in enumerate(episodes) if not task.terminal(ep)]
         if not live:
             break
-        requests = [(task.player(episodes[e]), task.prompt(episodes[e], task.player(episodes[e]))) for e in live]
+        players = [task.player(episodes[e]) for e in live]
+        requests = [(p, task.prompt(episodes[e], p)) for p, e in zip(players, live)]
         ro = sampler.sample(requests, 1, params, keys=[(*keys[e // G], e % G, t) for e in live])
         for k, e in enumerate(live):
             record = task.step(episodes[e], ro.texts[k][0])

@@ -78,8 +78,9 @@ class Rollout:
     seconds: float = 0.0  # wall time inside generate calls (compilation excluded)
     compile_seconds: float = 0.0  # wall time spent compiling new shapes (compiled engine, first calls only)
 
-    def segment(self, base: int) -> Segment:
-        return next(s for s in self.segments if s.base == base)
+    def segment(self, base: int) -> Segment | None:
+        """The rows generated on `base`; None when no request of this call was for it."""
+        return next((s for s in self.segments if s.base == base), None)
 
 
 def eos_ids(model, tokenizer) -> list[int]:

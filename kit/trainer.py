@@ -244,11 +244,10 @@ class Trainer:
             opt.zero_grad(set_to_none=True)
             chunks = []
             for level in levels:
-                base = team.base_of[agents[0]]
-                if not any(s.base == base and bool(torch.isin(s.agent, torch.tensor(agents)).any())
-                           for s in level.rollout.segments):
+                seg = level.rollout.segment(team.base_of[agents[0]])
+                seg = seg.rows(agents) if seg is not None else None
+                if seg is None or not len(seg.sample):
                     continue  # none of this adapter's agents acted here (a game's turn of another player)
-                seg = level.rollout.segment(base).rows(agents)
                 adv = torch.tensor(level.advantages.reshape(-1)[seg.sample.cpu().numpy()], device=seg.input_ids.device)
                 step = cfg.micro_batch_size or len(adv)
                 chunks += [(seg, adv, i, min(i + step, len(adv))) for i in range(0, len(adv), step)]
