@@ -4,6 +4,7 @@
     python -m kit train --run-dir D --resume [--set num_steps=2000]    # continue with the run's own config
     python -m kit eval --run-dir D [--steps all|newest|100,200] [--n 10] [--items 32]
     python -m kit baselines --run-dir D [--methods single,naive,sequential,discussion] [--n 10]
+    python -m kit baselines --run-dir D                                 # a game run: random, rule, base, magrpo
     python -m kit schemes --run-dir D [--turn 0]
 
 `train` ends with a summary (the reward at the start and the end, the newest checkpoint). The others print a
@@ -48,12 +49,13 @@ def steps_arg(text: str) -> str | list[int]:
 def methods_arg(text: str) -> list[str]:
     """--methods: checked before anything runs, so a typo does not cost a finished baseline."""
     from kit.baselines import METHODS
+    from kit.games import METHODS as GAME_METHODS
 
     methods = [m.strip() for m in text.split(",") if m.strip()]
-    unknown = [m for m in methods if m not in METHODS]
+    unknown = [m for m in methods if m not in METHODS + GAME_METHODS]
     if unknown or not methods:
         raise argparse.ArgumentTypeError(f"unknown method(s) {', '.join(unknown) or '(none given)'}; "
-                                         f"choose from {','.join(METHODS)}")
+                                         f"choose from {','.join(METHODS)} (games: {','.join(GAME_METHODS)})")
     return methods
 
 
@@ -75,7 +77,8 @@ def main(argv: list[str] | None = None) -> int:
     ev.add_argument("--steps", type=steps_arg, default="all",
                     help="all, newest, or step numbers separated by commas (0: base)")
     bl = sub.add_parser("baselines", help="single / naive / sequential / discussion baselines vs the trained team")
-    bl.add_argument("--methods", type=methods_arg, default="single,naive,sequential,discussion")
+    bl.add_argument("--methods", type=methods_arg, default=None,
+                    help="default: single,naive,sequential,discussion (games: random,rule,base)")
     bl.add_argument("--step", type=step_arg, default="newest", help="the team's checkpoint step (default: the newest)")
     for p in (ev, bl):
         p.add_argument("--run-dir", required=True)
@@ -96,7 +99,7 @@ def main(argv: list[str] | None = None) -> int:
     from pathlib import Path
 
     from kit.config import ConfigError, load_config
-    from kit.games import trainer_class
+    from kit.game_trainer import trainer_class
 
     overrides = list(args.overrides) + ([f"run_dir={args.run_dir}"] if args.run_dir else [])
     saved = args.resume and args.run_dir and not (args.preset or args.config) and \

@@ -20,6 +20,7 @@ import time
 
 from kit.evaluate import parallel_joints, sample_joint, score, summarize
 from kit.tasks import has
+from kit.tasks.game import is_game
 
 METHODS = ("single", "naive", "sequential", "discussion")
 
@@ -101,20 +102,26 @@ def _discussion(sampler, task, items, n):
 _RUNNERS = {"single": _single, "sequential": _sequential, "discussion": _discussion}
 
 
-def compare(run_dir, methods=METHODS, n: int = 10, num_items: int | None = None, step: str | int = "newest",
+def compare(run_dir, methods=None, n: int = 10, num_items: int | None = None, step: str | int = "newest",
             log=print, ctx=None) -> list[dict]:
     """The baselines on the untrained base model, then the trained team (`magrpo`, the newest checkpoint or
-    `step`), on the same held-out items; written to <run_dir>/eval/baselines.json and returned."""
-    import json
-
+    `step`), on the same held-out items; written to <run_dir>/eval/baselines.json and returned. `methods`: all of
+    METHODS by default; a game run (kit/games.py) has its own: random, rule, base."""
     from kit.evaluate import RunContext
 
-    unknown = [m for m in methods if m not in METHODS]
-    if unknown:  # before anything runs: a typo must not cost the baselines already sampled
-        raise ValueError(f"unknown baseline method(s) {', '.join(map(repr, unknown))}; allowed: {', '.join(METHODS)}")
     if n < 1:
         raise ValueError(f"n={n}: samples per agent per item must be 1 or more")
     ctx = ctx or RunContext(run_dir, "eval", num_items, log=log)
+    if is_game(ctx.task):  # random-legal, rule-based, the untrained team, then the trained team
+        from kit import games
+
+        rows = games.compare(ctx, games.METHODS if methods is None else methods, n, step, log)
+        _write(ctx.run_dir, rows)
+        return rows
+    methods = METHODS if methods is None else methods
+    unknown = [m for m in methods if m not in METHODS]
+    if unknown:  # before anything runs: a typo must not cost the baselines already sampled
+        raise ValueError(f"unknown baseline method(s) {', '.join(map(repr, unknown))}; allowed: {', '.join(METHODS)}")
     rows = []
     ctx.use_step(0)
     for method in methods:
@@ -134,9 +141,15 @@ def compare(run_dir, methods=METHODS, n: int = 10, num_items: int | None = None,
         row.update(method="magrpo", step=chosen)
         rows.append(row)
         log("[kit] magrpo team: " + _brief(row))
-    (ctx.run_dir / "eval").mkdir(exist_ok=True)
-    (ctx.run_dir / "eval" / "baselines.json").write_text(json.dumps(rows, indent=1))
+    _write(ctx.run_dir, rows)
     return rows
+
+
+def _write(run_dir, rows: list[dict]) -> None:
+    import json
+
+    (run_dir / "eval").mkdir(exist_ok=True)
+    (run_dir / "eval" / "baselines.json").write_text(json.dumps(rows, indent=1))
 
 
 def _brief(row: dict) -> str:

@@ -100,8 +100,13 @@ def evaluate_team(sampler: Sampler, task, cfg, items: list[dict], n: int = 10, s
                   seed: int | None = None) -> dict:
     """Sample n joint actions per item, score them, summarise. Seeded, so two checkpoints see the same noise."""
     from kit.checkpoint import seed_everything
+    from kit.tasks.game import is_game
 
     seed_everything(cfg.seed + 10_007 if seed is None else seed)
+    if is_game(task):  # episodes, scored by the game itself (kit/games.py)
+        from kit.games import evaluate_team as evaluate_games
+
+        return evaluate_games(sampler, task, items, n)
     own = scorer is None
     scorer = scorer or Scorer(reward_model_for(cfg, task), cfg.reward_workers, "thread")
     try:
@@ -122,6 +127,7 @@ class RunContext:
                  reward_funcs=()):
         from kit.models import build_team
         from kit.rundir import open_run
+        from kit.tasks.game import is_game
 
         run = open_run(run_dir)
         self.run_dir, self.cfg, self.task = run.path, run.cfg, run.task
@@ -131,7 +137,8 @@ class RunContext:
         self.sampler = Sampler.from_config(self.team, self.cfg)
         self._fresh = {name: p.detach().clone() for m in self.team.models for name, p in m.named_parameters()
                        if "lora_" in name}
-        self.scorer = Scorer(run.reward_model(reward_funcs, log=log), self.cfg.reward_workers, "thread")
+        self.scorer = None if is_game(self.task) else Scorer(run.reward_model(reward_funcs, log=log),
+                                                             self.cfg.reward_workers, "thread")
         self.log = log
 
     def checkpoints(self) -> dict[int, Path]:
@@ -157,7 +164,8 @@ class RunContext:
         load_adapters(path, self.team)
 
     def close(self):
-        self.scorer.close()
+        if self.scorer is not None:
+            self.scorer.close()
 
 
 def evaluate_run(run_dir: str | Path, steps: str | list[int] = "all", n: int = 10, split: str = "eval",
@@ -189,7 +197,7 @@ def evaluate_run(run_dir: str | Path, steps: str | list[int] = "all", n: int = 1
                **evaluate_team(ctx.sampler, ctx.task, ctx.cfg, ctx.items, n, ctx.scorer)}
         (out_dir / f"step_{step:06d}.json").write_text(json.dumps(row, indent=1))
         log(f"[kit] eval step {step}: " + ", ".join(f"{k}={v:.3f}" for k, v in row.items()
-                                                     if k.startswith(("pass@", "reward/mean"))))
+                                                     if k.startswith(("pass@", "reward/mean", "score/mean"))))
         rows.append(row)
     return rows
 
@@ -207,7 +215,8 @@ def format_table(rows: list[dict], columns: list[str] | None = None, first: str 
     if columns is None:
         keys = list(dict.fromkeys(k for r in rows for k in r))
         columns = [first] + [k for k in keys if k.startswith("pass@")] + \
-            [k for k in ("reward/mean", "cooperation_rate", "tokens_per_s", "wall_s") if k in keys]
+            [k for k in ("reward/mean", "score/mean", "greedy/score_mean", "illegal/rate", "cooperation_rate",
+                         "tokens_per_s", "wall_s") if k in keys]
 
     def cell(v):
         return f"{v:.3f}" if isinstance(v, float) else str(v)

@@ -1,31 +1,26 @@
-"""MAGRPO on turn-based games: episode rollouts, one adapter per player, group-relative over G episodes per deal.
+"""Turn-based games: episodes played by the team, by a random-legal and a rule-based player, their metrics,
+evaluation over checkpoints and the baselines, all on the same held-out deals.
 
-    trainer = GameTrainer(load_config("tiny_cpu", overrides=["task=game", "task_args={game: tiny_hanabi}"]))
-    trainer.train()
+    episodes, decisions = play(sampler, task, seeds, G, keys)     # the team: one generate per decision
+    episodes = play_policy(task, seeds, n, POLICIES["rule"])      # a hand-written player in every seat
+    python -m kit eval --run-dir D --steps all --n 8              # game runs too: score, illegal rate, length
+    python -m kit baselines --run-dir D                           # random, rule, base (untrained) and magrpo
 
-A step takes `batch_size` deals and plays G = `num_generations` episodes of each (the same seed, so a group shares
-its chance outcomes as far as the moves allow and the group mean is a fair baseline). All live episodes of the
-step advance together: at every decision ONE batched generate call samples the move of every live episode, each
-row routed to the acting player's adapter (`Sampler.sample`, per-row seeds from (seed, step, deal, episode,
-decision)). The return of an episode is its final score minus `illegal_penalty` per illegal move
-(kit/tasks/game.py); advantages are group-relative over the G episodes of a deal (`advantage_mode`,
-`scale_rewards`, `advantage_clip` as in kit/magrpo.py) and every decision of an episode carries the episode's
-advantage. Each adapter then updates on its own player's decisions only (Trainer.update, micro-batched by
-`micro_batch_size`), so no gradient reaches another player's adapter.
-
-Metrics: score mean/max/std, illegal-move rate, episode length, decisions per player; `rollouts.jsonl` holds one
-row per episode with its decisions in order (prompt, completion, move, legal), for the explorer.
+`play` advances all live episodes together: at every decision ONE `sampler.sample` call for the current move of
+every live episode, each row routed to the acting player's adapter, with per-row seeds from (key, episode,
+decision), so a checkpoint is scored on the same noise as the next one. The trainer's loop is in
+kit/game_trainer.py.
 """
 
 from __future__ import annotations
 
+import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
 
-from kit import magrpo
 from kit.rollout import Rollout
-from kit.trainer import Trainer
 
 
 @dataclass
@@ -60,80 +55,107 @@ def play(sampler, task, seeds: list[int], G: int, keys: list[tuple], params=None
     return episodes, rounds
 
 
-class GameTrainer(Trainer):
-    """The MAGRPO loop (kit/trainer.py) with episodes instead of one-shot joint actions."""
-
-    def build_reward_model(self, cfg, task, reward_funcs, log):
-        if reward_funcs or cfg.use_judge_reward:
-            raise ValueError("a game's return is its score (kit/tasks/game.py): reward functions and the judge "
-                             "reward do not apply to game tasks")
-        return None
-
-    def sample(self, items: list[dict], positions: list[int] | None = None) -> list[Decisions]:
-        cfg, G = self.cfg, self.cfg.num_generations
-        positions = list(range(len(items))) if positions is None else positions
-        keys = [("game", self.step, p) for p in positions]
-        self.episodes, rounds = play(self.sampler, self.task, [it["seed"] for it in items], G, keys)
-        returns = np.array([self.task.score(ep) for ep in self.episodes]).reshape(len(items), 1, G)
-        adv = magrpo.advantages(returns, cfg.advantage_mode, cfg.scale_rewards, cfg.advantage_clip).reshape(-1)
-        self.returns = returns.reshape(-1)
-        for r in rounds:
-            r.advantages = adv[r.episodes]
-        self._advantages = adv
-        return rounds
-
-    def metrics(self, rounds: list[Decisions], update_stats: dict, times: dict) -> dict:
-        mine = [{"score": self.task.game_score(ep), "return": float(ret), "illegal": ep.illegal,
-                 "length": ep.length, "players": [d["player"] for d in ep.decisions], "adv": float(abs(a))}
-                for ep, ret, a in zip(self.episodes, self.returns, self._advantages)]
-        eps = [e for part in self.dist.gather(mine) for e in part]
-        scores = np.array([e["score"] for e in eps])
-        decisions = sum(e["length"] for e in eps)
-        row = {"step": self.step, "reward/mean": float(np.mean([e["return"] for e in eps])),
-               "score/mean": float(scores.mean()), "score/max": float(scores.max()), "score/std": float(scores.std()),
-               "illegal/rate": sum(e["illegal"] for e in eps) / max(decisions, 1),
-               "episode/length": decisions / len(eps), "advantage/abs_mean": float(np.mean([e["adv"] for e in eps]))}
-        for p in range(self.cfg.num_agents):
-            row[f"decisions/player_{p}"] = sum(e["players"].count(p) for e in eps)
-        row.update(update_stats)
-        row["lr"] = self.schedulers[self.team.adapters[0]].get_last_lr()[0]
-        tokens = self.dist.sum([sum(r.rollout.num_tokens for r in rounds)])[0]
-        row["completion/tokens"] = tokens
-        row["perf/tokens_per_s"] = tokens / max(times["generate"], 1e-9)
-        row["perf/decisions_per_s"] = decisions / max(times["sample"], 1e-9)
-        for k, v in times.items():
-            row[f"perf/{k}_s"] = v
-        return row
-
-    def rollout_rows(self, rounds: list[Decisions], items: list[dict]) -> list[dict]:
-        """One row per episode, its decisions in order (the explorer steps through them)."""
-        G = self.cfg.num_generations
-        rows = [{"step": self.step, "item": items[e // G]["id"], "episode": e % G, "seed": ep.seed,
-                 "score": self.task.game_score(ep), "return": float(self.returns[e]),
-                 "advantage": float(self._advantages[e]), "illegal": ep.illegal, "length": ep.length,
-                 "decisions": ep.decisions, "_order": (items[e // G]["seed"], e % G)}
-                for e, ep in enumerate(self.episodes)]
-        if self.dist.world > 1:
-            rows = sorted((r for part in self.dist.gather(rows) for r in part), key=lambda r: r["_order"])
-        for r in rows:
-            del r["_order"]
-        return rows
-
-    def evaluate(self, items: list[dict] | None = None) -> dict:
-        """Greedy play of the held-out deals: mean score, illegal-move rate (under `eval/`)."""
-        return play_eval(self.sampler, self.task, self.eval_items if items is None else items)
+# ---- players that are not the team: a policy maps (task, episode, rng) to the text of a move
+Policy = Callable[[object, object, np.random.Generator], str]
 
 
-def play_eval(sampler, task, items: list[dict]) -> dict:
+def random_legal(task, episode, rng: np.random.Generator) -> str:
+    """A legal move uniformly at random."""
+    moves = task.moves(episode)
+    return moves[int(rng.integers(len(moves)))]
+
+
+def rule_based(task, episode, rng: np.random.Generator) -> str:
+    """The game's hand-written player (`task.rule_move`, e.g. play what is known playable, hint what a partner can
+    play, else discard the oldest card)."""
+    move = task.rule_move(episode)
+    if move is None:
+        raise ValueError(f"game {task.name!r} has no rule-based player (OpenSpielGame.rule_move)")
+    return move
+
+
+POLICIES: dict[str, Policy] = {"random": random_legal, "rule": rule_based}
+
+
+def play_policy(task, seeds: list[int], n: int, policy: Policy) -> list:
+    """n episodes of every deal with `policy` in every seat; its randomness comes from (deal seed, episode)."""
+    episodes = []
+    for seed in seeds:
+        for g in range(n):
+            ep, rng = task.reset(seed), np.random.default_rng([seed, g, 0xBA5E])
+            while not task.terminal(ep):
+                task.step(ep, policy(task, ep, rng))
+            episodes.append(ep)
+    return episodes
+
+
+def episode_metrics(task, episodes: list, n: int) -> dict:
+    """Score mean/std/max, the return (score minus the illegal-move penalty), illegal-move rate and length."""
+    scores = np.array([task.game_score(ep) for ep in episodes])
+    decisions = sum(ep.length for ep in episodes)
+    return {"num_items": len(episodes) // max(n, 1), "num_samples": n,
+            "reward/mean": float(np.mean([task.score(ep) for ep in episodes])),
+            "score/mean": float(scores.mean()), "score/std": float(scores.std()), "score/max": float(scores.max()),
+            "illegal/rate": sum(ep.illegal for ep in episodes) / max(decisions, 1),
+            "episode/length": decisions / len(episodes)}
+
+
+def greedy_eval(sampler, task, items: list[dict]) -> dict:
+    """The trainer's held-out check: one greedy episode per deal (under `eval/`)."""
     episodes, _ = play(sampler, task, [it["seed"] for it in items], 1, [("eval", it["id"]) for it in items],
                        sampler.greedy)
-    decisions = sum(ep.length for ep in episodes)
-    scores = [task.game_score(ep) for ep in episodes]
-    return {"eval/reward_mean": float(np.mean([task.score(ep) for ep in episodes])),
-            "eval/score_mean": float(np.mean(scores)),
-            "eval/illegal_rate": sum(ep.illegal for ep in episodes) / max(decisions, 1)}
+    m = episode_metrics(task, episodes, 1)
+    return {"eval/reward_mean": m["reward/mean"], "eval/score_mean": m["score/mean"],
+            "eval/illegal_rate": m["illegal/rate"]}
 
 
-def trainer_class(task: str) -> type[Trainer]:
-    """The loop a task trains with: episodes for game tasks, joint actions (Trainer) for the others."""
-    return GameTrainer if task == "game" else Trainer
+def evaluate_team(sampler, task, items: list[dict], n: int) -> dict:
+    """The team on held-out deals: n sampled episodes per deal (the training temperature; seeded by deal, episode
+    and decision, so every checkpoint sees the same noise), and one greedy episode per deal (`greedy/`)."""
+    start = time.perf_counter()
+    episodes, rounds = play(sampler, task, [it["seed"] for it in items], n, [("eval", it["id"]) for it in items])
+    out = episode_metrics(task, episodes, n)
+    tokens, seconds = sum(r.rollout.num_tokens for r in rounds), sum(r.rollout.seconds for r in rounds)
+    greedy = greedy_eval(sampler, task, items)
+    out.update({"greedy/score_mean": greedy["eval/score_mean"], "greedy/illegal_rate": greedy["eval/illegal_rate"],
+                "tokens": tokens, "tokens_per_s": tokens / seconds if seconds > 0 else 0.0,
+                "decisions_per_s": sum(len(r.episodes) for r in rounds) / seconds if seconds > 0 else 0.0,
+                "wall_s": time.perf_counter() - start})
+    return out
+
+
+METHODS = ("random", "rule", "base")
+
+
+def compare(ctx, methods=METHODS, n: int = 10, step: str | int = "newest", log=print) -> list[dict]:
+    """The game baselines on the run's held-out deals: a random-legal and a rule-based player in every seat, the
+    untrained team (`base`), then the trained team (`magrpo`, the newest checkpoint or `step`)."""
+    unknown = [m for m in methods if m not in METHODS]
+    if unknown:
+        raise ValueError(f"unknown game baseline(s) {', '.join(map(repr, unknown))}; allowed: {', '.join(METHODS)}")
+    seeds, rows = [it["seed"] for it in ctx.items], []
+    for method in methods:
+        start = time.perf_counter()
+        if method == "base":
+            ctx.use_step(0)
+            row = evaluate_team(ctx.sampler, ctx.task, ctx.items, n)
+        elif method == "rule" and ctx.task.rule_move(ctx.task.reset(seeds[0])) is None:
+            log(f"[kit] baseline rule skipped: game {ctx.task.name!r} has no rule-based player")
+            continue
+        else:
+            row = episode_metrics(ctx.task, play_policy(ctx.task, seeds, n, POLICIES[method]), n)
+        rows.append({"method": method, **row, "wall_s": time.perf_counter() - start})
+        log(f"[kit] baseline {method}: " + _brief(rows[-1]))
+    have = sorted(ctx.checkpoints())
+    chosen = have[-1] if step == "newest" and have else (int(step) if step != "newest" else None)
+    if chosen is None:
+        log(f"[kit] no saved checkpoint in {ctx.run_dir}: the trained team (magrpo) is NOT in this table")
+    else:
+        ctx.use_step(chosen)
+        rows.append({"method": "magrpo", "step": chosen, **evaluate_team(ctx.sampler, ctx.task, ctx.items, n)})
+        log("[kit] magrpo team: " + _brief(rows[-1]))
+    return rows
+
+
+def _brief(row: dict) -> str:
+    return ", ".join(f"{k}={row[k]:.3f}" for k in ("score/mean", "greedy/score_mean", "illegal/rate") if k in row)

@@ -88,19 +88,28 @@ def eval_curves(rows: list[dict], path=None):
     rows = sorted(rows, key=lambda r: r["step"])
     steps = [r["step"] for r in rows]
     fig, (ax_pass, ax_reward) = _figure(2)
+    game = any("score/mean" in r for r in rows)  # a game run (kit/games.py): scores, not pass@k
+    rates = {"illegal/rate": "illegal-move rate"} if game else {"cooperation_rate": "cooperation rate"}
+    if game:
+        for key, label in (("score/mean", "sampled"), ("greedy/score_mean", "greedy")):
+            ax_pass.plot(steps, [r.get(key, np.nan) for r in rows], "o-", label=label)
     for key in sorted({k for r in rows for k in r if k.startswith("pass@")}, key=lambda k: int(k[5:])):
         ax_pass.plot(steps, [r.get(key, np.nan) for r in rows], "o-", label=key)
     ax_reward.plot(steps, [r["reward/mean"] for r in rows], "o-", color="black", label="mean reward")
     twin = None
-    if any("cooperation_rate" in r for r in rows):
-        twin = ax_reward.twinx()
-        twin.plot(steps, [r.get("cooperation_rate", np.nan) for r in rows], "s--", color="tab:green",
-                  label="cooperation rate")
-        twin.set_ylim(0, 1)
-        twin.set_ylabel("cooperation rate")
-    ax_pass.set_ylim(0, 1)
-    ax_pass.set_ylabel("pass@k")
-    ax_pass.set_title("held-out pass@k by checkpoint (step 0: base)")
+    for key, label in rates.items():
+        if any(key in r for r in rows):
+            twin = ax_reward.twinx()
+            twin.plot(steps, [r.get(key, np.nan) for r in rows], "s--", color="tab:green", label=label)
+            twin.set_ylim(0, 1)
+            twin.set_ylabel(label)
+    if game:
+        ax_pass.set_ylabel("game score")
+        ax_pass.set_title("held-out game score by checkpoint (step 0: base)")
+    else:
+        ax_pass.set_ylim(0, 1)
+        ax_pass.set_ylabel("pass@k")
+        ax_pass.set_title("held-out pass@k by checkpoint (step 0: base)")
     ax_reward.set_ylabel("mean reward")
     ax_reward.set_title("held-out reward")
     for ax in (ax_pass, ax_reward):
@@ -120,7 +129,7 @@ def baseline_bars(rows: list[dict], path=None):
     if not rows:
         raise ValueError("no baseline rows: run kit.baselines.compare first")
     ks = sorted({k for r in rows for k in r if k.startswith("pass@")}, key=lambda k: int(k[5:]))
-    metric_keys = ks or ["reward/mean"]
+    metric_keys = ks or (["score/mean"] if any("score/mean" in r for r in rows) else ["reward/mean"])
     fig, (ax,) = _figure(1, width=max(6.0, 1.2 * len(rows) * max(1, len(metric_keys)) / 2))
     x = np.arange(len(rows))
     width = 0.8 / len(metric_keys)
@@ -129,7 +138,7 @@ def baseline_bars(rows: list[dict], path=None):
         bars = ax.bar(x + (i - (len(metric_keys) - 1) / 2) * width, values, width, label=key)
         ax.bar_label(bars, fmt="%.2f", fontsize="x-small")
     ax.set_xticks(x, [r.get("method", str(i)) for i, r in enumerate(rows)])
-    ax.set_ylabel("pass@k" if ks else "mean reward")
+    ax.set_ylabel("pass@k" if ks else {"score/mean": "game score"}.get(metric_keys[0], "mean reward"))
     if ks:  # a probability: never below 0 (all-zero bars would centre the axis on 0), room for the labels
         ax.set_ylim(0, 1.1)
     ax.set_title("baselines vs the MAGRPO team (same items, sampling, scoring)")

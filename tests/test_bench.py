@@ -32,3 +32,9 @@ def test_data_parallel_bench_tiny_mode_runs_one_and_two_processes_and_the_contro
     assert [(r["mode"], r["processes"]) for r in results] == [("kit", 1), ("kit", 2), ("independent", 2)]
     assert all(r["joint_actions_per_s"] > 0 and r["items"] == 2 for r in results)
     assert results[0]["speedup"] == 1.0
+
+
+def test_games_bench_smoke_plays_the_same_games_batched_and_one_episode_at_a_time():
+    rows = load("games").main(["--tiny"])
+    assert [r["loop"] for r in rows] == ["batched", "naive"] and all(r["same_games"] for r in rows)
+    assert rows[0]["decisions"] == rows[1]["decisions"] > 0 and rows[1]["speedup"] == 1.0

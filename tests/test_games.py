@@ -10,7 +10,8 @@ import torch
 pyspiel = pytest.importorskip("pyspiel")
 
 from kit.config import load_config  # noqa: E402
-from kit.games import GameTrainer, play  # noqa: E402
+from kit.game_trainer import GameTrainer  # noqa: E402
+from kit.games import play  # noqa: E402
 from kit.rollout import Rollout  # noqa: E402
 from kit.tasks.game import OpenSpielGame  # noqa: E402
 
@@ -146,3 +147,60 @@ def test_full_hanabi_runs_end_to_end_on_the_tiny_model(tmp_path):
     assert {"player", "prompt", "completion", "move", "legal"} <= set(episodes[0]["decisions"][0])
     resumed = GameTrainer.from_run(tmp_path / "run", ["num_steps=3"], **QUIET)  # a checkpoint resumes
     assert resumed.step == 2 and torch.is_tensor(resumed.team.parameters_of("agent_0")[0])
+
+
+def test_random_and_rule_players_on_the_same_deals():
+    from kit.games import POLICIES, episode_metrics, play_policy
+    from kit.tasks.game import hanabi_rule
+
+    tiny = OpenSpielGame(2, "tiny_hanabi")
+    seeds = list(range(200))
+    rule = episode_metrics(tiny, play_policy(tiny, seeds, 1, POLICIES["rule"]), 1)
+    assert rule["score/mean"] == 8.0 and rule["illegal/rate"] == 0.0  # the middle move, whatever the cards
+    rand = play_policy(tiny, seeds, 2, POLICIES["random"])
+    assert abs(episode_metrics(tiny, rand, 2)["score/mean"] - 3.72) < 0.6  # 3.72: the exact random-legal value
+    assert [ep.state.history() for ep in rand] == [ep.state.history() for ep in play_policy(tiny, seeds, 2,
+                                                                                           POLICIES["random"])]
+    hanabi = OpenSpielGame(2, "hanabi")
+    scores = [hanabi.game_score(ep) for ep in play_policy(hanabi, list(range(20)), 1, POLICIES["rule"])]
+    assert np.mean(scores) > 8  # random-legal play scores ~0 (it loses its lives)
+    # the rule's order of preference, on hand-written tables
+    seen = """Life tokens: 3\nInfo tokens: 7\nFireworks: R0 Y1 G0 W0 B0 \nHands:\nCur player
+XX || XX|RYGWB12345\nXX || Y2|Y2\n-----\nW1 || XX|RYGWB12345\nR3 || XX|RYGWB12345\nDeck size: 30\nDiscards:"""
+    moves = ["(Discard 0)", "(Discard 1)", "(Play 0)", "(Play 1)", "(Reveal player +1 color W)",
+             "(Reveal player +1 rank 1)"]
+    assert hanabi_rule(seen, moves) == "(Play 1)"  # known to be Y2 on Y1: play it
+    unknown = seen.replace("XX || Y2|Y2", "XX || XX|RYGWB12345")
+    assert hanabi_rule(unknown, moves) == "(Reveal player +1 rank 1)"  # the partner's W1 is playable: hint it
+    assert hanabi_rule(unknown.replace("W1 ||", "W3 ||"), moves) == "(Discard 0)"  # nothing to play or hint
+
+
+def test_a_game_run_is_evaluated_over_checkpoints_and_against_its_baselines(tmp_path, capsys):
+    from kit.__main__ import main
+    from kit.baselines import compare
+    from kit.evaluate import RunContext, evaluate_run
+
+    cfg = game_config(tmp_path, "task_args={game: tiny_hanabi, prompt_style: compact}", "num_steps=4",
+                      "save_every=2", "keep_last=1")
+    GameTrainer(cfg, **QUIET).train()
+    ctx = RunContext(tmp_path / "run", num_items=6, log=lambda *_: None)
+    rows = evaluate_run(tmp_path / "run", "all", n=3, ctx=ctx, log=lambda *_: None)
+    assert [r["step"] for r in rows] == [0, 2, 4]  # the base, then both checkpoints (step 2 from the history)
+    for r in rows:
+        assert r["num_items"] == 6 and r["num_samples"] == 3 and r["episode/length"] == 2.0
+        assert {"score/mean", "greedy/score_mean", "illegal/rate", "decisions_per_s"} <= set(r)
+    assert (tmp_path / "run" / "eval" / "step_000004.json").exists()
+    again = evaluate_run(tmp_path / "run", [4], n=3, ctx=ctx, log=lambda *_: None)[0]
+    assert again["score/mean"] == rows[-1]["score/mean"]  # seeded by deal, episode and decision
+    table = compare(tmp_path / "run", n=3, ctx=ctx, log=lambda *_: None)
+    assert [r["method"] for r in table] == ["random", "rule", "base", "magrpo"] and table[-1]["step"] == 4
+    assert table[1]["score/mean"] == 8.0 and table[2]["score/mean"] == rows[0]["score/mean"]
+    assert table[-1]["score/mean"] == rows[-1]["score/mean"]  # the same deals and noise as `kit eval`
+    with pytest.raises(ValueError, match="unknown game baseline"):
+        compare(tmp_path / "run", ["single"], ctx=ctx)
+    ctx.close()
+    assert main(["baselines", "--run-dir", str(tmp_path / "run"), "--n", "2", "--items", "4"]) == 0
+    out = capsys.readouterr().out
+    assert "| random |" in out and "| magrpo |" in out and (tmp_path / "run" / "eval" / "baselines.png").exists()
+    assert main(["eval", "--run-dir", str(tmp_path / "run"), "--steps", "newest", "--n", "2"]) == 0
+    assert "score/mean" in capsys.readouterr().out and (tmp_path / "run" / "eval" / "eval_curves.png").exists()

@@ -184,6 +184,16 @@ class OpenSpielGame:
             ep.ended = True
         return record
 
+    def rule_move(self, ep: Episode) -> str | None:
+        """The move of a simple hand-written player for the player to act (the `rule` baseline); None when this
+        game has none. tiny_hanabi: always the middle move, the best convention that ignores the cards (8 of 10).
+        hanabi: `hanabi_rule`."""
+        if self.name == "tiny_hanabi":
+            return self.moves(ep)[1]
+        if self.name == "hanabi":
+            return hanabi_rule(ep.state.observation_string(self.player(ep)), self.moves(ep))
+        return None
+
     def terminal(self, ep: Episode) -> bool:
         return ep.ended or ep.state.is_terminal()
 
@@ -193,6 +203,54 @@ class OpenSpielGame:
 
     def score(self, ep: Episode) -> float:
         return self.game_score(ep) - self.illegal_penalty * ep.illegal
+
+
+def is_game(task) -> bool:
+    """Whether `task` is played in episodes (the `Game` contract) rather than scored as one joint action."""
+    return all(callable(getattr(task, name, None)) for name in ("reset", "step", "terminal"))
+
+
+def hanabi_rule(observation: str, moves: list[str]) -> str:
+    """A simple Hanabi player reading OpenSpiel's observation text, in order of preference: play a card the hints
+    prove playable; hint a partner's playable card (its rank, else its colour) while info tokens last; discard a
+    card the hints prove useless, else the oldest; else the first legal move."""
+    lines = observation.splitlines()
+    fireworks = {f[0]: int(f[1]) for f in next(x for x in lines if x.startswith("Fireworks:")).split()[1:]}
+    hands, hand = [], []
+    for line in lines[lines.index("Hands:") + 1:]:
+        if line.startswith("Deck size"):
+            break
+        if line == "-----":
+            hands.append(hand)
+            hand = []
+        elif "||" in line:  # "W1 || X1|RYGWB1": the card (XX: unseen), then what its holder knows
+            card, knowledge = (part.strip() for part in line.split("||"))
+            hinted, possible = knowledge.split("|")
+            colours = [c for c in possible if c.isalpha()]
+            ranks = [int(r) for r in possible if r.isdigit()]
+            hand.append((card, hinted, colours, ranks))
+    hands.append(hand)
+
+    def pick(move: str) -> str | None:
+        return move if move in moves else None
+
+    own = hands[0]
+    for i, (_, _, colours, ranks) in enumerate(own):
+        if all(fireworks[c] + 1 == r for c in colours for r in ranks) and (move := pick(f"(Play {i})")):
+            return move
+    for k, hand in enumerate(hands[1:], 1):
+        for card, hinted, _, _ in hand:
+            if fireworks[card[0]] + 1 == int(card[1]):
+                if hinted[1] == "X" and (move := pick(f"(Reveal player +{k} rank {card[1]})")):
+                    return move
+                if hinted[0] == "X" and (move := pick(f"(Reveal player +{k} color {card[0]})")):
+                    return move
+    useless = [i for i, (_, _, colours, ranks) in enumerate(own)
+               if all(r <= fireworks[c] for c in colours for r in ranks)]
+    for i in useless + [0]:
+        if move := pick(f"(Discard {i})"):
+            return move
+    return moves[0]
 
 
 def make_task(num_agents: int = 2, **kwargs) -> OpenSpielGame:
