@@ -1,7 +1,7 @@
 """What the notebooks' cells call: one function per cell that does more than display.
 
     notebook_config(...)            01_train's parameters cell as a validated TrainConfig (full mode needs a GPU)
-    start_or_resume(cfg)            a Trainer for a new run, or for the newest one (restored from the mirror)
+    start_or_resume(cfg)            a Trainer (GameTrainer for a game) for a new run or the newest one (from the mirror)
     train_to_end(trainer)           01's training cell: live curve, learning_curves.png, close (last Drive copy)
     run_to_analyse(run_name, drive) the run 02-05 look at: found by name on this disk or on Drive
     preset_smoke_test(preset)       00_setup's two-step PASS/FAIL check of a preset on its real model
@@ -24,7 +24,7 @@ def start_or_resume(cfg, log=print, **trainer_kwargs):
     """A new run, or the existing one continued from its newest complete checkpoint (restored from
     `cfg.mirror_dir` first when the local copy is gone or behind). What "Run all" and the resume cell call."""
     from kit.config import check_resume
-    from kit.trainer import Trainer
+    from kit.game_trainer import trainer_class
 
     for saved in (Path(cfg.run_dir) / "config.json", Path(cfg.mirror_dir or cfg.run_dir) / "config.json"):
         if saved.exists():  # a changed setting is refused before copying from Drive and loading the model
@@ -34,7 +34,7 @@ def start_or_resume(cfg, log=print, **trainer_kwargs):
     resume = (Path(cfg.run_dir) / "config.json").exists()
     if resume:
         log(f"[kit] continuing the run in {cfg.run_dir}")
-    return Trainer(cfg, resume=resume, log=log, **trainer_kwargs)
+    return trainer_class(cfg.task)(cfg, resume=resume, log=log, **trainer_kwargs)
 
 
 def train_to_end(trainer, every: int = 5) -> dict:
@@ -74,17 +74,17 @@ def preset_smoke_test(preset: str, log=print) -> str:
     import tempfile
 
     from kit.config import load_config
-    from kit.trainer import Trainer
+    from kit.game_trainer import trainer_class
 
     require_gpu(preset)
     overrides = ["num_steps=2", "save_every=0", "eval_every=0", "batch_size=1", "num_generations=2",
                  "log_rollouts=false", "progress=false"]
-    if preset != "tiny_cpu":
+    if load_config(preset).max_new_tokens > 64:
         overrides.append("max_new_tokens=64")
     with tempfile.TemporaryDirectory() as tmp:
         try:
             cfg = load_config(preset, overrides=[f"run_dir={tmp}/smoke", *overrides])
-            trainer = Trainer(cfg, log=log)
+            trainer = trainer_class(cfg.task)(cfg, log=log)
             try:
                 summary = trainer.train()
             finally:
@@ -121,8 +121,9 @@ def notebook_config(preset: str, task: str, task_args: dict, run_name: str, driv
                     drive_folder: str = DRIVE_FOLDER, num_steps: int | None = None,
                     judge_model: str | None = None, judge_budget_usd: float = 15.0, smoke: bool = False, log=print):
     """01_train's parameters as a validated TrainConfig: the run on this disk, mirrored to Drive when mounted.
-    `smoke` (KIT_SMOKE=1) swaps in the tiny CPU preset and a few steps of the code task, mirrored (if at all) to
-    its own Drive folder `<drive_folder>/_smoke/<run_name>`, never the real run's. Full mode needs a GPU."""
+    `smoke` (KIT_SMOKE=1) swaps in the tiny CPU preset and a few steps of the code task (a game task: the same
+    game, 6 decisions per episode), mirrored (if at all) to its own Drive folder `<drive_folder>/_smoke/<run_name>`,
+    never the real run's. Full mode needs a GPU."""
     from kit.config import from_dict, load_config, validate
 
     folder = Path(drive) / drive_folder if drive else None
@@ -138,6 +139,10 @@ def notebook_config(preset: str, task: str, task_args: dict, run_name: str, driv
                       max_new_tokens=16, save_every=1, eval_every=2, num_eval_items=2, judge_model=None,
                       use_judge_reward=False, run_dir=os.environ.get("KIT_SMOKE_DIR", "checkpoints/smoke") + "_train",
                       mirror_dir=str(folder / "_smoke" / run_name) if folder else None)
+        if task == "game":  # the same game on the tiny model: its compact prompt, short episodes
+            values.update(task="game", max_new_tokens=3, run_dir=values["run_dir"] + "_game",
+                          task_args={"game": task_args.get("game", "tiny_hanabi"), "prompt_style": "compact",
+                                     "max_decisions": 6})
     else:
         require_gpu(preset)
     cfg = validate(from_dict(values, load_config(preset)))

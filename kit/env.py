@@ -80,7 +80,7 @@ def require_gpu(preset: str) -> None:
     """Full mode on a CPU runtime would load a billion-parameter model in fp32 and crawl: stop with the way out."""
     import torch
 
-    if preset != "tiny_cpu" and not torch.cuda.is_available():
+    if not preset.startswith("tiny") and not torch.cuda.is_available():
         raise RuntimeError(f"preset {preset!r} needs a GPU and this runtime has none. In Colab: Runtime > Change "
                            "runtime type > GPU (A100 for colab_a100, T4 for colab_t4), then Run all again. To try "
                            "the kit on a CPU, set PRESET = 'tiny_cpu' (or KIT_SMOKE=1 for the smoke run).")

@@ -7,6 +7,10 @@
     log.rescore(rows[0], agent=1, text=edited_code)   # the task's reward with one completion replaced
     browser("checkpoints/colab_a100")                 # the widget (05_explore.ipynb)
 
+A game run (kit/games.py) logs one row per episode; `log.replay(row)` rebuilds it move by move (the whole table
+before each decision, who acted, the prompt, the completion and the move), and `browser` then steps through games
+instead of joint actions.
+
 Everything is read from the run directory's files (config.json, rollouts.jsonl), so it works after a reconnect,
 on a finished run, and while a run is still writing (press "reload").
 """
@@ -42,6 +46,19 @@ class RunLog:
     def roles(self) -> list[str]:
         roles = getattr(self.task, "roles", None)
         return list(roles) if roles else [f"agent_{i}" for i in range(self.cfg.num_agents)]
+
+    @property
+    def is_game(self) -> bool:
+        """Whether the run logged game episodes (kit/games.py) rather than joint actions."""
+        from kit.tasks.game import is_game
+
+        return is_game(self.task)
+
+    def replay(self, row: dict) -> list[dict]:
+        """A logged episode, one frame per decision (kit.games.replay)."""
+        from kit.games import replay
+
+        return replay(self.task, row)
 
     def steps(self) -> list[int]:
         return sorted({r["step"] for r in self.all_rows})
@@ -105,10 +122,13 @@ def reward_bounds(rows: list[dict]) -> tuple[float, float]:
 def breakdown(row: dict) -> list[tuple[str, float]]:
     """(name, value) for each reward part, then the total, the return and each agent's advantage."""
     out = [(k, float(v)) for k, v in row.get("parts", {}).items()]
+    out += [(k, float(row[k])) for k in ("score", "illegal", "length") if k in row]  # a game episode
     out.append(("total", float(row["reward"])))
     if "return" in row:
         out.append(("return", float(row["return"])))
     out += [(f"advantage[{i}]", float(a)) for i, a in enumerate(row.get("advantages", []))]
+    if "advantage" in row:
+        out.append(("advantage", float(row["advantage"])))
     return out
 
 
@@ -135,13 +155,107 @@ def render_rows(rows: list[dict], roles: list[str], agent: int | None = None, li
     return (f"<table><tr><th>item</th>{head}<th>reward</th></tr>{''.join(body)}</table>{more}")
 
 
+def episode_label(row: dict) -> str:
+    return (f"{row['item']} #{row['episode']}: score {row['score']:g}, return {row['reward']:g}, "
+            f"{row['length']} moves, {row['illegal']} illegal")
+
+
+def render_episodes(rows: list[dict], roles: list[str], limit: int = 20) -> str:
+    """An HTML table of game episodes: deal, score, return, advantage, and the moves in order (illegal ones
+    struck through: a random legal move or the end of the game replaced them)."""
+    if not rows:
+        return "<p>No episodes match these filters.</p>"
+    body = []
+    for r in rows[:limit]:
+        moves = " ".join(f"<span title='{html.escape(roles[d['player']])}'>"
+                         + (html.escape(str(d["move"])) if d["legal"] else f"<s>{html.escape(str(d['move']))}</s>")
+                         + "</span>" for d in r["decisions"])
+        body.append(f"<tr><td>{html.escape(str(r['item']))} #{r['episode']}</td><td>{r['score']:g}</td>"
+                    f"<td>{r['reward']:g}</td><td>{r['advantage']:+.3f}</td><td>{moves}</td></tr>")
+    more = f"<p>{len(rows) - limit} more not shown.</p>" if len(rows) > limit else ""
+    return ("<table><tr><th>deal</th><th>score</th><th>return</th><th>advantage</th><th>moves</th></tr>"
+            f"{''.join(body)}</table>{more}")
+
+
+def render_frame(frame: dict, roles: list[str], max_chars: int = 3000) -> str:
+    """One decision of a replayed game: the whole table before it, who acts, what it saw and said, the move."""
+    who = "-" if frame["player"] is None else html.escape(roles[frame["player"]])
+    verdict = "" if frame["legal"] else " <b style='color:#c00'>(illegal: replaced)</b>"
+    prompt = f"<details><summary>prompt</summary><pre>{html.escape(frame['prompt'][-max_chars:])}</pre></details>" \
+        if frame["prompt"] else ""
+    return (f"<p>decision {frame['decision']} · <b>{who}</b> · score so far {frame['score']:g}</p>"
+            f"<pre>{html.escape(frame['state'][:max_chars])}</pre>{prompt}"
+            f"<p>completion: <code>{html.escape(frame['completion'][:max_chars])}</code> → move "
+            f"<b>{html.escape(str(frame['move']))}</b>{verdict}</p>")
+
+
+def game_browser(log: RunLog):
+    """The ipywidgets browser for game runs: step slider and return range, an episode picker, and a decision
+    slider (with previous/next) that steps through the picked game move by move."""
+    import ipywidgets as w
+
+    steps = log.steps() or [0]
+    step = w.SelectionSlider(options=steps, value=steps[-1], description="step", continuous_update=False)
+    low, high = reward_bounds(log.all_rows)
+    reward = w.FloatRangeSlider(value=(low, high), min=low, max=high, step=(high - low) / 100, description="return")
+    reload = w.Button(description="reload")
+    table = w.HTML()
+    pick = w.Dropdown(description="episode", layout=w.Layout(width="60%"))
+    decision = w.IntSlider(value=0, min=0, max=0, description="decision", continuous_update=False)
+    back, forward = w.Button(description="◀ previous"), w.Button(description="next ▶")
+    frame = w.HTML()
+    state = {"rows": [], "frames": []}
+
+    def refresh(*_):
+        rows = log.rows(step=step.value, min_reward=reward.value[0], max_reward=reward.value[1])
+        state["rows"] = sorted(rows, key=lambda r: -r["reward"])
+        table.value = render_episodes(state["rows"], log.roles)
+        pick.options = [(episode_label(r), i) for i, r in enumerate(state["rows"])]
+        pick.value = 0 if state["rows"] else None  # ipywidgets 8 leaves no selection after new options
+        open_episode()
+
+    def open_episode(*_):
+        if pick.value is None or pick.value >= len(state["rows"]):
+            state["frames"], frame.value = [], ""
+            return
+        state["frames"] = log.replay(state["rows"][pick.value])
+        decision.max = len(state["frames"]) - 1
+        decision.value = 0
+        show()
+
+    def show(*_):
+        if state["frames"]:
+            frame.value = render_frame(state["frames"][min(decision.value, len(state["frames"]) - 1)], log.roles)
+
+    def on_reload(_):
+        log.reload()
+        step.options = log.steps() or [0]
+        low, high = reward_bounds(log.all_rows)
+        reward.min, reward.max = min(reward.min, low), max(reward.max, high)
+        refresh()
+
+    step.observe(refresh, names="value")
+    reward.observe(refresh, names="value")
+    pick.observe(open_episode, names="value")
+    decision.observe(show, names="value")
+    back.on_click(lambda _: setattr(decision, "value", max(decision.value - 1, 0)))
+    forward.on_click(lambda _: setattr(decision, "value", min(decision.value + 1, decision.max)))
+    reload.on_click(on_reload)
+    refresh()
+    return w.VBox([w.HBox([step, reload]), reward, table, w.HTML("<b>One game, move by move</b>"), pick,
+                   w.HBox([back, decision, forward]), frame])
+
+
 def browser(run_dir: str | Path):
-    """The ipywidgets browser: step slider, agent / reward range / part filters, breakdown, and re-scoring."""
+    """The ipywidgets browser: step slider, agent / reward range / part filters, breakdown, and re-scoring
+    (a game run: episodes, stepped through move by move)."""
     try:
         import ipywidgets as w
     except ImportError:
         raise RuntimeError("the browser needs ipywidgets: pip install ipywidgets (Colab has it)") from None
     log = RunLog(run_dir)
+    if log.is_game:
+        return game_browser(log)
     steps = log.steps() or [0]
     step = w.SelectionSlider(options=steps, value=steps[-1], description="step", continuous_update=False)
     agent = w.Dropdown(options=[("all", -1)] + [(r, i) for i, r in enumerate(log.roles)], value=-1,

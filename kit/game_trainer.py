@@ -14,7 +14,8 @@ advantage. Each adapter then updates on its own player's decisions only (Trainer
 `micro_batch_size`), so no gradient reaches another player's adapter.
 
 Metrics: score mean/max/std, illegal-move rate, episode length, decisions per player; `rollouts.jsonl` holds one
-row per episode with its decisions in order (prompt, completion, move, legal), for the explorer.
+row per episode (its seed, score, `reward` = the return, advantage) with its decisions in order (player, prompt,
+completion, move, legal): the explorer (kit/explore.py) replays it move by move.
 """
 
 from __future__ import annotations
@@ -75,7 +76,7 @@ class GameTrainer(Trainer):
         """One row per episode, its decisions in order (the explorer steps through them)."""
         G = self.cfg.num_generations
         rows = [{"step": self.step, "item": items[e // G]["id"], "episode": e % G, "seed": ep.seed,
-                 "score": self.task.game_score(ep), "return": float(self.returns[e]),
+                 "score": self.task.game_score(ep), "reward": float(self.returns[e]),
                  "advantage": float(self._advantages[e]), "illegal": ep.illegal, "length": ep.length,
                  "decisions": ep.decisions, "_order": (items[e // G]["seed"], e % G)}
                 for e, ep in enumerate(self.episodes)]

@@ -55,6 +55,25 @@ def play(sampler, task, seeds: list[int], G: int, keys: list[tuple], params=None
     return episodes, rounds
 
 
+def replay(task, row: dict) -> list[dict]:
+    """Step through a logged episode (a rollouts.jsonl row) again: one frame per decision with the whole table
+    before the move (`state`: every hand shown), the acting player, its prompt and completion, the move played
+    and whether it was legal, then a last frame with the final table. The game is rebuilt from the deal's seed
+    and the logged completions, so it is the game that was played (checked move by move)."""
+    ep, frames = task.reset(row["seed"]), []
+    for i, logged in enumerate(row["decisions"]):
+        frame = {"decision": i, "state": str(ep.state), "score": task.game_score(ep), **logged}
+        record = task.step(ep, logged["completion"])
+        if record["move"] != logged["move"]:
+            raise ValueError(f"decision {i} of deal seed {row['seed']} replays as {record['move']!r}, but the log "
+                             f"says {logged['move']!r}: the game's settings changed since the run was logged")
+        frames.append(frame)
+    frames.append({"decision": len(frames), "state": str(ep.state), "score": task.game_score(ep), "player": None,
+                   "prompt": "", "completion": "", "move": "(game over)" if task.terminal(ep) else "(stopped)",
+                   "legal": True})
+    return frames
+
+
 # ---- players that are not the team: a policy maps (task, episode, rng) to the text of a move
 Policy = Callable[[object, object, np.random.Generator], str]
 

@@ -240,6 +240,73 @@ explore.breakdown(explore.RunLog(RUN_DIR).best())
 """),
              ])
 
+    notebook("06_hanabi.ipynb", "06 · Hanabi: one LoRA adapter per player",
+             "Cooperative Hanabi through OpenSpiel: each player is an agent with its own LoRA adapter on one 4-bit "
+             "base, trained by MAGRPO self-play on the game score. A step plays G episodes of each deal (the same "
+             "cards, so the group mean is a fair baseline), all live episodes together with one batched generate "
+             "per decision; every player updates on its own decisions only. An illegal move costs a penalty and is "
+             "replaced by a random legal one. Then: evaluation over checkpoints, the random-legal and rule-based "
+             "baselines on the same held-out deals, and a move-by-move browser of the games.", [
+                 code("""
+PRESET = "colab_hanabi"  # A100: Qwen2.5-3B-Instruct in 4-bit; tiny_hanabi: the tiny CPU model on tiny_hanabi
+TASK_ARGS = {"game": "hanabi", "prompt_style": "full", "max_decisions": 80, "illegal": "random",
+             "illegal_penalty": 1.0}  # game: hanabi or tiny_hanabi; illegal: random (a random legal move) or end
+RUN_NAME = "magrpo_hanabi"  # the run's folder name, here and on Drive
+DRIVE_FOLDER = "{DRIVE_FOLDER}"  # under MyDrive
+NUM_STEPS = None  # None: the preset's
+""".replace("{DRIVE_FOLDER}", DRIVE_FOLDER), tags=["parameters"]),
+                 DRIVE,
+                 code("""
+cfg = colab.notebook_config(PRESET, "game", TASK_ARGS, RUN_NAME, globals().get("drive"), DRIVE_FOLDER, NUM_STEPS,
+                            smoke=SMOKE)
+print(f"run: {cfg.run_dir}  mirror: {cfg.mirror_dir}  model: {cfg.model_name}  game: {cfg.task_args}")
+"""),
+                 md("""
+## ▶ Resume cell
+
+Starts the run, or continues it from the newest complete checkpoint (copied back from Drive when this runtime
+lost it). After a disconnect: run the cells above, then this one.
+"""),
+                 code("""
+trainer = colab.start_or_resume(cfg)
+"""),
+                 code("""
+# Live curve of the mean return (score minus illegal-move penalties); score, illegal-move rate, episode length
+# and decisions per player are in metrics.jsonl.
+summary = colab.train_to_end(trainer, every=1 if SMOKE else 5)
+summary
+"""),
+                 code("""
+# Held-out deals, every checkpoint: sampled and greedy score, illegal-move rate, episode length
+N = 2 if SMOKE else 8  # sampled episodes per deal
+from IPython.display import Markdown, display
+from kit.evaluate import evaluate_run, format_table
+from kit import plots
+
+rows = evaluate_run(cfg.run_dir, "all", n=N)
+display(Markdown(format_table(rows)))
+plots.eval_curves(rows, path=f"{cfg.run_dir}/eval/eval_curves.png")
+"""),
+                 code("""
+# The same held-out deals: random legal moves, the rule-based player, the untrained team, the trained team
+from kit.baselines import compare
+
+table = compare(cfg.run_dir, n=N)
+display(Markdown(format_table(table, ["method", "score/mean", "greedy/score_mean", "illegal/rate",
+                                      "episode/length"], first="method")))
+plots.baseline_bars(table, path=f"{cfg.run_dir}/eval/baselines.png")
+"""),
+                 code("""
+# Step through the logged games move by move: the whole table before each decision, who acted, the move
+from kit import explore
+
+explore.browser(cfg.run_dir)
+"""),
+                 code("""
+colab.flush_drive()  # make sure Drive has every file before the runtime goes away
+""", tags=["colab"]),
+             ])
+
 
 if __name__ == "__main__":
     build()

@@ -1,5 +1,6 @@
 """Game tasks (kit/tasks/game.py) and episode rollouts (kit/games.py) on OpenSpiel's tiny_hanabi and hanabi."""
 
+import importlib.util
 import itertools
 import json
 
@@ -145,6 +146,29 @@ def test_full_hanabi_runs_end_to_end_on_the_tiny_model(tmp_path):
     episodes = [json.loads(line) for line in open(tmp_path / "run" / "rollouts.jsonl")]
     assert len(episodes) == 2 * 2 * 4 and all(1 <= len(e["decisions"]) == e["length"] <= 6 for e in episodes)
     assert {"player", "prompt", "completion", "move", "legal"} <= set(episodes[0]["decisions"][0])
+    # the explorer replays a logged game move by move, from its seed and its completions
+    from kit import explore
+
+    log = explore.RunLog(tmp_path / "run")
+    row = max(log.rows(step=2), key=lambda r: r["length"])
+    frames = log.replay(row)
+    assert log.is_game and len(frames) == row["length"] + 1 and frames[-1]["player"] is None
+    assert [f["move"] for f in frames[:-1]] == [d["move"] for d in row["decisions"]]
+    assert "Fireworks" in frames[0]["state"] and frames[0]["player"] == 0 and frames[1]["player"] == 1
+    assert ("score", row["score"]) in explore.breakdown(row) and log.best(2)["reward"] == max(
+        r["reward"] for r in log.rows(step=2))
+    broken = {**row, "decisions": [{**row["decisions"][0], "move": "(Play 9)"}, *row["decisions"][1:]]}
+    with pytest.raises(ValueError, match="replays as"):
+        log.replay(broken)
+    if importlib.util.find_spec("ipywidgets"):
+        box = explore.browser(tmp_path / "run")
+        widgets = {type(w).__name__: w for w in box.children}
+        nav = box.children[5].children  # previous, decision slider, next
+        assert "<table>" in box.children[2].value and widgets["Dropdown"].options
+        nav[2].click()
+        assert nav[1].value == 1 and "decision 1" in box.children[6].value
+        nav[0].click()
+        assert "decision 0" in box.children[6].value
     resumed = GameTrainer.from_run(tmp_path / "run", ["num_steps=3"], **QUIET)  # a checkpoint resumes
     assert resumed.step == 2 and torch.is_tensor(resumed.team.parameters_of("agent_0")[0])
 
@@ -204,3 +228,19 @@ def test_a_game_run_is_evaluated_over_checkpoints_and_against_its_baselines(tmp_
     assert "| random |" in out and "| magrpo |" in out and (tmp_path / "run" / "eval" / "baselines.png").exists()
     assert main(["eval", "--run-dir", str(tmp_path / "run"), "--steps", "newest", "--n", "2"]) == 0
     assert "score/mean" in capsys.readouterr().out and (tmp_path / "run" / "eval" / "eval_curves.png").exists()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_tiny_hanabi_self_play_reaches_80_percent_of_the_optimum_within_300_steps(seed):
+    # bench/game_learning.py: the tiny_hanabi preset, scored exactly (the greedy team on each of the 4 deals)
+    import importlib.util as iu
+    from pathlib import Path
+
+    spec = iu.spec_from_file_location("game_learning", Path(__file__).resolve().parents[1] / "bench" /
+                                      "game_learning.py")
+    bench = iu.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    result = bench.learn(seed, steps=300, every=25, stop_at=0.8 * bench.OPTIMUM)
+    assert result["first_step_at_80pct"] is not None and result["steps"] <= 300, result
+    assert result["final"] >= 8.0 > 2 * 3.72  # random-legal play: 3.72 (test above)
