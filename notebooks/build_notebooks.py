@@ -78,6 +78,23 @@ RUN_DIR = colab.run_to_analyse(RUN_NAME, globals().get("drive"), DRIVE_FOLDER, R
 """)]
 
 
+def train_cells(comment: str) -> list:
+    """The resume cell (start or continue the run) and the training cell, shared by 01 and 06."""
+    return [md("""
+## ▶ Resume cell
+
+This cell starts the run, or continues it. **After a disconnect**: reconnect, run the cells above (install,
+parameters, Drive, config), then this one. It copies the newest complete checkpoint back from Drive when the
+runtime's disk lost it, and training continues exactly where that checkpoint stopped (same data order, same
+random state). A changed training setting is refused with the list of fields that differ.
+"""), code("""
+trainer = colab.start_or_resume(cfg)
+"""), code(comment + """
+summary = colab.train_to_end(trainer, every=1 if SMOKE else 5)
+summary
+""")]
+
+
 def notebook(name: str, title: str, purpose: str, cells: list) -> None:
     nb = nbformat.v4.new_notebook()
     nb.metadata = {"kernelspec": {"name": "python3", "display_name": "Python 3", "language": "python"},
@@ -130,23 +147,9 @@ cfg = colab.notebook_config(PRESET, TASK, TASK_ARGS, RUN_NAME, globals().get("dr
                             JUDGE_MODEL, JUDGE_BUDGET_USD, smoke=SMOKE)
 print(f"run: {cfg.run_dir}  mirror: {cfg.mirror_dir}  model: {cfg.model_name}  task: {cfg.task} {cfg.task_args}")
 """),
-                 md("""
-## ▶ Resume cell
-
-This cell starts the run, or continues it. **After a disconnect**: reconnect, run the cells above (install,
-parameters, Drive, config), then this one. It copies the newest complete checkpoint back from Drive when the
-runtime's disk lost it, and training continues exactly where that checkpoint stopped (same data order, same
-random state). A changed training setting is refused with the list of fields that differ.
-"""),
-                 code("""
-trainer = colab.start_or_resume(cfg)
-"""),
-                 code("""
-# Trains with a live reward curve (the whole run, also after a resume), writes eval/learning_curves.png,
-# then closes the trainer, which waits for the last copy to Drive.
-summary = colab.train_to_end(trainer, every=1 if SMOKE else 5)
-summary
-"""),
+                 *train_cells("# Trains with a live reward curve (the whole run, also after a resume), writes "
+                             "eval/learning_curves.png,\n# then closes the trainer, which waits for the last copy to "
+                             "Drive."),
                  code("""
 from kit import plots
 
@@ -261,21 +264,8 @@ cfg = colab.notebook_config(PRESET, "game", TASK_ARGS, RUN_NAME, globals().get("
                             smoke=SMOKE)
 print(f"run: {cfg.run_dir}  mirror: {cfg.mirror_dir}  model: {cfg.model_name}  game: {cfg.task_args}")
 """),
-                 md("""
-## ▶ Resume cell
-
-Starts the run, or continues it from the newest complete checkpoint (copied back from Drive when this runtime
-lost it). After a disconnect: run the cells above, then this one.
-"""),
-                 code("""
-trainer = colab.start_or_resume(cfg)
-"""),
-                 code("""
-# Live curve of the mean return (score minus illegal-move penalties); score, illegal-move rate, episode length
-# and decisions per player are in metrics.jsonl.
-summary = colab.train_to_end(trainer, every=1 if SMOKE else 5)
-summary
-"""),
+                 *train_cells("# Live curve of the mean return (score minus illegal-move penalties); score, illegal-move rate,\n"
+                             "# episode length and decisions per player are in metrics.jsonl."),
                  code("""
 # Held-out deals, every checkpoint: sampled and greedy score, illegal-move rate, episode length
 N = 2 if SMOKE else 8  # sampled episodes per deal

@@ -132,7 +132,7 @@ def test_a_player_updates_on_its_own_decisions_only(tmp_path):
 
 def test_full_hanabi_runs_end_to_end_on_the_tiny_model(tmp_path):
     cfg = game_config(tmp_path, "task_args={game: hanabi, prompt_style: compact, max_decisions: 6}", "num_steps=2",
-                      "eval_every=2")
+                      "eval_every=2", "micro_batch_size=4")  # an adapter's ~24 decisions update 4 rows at a time
     trainer = GameTrainer(cfg, **QUIET)
     summary = trainer.train()
     trainer.close()
