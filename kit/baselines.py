@@ -130,12 +130,8 @@ def compare(run_dir, methods=None, n: int = 10, num_items: int | None = None, st
             continue
         rows.append(run_method(method, ctx.sampler, ctx.task, ctx.cfg, ctx.items, n, ctx.scorer))
         log(f"[kit] baseline {method}: " + _brief(rows[-1]))
-    have = sorted(ctx.checkpoints())
-    chosen = have[-1] if step == "newest" and have else (int(step) if step != "newest" else None)
-    if chosen is None:
-        log(f"[kit] no saved checkpoint in {ctx.run_dir}: the trained team (magrpo) is NOT in this table; train "
-            "the run first (its checkpoints appear under ckpt/)")
-    else:
+    chosen = ctx.team_step(step, log)
+    if chosen is not None:
         ctx.use_step(chosen)
         row = run_method("naive", ctx.sampler, ctx.task, ctx.cfg, ctx.items, n, ctx.scorer)
         row.update(method="magrpo", step=chosen)

@@ -147,6 +147,16 @@ class RunContext:
 
         return saved_steps(self.run_dir)
 
+    def team_step(self, step: str | int = "newest", log=print) -> int | None:
+        """The checkpoint step a baseline table compares the trained team at (`newest` or a number); None, said
+        once, when the run has no checkpoint yet."""
+        have = sorted(self.checkpoints())
+        chosen = have[-1] if step == "newest" and have else (int(step) if step != "newest" else None)
+        if chosen is None:
+            log(f"[kit] no saved checkpoint in {self.run_dir}: the trained team (magrpo) is NOT in this table; "
+                "train the run first (its checkpoints appear under ckpt/)")
+        return chosen
+
     def use_step(self, step: int) -> None:
         """Point the team at a checkpoint's adapters; step 0 is the untrained base (fresh adapters)."""
         from kit.checkpoint import load_adapters

@@ -118,7 +118,7 @@ print("ANTHROPIC_API_KEY:", "found" if key else "not set: the optional Claude ju
 del key
 """),
                  code("""
-PRESET = "colab_a100"  # colab_a100 (A100), colab_t4 (free T4) or tiny_cpu
+PRESET = "colab_a100"  # colab_a100 (A100), colab_t4 (free T4), colab_hanabi (06: Hanabi, A100) or tiny_cpu
 """, tags=["parameters"]),
                  code("""
 # Two training steps of the preset on its real model, in a throw-away folder: one PASS or FAIL line.
