@@ -80,6 +80,9 @@ def test_hanabi_moves_by_their_text_and_bad_settings_are_refused():
     for _ in range(4):
         task.step(ep, "1")
     assert task.terminal(ep) and ep.ended  # max_decisions
+    from kit.tasks import describe
+
+    assert describe(task) == "game 'hanabi' (player_0, player_1): turn-based episodes, return = score"
     with pytest.raises(ValueError, match="illegal='skip'"):
         OpenSpielGame(2, "tiny_hanabi", illegal="skip")
     with pytest.raises(ValueError, match="has 2 players but num_agents=3"):

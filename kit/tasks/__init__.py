@@ -52,9 +52,13 @@ def has(task, hook: str) -> bool:
 
 def describe(task) -> str:
     """One line: the task, its agents, and which optional hooks it turns on."""
+    from kit.tasks.game import is_game
+
+    roles = ", ".join(getattr(task, "roles", []) or [])
+    if is_game(task):  # played in episodes (kit/games.py): the one-shot hooks below do not apply
+        return f"game {getattr(task, 'name', type(task).__name__)!r} ({roles}): turn-based episodes, return = score"
     on = [h for h in HOOKS if has(task, h)]
     off = [h for h in HOOKS if h not in on]
-    roles = ", ".join(getattr(task, "roles", []) or [])
     return (f"task {getattr(task, 'name', type(task).__name__)!r} ({roles}): hooks on: {', '.join(on) or 'none'}"
             f"; off: {', '.join(off) or 'none'}")
 
