@@ -155,6 +155,19 @@ def render_rows(rows: list[dict], roles: list[str], agent: int | None = None, li
     return (f"<table><tr><th>item</th>{head}<th>reward</th></tr>{''.join(body)}</table>{more}")
 
 
+def reload_log(log: RunLog, step, reward, refresh) -> None:
+    """A browser's reload button: read the log again, offer its new steps, widen the reward slider to the new
+    rewards (a slider over the whole range stays whole), and redraw."""
+    log.reload()
+    step.options = log.steps() or [0]
+    low, high = reward_bounds(log.all_rows)
+    whole = reward.value == (reward.min, reward.max)
+    reward.min, reward.max = min(reward.min, low), max(reward.max, high)
+    if whole:
+        reward.value = (reward.min, reward.max)
+    refresh()
+
+
 def episode_label(row: dict) -> str:
     return (f"{row['item']} #{row['episode']}: score {row['score']:g}, return {row['reward']:g}, "
             f"{row['length']} moves, {row['illegal']} illegal")
@@ -227,20 +240,13 @@ def game_browser(log: RunLog):
         if state["frames"]:
             frame.value = render_frame(state["frames"][min(decision.value, len(state["frames"]) - 1)], log.roles)
 
-    def on_reload(_):
-        log.reload()
-        step.options = log.steps() or [0]
-        low, high = reward_bounds(log.all_rows)
-        reward.min, reward.max = min(reward.min, low), max(reward.max, high)
-        refresh()
-
     step.observe(refresh, names="value")
     reward.observe(refresh, names="value")
     pick.observe(open_episode, names="value")
     decision.observe(show, names="value")
     back.on_click(lambda _: setattr(decision, "value", max(decision.value - 1, 0)))
     forward.on_click(lambda _: setattr(decision, "value", min(decision.value + 1, decision.max)))
-    reload.on_click(on_reload)
+    reload.on_click(lambda _: reload_log(log, step, reward, refresh))
     refresh()
     return w.VBox([w.HBox([step, reload]), reward, table, w.HTML("<b>One game, move by move</b>"), pick,
                    w.HBox([back, decision, forward]), frame])
@@ -289,16 +295,6 @@ def browser(run_dir: str | Path):
         detail.value = "<br>".join(f"{html.escape(k)}: {v:.3f}" for k, v in breakdown(row))
         editor.value = row["completions"][which.value]
 
-    def on_reload(_):
-        log.reload()
-        step.options = log.steps() or [0]
-        low, high = reward_bounds(log.all_rows)
-        widen = reward.value == (reward.min, reward.max)  # the whole range was selected: keep it whole
-        reward.min, reward.max = min(reward.min, low), max(reward.max, high)
-        if widen:
-            reward.value = (reward.min, reward.max)
-        refresh()
-
     def on_rescore(_):
         if pick.value is None:
             return
@@ -309,7 +305,7 @@ def browser(run_dir: str | Path):
         widget.observe(refresh, names="value")
     for widget in (pick, which):
         widget.observe(show, names="value")
-    reload.on_click(on_reload)
+    reload.on_click(lambda _: reload_log(log, step, reward, refresh))
     rescore.on_click(on_rescore)
     refresh()
     show()

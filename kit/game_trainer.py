@@ -23,7 +23,7 @@ from __future__ import annotations
 import numpy as np
 
 from kit import magrpo
-from kit.games import Decisions, greedy_eval, play
+from kit.games import Decisions, episode_summary, greedy_eval, play, summary_metrics
 from kit.trainer import Trainer
 
 
@@ -50,41 +50,26 @@ class GameTrainer(Trainer):
         return rounds
 
     def metrics(self, rounds: list[Decisions], update_stats: dict, times: dict) -> dict:
-        mine = [{"score": self.task.game_score(ep), "return": float(ret), "illegal": ep.illegal,
-                 "length": ep.length, "players": [d["player"] for d in ep.decisions], "adv": float(abs(a))}
-                for ep, ret, a in zip(self.episodes, self.returns, self._advantages)]
+        mine = [{**episode_summary(self.task, ep), "players": [d["player"] for d in ep.decisions], "adv": abs(a)}
+                for ep, a in zip(self.episodes, self._advantages)]
         eps = [e for part in self.dist.gather(mine) for e in part]
-        scores = np.array([e["score"] for e in eps])
-        decisions = sum(e["length"] for e in eps)
-        row = {"step": self.step, "reward/mean": float(np.mean([e["return"] for e in eps])),
-               "score/mean": float(scores.mean()), "score/max": float(scores.max()), "score/std": float(scores.std()),
-               "illegal/rate": sum(e["illegal"] for e in eps) / max(decisions, 1),
-               "episode/length": decisions / len(eps), "advantage/abs_mean": float(np.mean([e["adv"] for e in eps]))}
+        row = {"step": self.step, **summary_metrics(eps),
+               "advantage/abs_mean": float(np.mean([e["adv"] for e in eps])),
+               "perf/decisions_per_s": sum(e["length"] for e in eps) / max(times["sample"], 1e-9)}
         for p in range(self.cfg.num_agents):
             row[f"decisions/player_{p}"] = sum(e["players"].count(p) for e in eps)
-        row.update(update_stats)
-        row["lr"] = self.schedulers[self.team.adapters[0]].get_last_lr()[0]
         tokens = self.dist.sum([sum(r.rollout.num_tokens for r in rounds)])[0]
-        row["completion/tokens"] = tokens
-        row["perf/tokens_per_s"] = tokens / max(times["generate"], 1e-9)
-        row["perf/decisions_per_s"] = decisions / max(times["sample"], 1e-9)
-        for k, v in times.items():
-            row[f"perf/{k}_s"] = v
-        return row
+        return self.finish_row(row, update_stats, times, tokens)
 
     def rollout_rows(self, rounds: list[Decisions], items: list[dict]) -> list[dict]:
         """One row per episode, its decisions in order (the explorer steps through them)."""
         G = self.cfg.num_generations
-        rows = [{"step": self.step, "item": items[e // G]["id"], "episode": e % G, "seed": ep.seed,
-                 "score": self.task.game_score(ep), "reward": float(self.returns[e]),
-                 "advantage": float(self._advantages[e]), "illegal": ep.illegal, "length": ep.length,
-                 "decisions": ep.decisions, "_order": (items[e // G]["seed"], e % G)}
-                for e, ep in enumerate(self.episodes)]
-        if self.dist.world > 1:
-            rows = sorted((r for part in self.dist.gather(rows) for r in part), key=lambda r: r["_order"])
-        for r in rows:
-            del r["_order"]
-        return rows
+        return self.in_order([
+            {"step": self.step, "item": items[e // G]["id"], "episode": e % G, "seed": ep.seed,
+             "score": self.task.game_score(ep), "reward": float(self.returns[e]),
+             "advantage": float(self._advantages[e]), "illegal": ep.illegal, "length": ep.length,
+             "decisions": ep.decisions, "_order": (items[e // G]["seed"], e % G)}
+            for e, ep in enumerate(self.episodes)])
 
     def evaluate(self, items: list[dict] | None = None) -> dict:
         """Greedy play of the held-out deals: mean score, illegal-move rate (under `eval/`)."""

@@ -108,15 +108,26 @@ def play_policy(task, seeds: list[int], n: int, policy: Policy) -> list:
     return episodes
 
 
-def episode_metrics(task, episodes: list, n: int) -> dict:
+def episode_summary(task, episode) -> dict:
+    """What the metrics need of one episode, as plain values (processes gather these, not game states)."""
+    return {"score": task.game_score(episode), "return": task.score(episode), "illegal": episode.illegal,
+            "length": episode.length}
+
+
+def summary_metrics(summaries: list[dict]) -> dict:
     """Score mean/std/max, the return (score minus the illegal-move penalty), illegal-move rate and length."""
-    scores = np.array([task.game_score(ep) for ep in episodes])
-    decisions = sum(ep.length for ep in episodes)
-    return {"num_items": len(episodes) // max(n, 1), "num_samples": n,
-            "reward/mean": float(np.mean([task.score(ep) for ep in episodes])),
+    scores = np.array([e["score"] for e in summaries])
+    decisions = sum(e["length"] for e in summaries)
+    return {"reward/mean": float(np.mean([e["return"] for e in summaries])),
             "score/mean": float(scores.mean()), "score/std": float(scores.std()), "score/max": float(scores.max()),
-            "illegal/rate": sum(ep.illegal for ep in episodes) / max(decisions, 1),
-            "episode/length": decisions / len(episodes)}
+            "illegal/rate": sum(e["illegal"] for e in summaries) / max(decisions, 1),
+            "episode/length": decisions / len(summaries)}
+
+
+def episode_metrics(task, episodes: list, n: int) -> dict:
+    """`summary_metrics` of n episodes per deal, with the counts."""
+    return {"num_items": len(episodes) // max(n, 1), "num_samples": n,
+            **summary_metrics([episode_summary(task, ep) for ep in episodes])}
 
 
 def greedy_eval(sampler, task, items: list[dict]) -> dict:

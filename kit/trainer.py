@@ -148,8 +148,8 @@ class Trainer:
         state = checkpoint.resume_latest(self.run_dir, self.team, self.optimizers, self.schedulers, log=self.log)
         self.step = state["step"] if state else 0
         # Lines written after the checkpoint belong to steps that will be run again: drop them.
-        for name in (rundir.METRICS, rundir.ROLLOUTS):
-            if self.dist.is_main:
+        if self.dist.is_main:
+            for name in (rundir.METRICS, rundir.ROLLOUTS):
                 rundir.truncate_jsonl(self.run_dir / name, self.step)
 
     def _append(self, name: str, rows: list[dict]) -> None:
@@ -318,11 +318,15 @@ class Trainer:
         row["advantage/abs_mean"] = float(np.mean([sum(part["advantages"][t][0] for part in every) /
                                                    sum(part["advantages"][t][1] for part in every)
                                                    for t in range(len(levels))]))
+        return self.finish_row(row, update_stats, times, sum(part["tokens"] for part in every))
+
+    def finish_row(self, row: dict, update_stats: dict, times: dict, tokens: int) -> dict:
+        """The part of a metrics row every loop shares: the update's stats, the learning rate, the tokens and
+        their rate (all processes' tokens over this one's generate time), and the step's timings."""
         row.update(update_stats)
         row["lr"] = self.schedulers[self.team.adapters[0]].get_last_lr()[0]
-        num_tokens = sum(part["tokens"] for part in every)
-        row["completion/tokens"] = num_tokens
-        row["perf/tokens_per_s"] = num_tokens / max(times["generate"], 1e-9)  # all processes, this one's time
+        row["completion/tokens"] = tokens
+        row["perf/tokens_per_s"] = tokens / max(times["generate"], 1e-9)
         for k, v in times.items():
             row[f"perf/{k}_s"] = v
         return row
@@ -340,9 +344,12 @@ class Trainer:
                                  "reward": r.total, "parts": r.parts, "return": float(lv.returns[n, j]),
                                  "advantages": [float(lv.advantages[n, a, g]) for a, g in enumerate(idx)],
                                  "_order": (lv.turn, node["id"], j)})
+        return self.in_order(rows)
+
+    def in_order(self, rows: list[dict]) -> list[dict]:
+        """Log rows from every process, in the order one process would write them (their `_order` key, dropped)."""
         if self.dist.world > 1:
-            rows = [r for part in self.dist.gather(rows) for r in part]
-            rows.sort(key=lambda r: r["_order"])
+            rows = sorted((r for part in self.dist.gather(rows) for r in part), key=lambda r: r["_order"])
         for r in rows:
             del r["_order"]
         return rows
@@ -435,5 +442,3 @@ class Trainer:
             self.mirror.close()  # waits for the last copy
         if self.wandb is not None:
             self.wandb.finish()
-
-
