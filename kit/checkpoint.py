@@ -18,7 +18,8 @@ thinned to at most `keep_history` steps spread over the whole run (multiples of 
 run grows), so evaluating "every checkpoint" shows the whole run, not only its end.
 
 A folder that has COMPLETE but fails to load (a truncated file on a flaky Drive) is skipped with a
-warning and the next older one is tried.
+warning and the next older one is tried. The RNG state is the exception: one that cannot be restored (saved on a
+machine with more GPUs, damaged) is only warned about, since every training step reseeds from (seed, step).
 """
 
 from __future__ import annotations
@@ -59,6 +60,7 @@ def seed_everything(seed: int) -> None:
 
 
 def rng_state() -> dict:
+    """python, numpy and torch RNG states, and one CUDA state per visible GPU (none without CUDA)."""
     return {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.random.get_rng_state(),
             "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None}
 
@@ -68,7 +70,18 @@ def set_rng_state(state: dict) -> None:
     np.random.set_state(state["numpy"])
     torch.random.set_rng_state(state["torch"])
     if state.get("cuda") is not None and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(state["cuda"])
+        # saved on a machine with more GPUs: only the devices that exist here have a state to take
+        torch.cuda.set_rng_state_all(state["cuda"][:torch.cuda.device_count()])
+
+
+def restore_rng(path: Path) -> None:
+    """Restore the RNG states saved in `path`, or warn and go on: the trainer reseeds python, numpy and torch from
+    (seed, step) at every step, so a damaged or foreign RNG state must never cost a checkpoint its steps."""
+    try:
+        set_rng_state(torch.load(path, map_location="cpu", weights_only=False))
+    except Exception as err:
+        warnings.warn(f"RNG state {path} not restored ({type(err).__name__}: {err}); the run still continues "
+                      "exactly: every step reseeds from (seed, step)", stacklevel=2)
 
 
 def save(run_dir: str | Path, step: int, team, optimizers: dict, schedulers: dict, state: dict,
@@ -157,15 +170,15 @@ def saved_steps(run_dir: str | Path) -> dict[int, Path]:
 
 
 def load_into(path: Path, team, optimizers: dict, schedulers: dict) -> dict:
-    """Load adapters, optimizer, scheduler and RNG state from `path`; returns state.json."""
+    """Load adapters, optimizer, scheduler and RNG state from `path`; returns state.json. The RNG state is the only
+    part that may fail without failing the load (restore_rng)."""
     state = json.loads((path / "state.json").read_text())
     optim = torch.load(path / "optim.pt", map_location="cpu", weights_only=False)  # the step moves it
-    rng = torch.load(path / "rng.pt", map_location="cpu", weights_only=False)
     load_adapters(path, team)
     for adapter in team.adapters:
         optimizers[adapter].load_state_dict(optim[adapter]["optimizer"])
         schedulers[adapter].load_state_dict(optim[adapter]["scheduler"])
-    set_rng_state(rng)
+    restore_rng(path / "rng.pt")
     return state
 
 

@@ -74,8 +74,8 @@ class TrainConfig:
     micro_batch_size: int = 0  # rows per forward/backward in the update (0: all of an agent's rows at once)
     learning_rate: float = 1e-4  # AdamW learning rate of every adapter
     weight_decay: float = 0.0  # AdamW weight decay
-    warmup_steps: int = 0  # linear warmup steps
-    lr_scheduler: str = "constant"  # constant, linear, cosine (after warmup)
+    warmup_steps: int = 0  # linear warm-up from 0 over this many steps, under every lr_scheduler
+    lr_scheduler: str = "constant"  # after the warm-up: constant, linear or cosine decay to 0 at num_steps
     max_grad_norm: float = 1.0  # clip each agent's gradient norm (0: off)
     seed: int = 0  # drives weights init, data order, sampling: the same seed gives the same run
     # --- run directory, logging, checkpoints
