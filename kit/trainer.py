@@ -58,6 +58,20 @@ class Level:
     advantages: np.ndarray | None = None  # (nodes, N, G)
 
 
+def lr_schedule(optimizer, cfg: TrainConfig):
+    """The learning rate of each step: a linear warm-up over `warmup_steps` for every schedule, then constant,
+    linear decay or cosine decay to 0 at `num_steps` (transformers' schedules, stepped once per training step).
+
+        lr_k = learning_rate * k / warmup_steps          for step k < warmup_steps (k = 0, 1, ...: the first is 0)
+        lr_k = learning_rate * f((k - w) / (num_steps - w))   after it; f = 1, 1 - x, or (1 + cos(pi x)) / 2
+    """
+    from transformers import get_scheduler
+
+    # transformers' "constant" ignores num_warmup_steps; its warm-up twin is the same schedule once warm
+    name = "constant_with_warmup" if cfg.lr_scheduler == "constant" else cfg.lr_scheduler
+    return get_scheduler(name, optimizer, num_warmup_steps=cfg.warmup_steps, num_training_steps=cfg.num_steps)
+
+
 class Trainer:
     def __init__(self, cfg: TrainConfig, task=None, reward_funcs=None, team=None, resume: bool = False,
                  log=print, sampler=None):
@@ -105,14 +119,11 @@ class Trainer:
         self.sampler = sampler or Sampler.from_config(team, cfg)  # anything with sample(requests, n, params)
         self.team.roles = list(getattr(task, "roles", [])) or [f"agent_{i}" for i in range(cfg.num_agents)]
         self.optimizers, self.schedulers = {}, {}
-        from transformers import get_scheduler
-
         for adapter in team.adapters:
             opt = torch.optim.AdamW(team.parameters_of(adapter), lr=cfg.learning_rate,
                                     weight_decay=cfg.weight_decay)
             self.optimizers[adapter] = opt
-            self.schedulers[adapter] = get_scheduler(cfg.lr_scheduler, opt, num_warmup_steps=cfg.warmup_steps,
-                                                     num_training_steps=cfg.num_steps)
+            self.schedulers[adapter] = lr_schedule(opt, cfg)
         self.step = 0
         self.scorer = Scorer(self.reward_model, cfg.reward_workers, cfg.reward_pool)
         self.wandb = None
@@ -232,9 +243,9 @@ class Trainer:
     # ---- update
 
     def update(self, levels: list[Level]) -> dict:
-        """One optimizer step per adapter on its own rows; returns loss/grad-norm stats."""
+        """One optimizer step per adapter on its own rows; returns loss/grad-norm stats and the step's LR."""
         cfg, team = self.cfg, self.team
-        stats = {}
+        stats = {"lr": self.optimizers[team.adapters[0]].param_groups[0]["lr"]}  # the rate this step uses
         for adapter in team.adapters:
             agents = team.agents_of_adapter(adapter)
             model = team.model_of(agents[0])
@@ -242,15 +253,7 @@ class Trainer:
             model.train()
             opt = self.optimizers[adapter]
             opt.zero_grad(set_to_none=True)
-            chunks = []
-            for level in levels:
-                seg = level.rollout.segment(team.base_of[agents[0]])
-                seg = seg.rows(agents) if seg is not None else None
-                if seg is None or not len(seg.sample):
-                    continue  # none of this adapter's agents acted here (a game's turn of another player)
-                adv = torch.tensor(level.advantages.reshape(-1)[seg.sample.cpu().numpy()], device=seg.input_ids.device)
-                step = cfg.micro_batch_size or len(adv)
-                chunks += [(seg, adv, i, min(i + step, len(adv))) for i in range(0, len(adv), step)]
+            chunks = self._chunks(agents, levels)
             # each chunk's loss is weighted by its share of ALL rows (or tokens), over every process
             total_rows, total_tokens = self.dist.sum([sum(hi - lo for _, _, lo, hi in chunks),
                                                       sum(int(s.completion_mask[lo:hi].sum()) for s, _, lo, hi in chunks)])
@@ -270,9 +273,11 @@ class Trainer:
                 loss_sum += float(loss.detach()) * weight
                 kl_sum += st.get("kl", 0.0) * weight
             params = team.parameters_of(adapter)
-            if self.dist.world > 1:  # the gradient of the global loss: the sum of every process's part
+            # No rows on any process (a game's player who never acted): every grad stays None and opt.step() leaves
+            # the adapter alone, as with one process; zeros would still move it (AdamW's momentum, weight decay).
+            if self.dist.world > 1 and total_rows > 0:  # the global loss's gradient: the sum of every process's part
                 for q in params:
-                    if q.grad is None:
+                    if q.grad is None:  # this process has none of the rows: its part is zero
                         q.grad = torch.zeros_like(q)
                 self.dist.sum_([q.grad for q in params])
                 loss_sum, kl_sum = self.dist.sum([loss_sum, kl_sum])
@@ -285,6 +290,19 @@ class Trainer:
             if cfg.beta > 0:
                 stats[f"kl/{adapter}"] = kl_sum
         return stats
+
+    def _chunks(self, agents: list[int], levels: list[Level]) -> list[tuple]:
+        """The rows of `agents` (one adapter's) over all levels, as (segment, advantages, lo, hi) micro-batches."""
+        team, chunks = self.team, []
+        for level in levels:
+            seg = level.rollout.segment(team.base_of[agents[0]])
+            seg = seg.rows(agents) if seg is not None else None
+            if seg is None or not len(seg.sample):
+                continue  # none of this adapter's agents acted here (a game's turn of another player)
+            adv = torch.tensor(level.advantages.reshape(-1)[seg.sample.cpu().numpy()], device=seg.input_ids.device)
+            step = self.cfg.micro_batch_size or len(adv)
+            chunks += [(seg, adv, i, min(i + step, len(adv))) for i in range(0, len(adv), step)]
+        return chunks
 
     # ---- evaluation
 
@@ -321,10 +339,9 @@ class Trainer:
         return self.finish_row(row, update_stats, times, sum(part["tokens"] for part in every))
 
     def finish_row(self, row: dict, update_stats: dict, times: dict, tokens: int) -> dict:
-        """The part of a metrics row every loop shares: the update's stats, the learning rate, the tokens and
+        """The part of a metrics row every loop shares: the update's stats and learning rate, the tokens and
         their rate (all processes' tokens over this one's generate time), and the step's timings."""
-        row.update(update_stats)
-        row["lr"] = self.schedulers[self.team.adapters[0]].get_last_lr()[0]
+        row.update(update_stats)  # with "lr", the rate the step used (every adapter has the same schedule)
         row["completion/tokens"] = tokens
         row["perf/tokens_per_s"] = tokens / max(times["generate"], 1e-9)
         for k, v in times.items():
