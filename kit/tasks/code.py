@@ -8,7 +8,8 @@ against the problem's asserts in `kit.sandbox`.
 Reward (max 4.0; the paper normalises by 4, e.g. `reward_processor="scale(0.25)"`), each level gated by the last:
     structure   (1.0)  +0.4 aux is defined and returns a value; +0.6 the entry point is defined (stop if not)
     syntax      (0.5)  the joined program parses (stop if not)
-    tests       (1.0)  fraction of the problem's asserts that pass, each under its own timeout
+    tests       (1.0)  fraction of the problem's asserts that pass, each under its own timeout; 0 when the run
+                       tried something the sandbox refuses or hit a limit (`violation` = 1, the reason in details)
     cooperation (1.5)  only when aux is defined and returns, and at least one test passes: +0.5 main uses aux;
                        +1.0 more when main is not a thin wrapper around aux; -0.5 when an aux result is thrown
                        away (AST-based)
@@ -250,7 +251,7 @@ class CodeTask:
         return reward
 
     def _score(self, item: dict, helper_code: str, main_code: str) -> Reward:
-        parts = {"structure": 0.0, "syntax": 0.0, "tests": 0.0, "cooperation": 0.0}
+        parts = {"structure": 0.0, "syntax": 0.0, "tests": 0.0, "cooperation": 0.0, "violation": 0.0}
         details = {"helper_code": helper_code, "main_code": main_code, "level": "structure"}
         aux_defined, aux_returns = function_info(helper_code, AUX)
         main_defined, _ = function_info(main_code, item["entry_point"])
@@ -268,10 +269,12 @@ class CodeTask:
         parts["syntax"] = 0.5
         details["level"] = "tests"
         setup = (item.get("setup") or "") + f"\ncandidate = {item['entry_point']}\n"
-        result = sandbox.run(program, item["tests"], setup=setup, call_names=("candidate", item["entry_point"]),
-                             limits=self.limits)
+        result = sandbox.run(program, item["tests"], setup=setup, context=item.get("context", ""),
+                             call_names=("candidate", item["entry_point"]), limits=self.limits)
         parts["tests"] = result.fraction
+        parts["violation"] = float(bool(result.violation))
         details.update(num_tests=len(result.passed), num_passed=result.num_passed, error=result.error,
+                       violation=result.violation,
                        failures=[(t, why) for t, ok, why in zip(item["tests"], result.passed, result.reasons)
                                  if not ok][:self.max_failures_shown])
         if result.num_passed == 0 or not aux_ok:
@@ -316,8 +319,13 @@ class CodeTask:
                 for a in range(2)]
 
 
+LEVELS = ("structure", "syntax", "tests", "cooperation")
+
+
 def _done(parts: dict, details: dict) -> Reward:
-    return Reward(sum(parts.values()), parts, details)
+    """The total is the levels' sum; `violation` (1.0 when the sandbox refused something or a limit or kill
+    ended the run, which also zeroes tests) is a flag for the metrics and the browser, not a term."""
+    return Reward(sum(parts[k] for k in LEVELS), parts, details)
 
 
 def _syntax_errors(helper_code: str, main_code: str, program: str) -> list[str]:

@@ -1,0 +1,204 @@
+"""The sandbox's untrusted side: runs the generated program and answers the checker's calls with plain data.
+
+kit/sandbox.py starts it as `python -I -S -B -X utf8 -c <kit/sandbox_wire.py + this file> <calls_fd> <replies_fd>`
+(so `encode`, `decode`, `dumps` and `loads` come from the wire module's source, sent first), usually as an
+unprivileged user of its own in fresh namespaces, and writes the job (program, limits, workdir) to its stdin.
+
+It never sees a test, an expected value or a verdict. After its limits and guards are in place it runs the
+program's top level, then loops: read a call (function name, arguments as data, time budget), run it under an
+alarm, reply with the value as data, or the exception's type and message, or "timeout". Anything the program does
+to this process (rebinding the harness, walking frames, writing to the reply pipe) can only change the values it
+answers, which it could compute anyway; the checker decides.
+
+The audit hook and the limits here are not the wall (the separate user, the namespaces and the checker are): they
+name what the program tried. The first refused operation writes `["violation", why]` and ends the process at once,
+so an attempt cannot be caught and followed by correct answers; the run then earns no test credit.
+"""
+import builtins, os, resource, signal, sys
+
+VIOLATION_EXIT = 86  # the exit status of a run ended by a refused operation
+
+
+class _Timeout(BaseException):
+    pass
+
+
+def _on_alarm(signum, frame):
+    raise _Timeout()
+
+
+def _guard(reply_fd, read_roots, write_root):
+    """Install the audit hook. Everything it calls is bound here, so the program cannot rebind it."""
+    write, exit_, str_, bytes_, int_, type_, any_, bool_ = os.write, os._exit, str, bytes, int, type, any, bool
+    dumps_, getcwd = dumps, os.getcwd
+    write_flags = os.O_WRONLY | os.O_RDWR | os.O_CREAT | os.O_APPEND | os.O_TRUNC
+    read_files = ("/dev/null", "/dev/urandom", "/etc/localtime")
+    refused = ("os.exec", "os.spawn", "os.posix_spawn", "os.fork", "os.forkpty", "os.system", "os.kill",
+               "os.killpg", "os.startfile", "os.setuid", "os.setgid", "os.setreuid", "os.setresuid", "subprocess.",
+               "socket.", "ctypes.", "pty.", "gc.get_", "sys._current_", "sys.settrace", "sys.setprofile",
+               "sys.addaudithook", "resource.setrlimit", "resource.prlimit", "_thread.start_new_thread",
+               "signal.pthread_kill", "os.chroot", "mmap.", "winreg.", "sys.remote_exec", "cpython.")
+    # builtin modules that act without an audit event (fork_exec, raw memory, sockets) may not be loaded
+    modules = ("_posixsubprocess", "_ctypes", "ctypes", "_socket", "socket", "_testcapi", "_testinternalcapi",
+               "_testmultiphase", "_xxsubinterpreters", "_xxinterpchannels", "_interpreters", "_thread",
+               "_multiprocessing", "_posixshmem", "multiprocessing", "mmap", "pty")
+    path_events = ("os.remove", "os.rmdir", "os.rename", "os.truncate", "os.chmod", "os.chown", "os.link",
+                   "os.symlink", "os.mkdir", "os.utime", "shutil.rmtree", "os.chdir", "os.chflags",
+                   "os.lchflags", "os.lchmod", "os.lchown", "os.mkfifo", "os.mknod", "shutil.chown")
+
+    def violation(why):
+        try:
+            write(reply_fd, dumps_(["violation", why[:300]]))
+        finally:
+            exit_(VIOLATION_EXIT)
+
+    def normal(path):
+        # lexical absolute path, or None; symlinks can only be made inside the working directory
+        t = type_(path)
+        if t is bytes_:
+            path = path.decode("utf-8", "surrogateescape")
+        elif t is not str_:
+            return None  # a PathLike would run the program's own __fspath__ inside the hook
+        if not path.startswith("/"):
+            path = getcwd() + "/" + path
+        parts = []
+        for part in path.split("/"):
+            if part == "..":
+                if parts:
+                    parts.pop()
+            elif part and part != ".":
+                parts.append(part)
+        return "/" + "/".join(parts)
+
+    def under(path, roots):
+        p = normal(path)
+        return p is not None and any_(p == r or p.startswith(r + "/") for r in roots)
+
+    def hook(event, args):
+        if event == "open":
+            path, mode, flags = args
+            if type_(path) is int_:
+                return
+            writing = bool_((flags or 0) & write_flags) or (type_(mode) is str_ and any_(c in mode for c in "wax+"))
+            if writing and under(path, (write_root,)):
+                return
+            if not writing and (path in read_files or under(path, read_roots)):
+                return
+            shown = path if type_(path) in (str_, bytes_) else type_(path).__name__
+            violation(f"{'writing' if writing else 'reading'} {shown!r}")
+        elif event == "import":
+            if args[0] in modules:
+                violation(f"importing {args[0]}")
+        elif event.startswith(refused):
+            violation(event)
+        elif event in path_events:
+            for a in args:
+                if type_(a) is not int_ and a is not None and not under(a, (write_root,)):
+                    violation(f"{event} outside the working directory")
+        elif event in ("os.listdir", "os.scandir") and args and args[0] is not None and type_(args[0]) is not int_ \
+                and not under(args[0], read_roots):
+            violation(f"listing {args[0]!r}")
+
+    sys.addaudithook(hook)
+    return violation
+
+
+def main():
+    calls_fd, reply_fd = int(sys.argv[1]), int(sys.argv[2])
+    job = loads(sys.stdin.buffer.read())
+    sys.stdin.close()
+    limits, workdir = job["limits"], os.getcwd()
+    os.environ.clear()
+    os.environ.update(HOME=workdir, TMPDIR=workdir, PATH="/usr/bin:/bin")
+
+    mb, cpu = 1 << 20, int(job["wall"]) + 1
+    for res, value in ((resource.RLIMIT_CPU, cpu), (resource.RLIMIT_AS, limits["memory_mb"] * mb),
+                       (resource.RLIMIT_FSIZE, limits["file_mb"] * mb), (resource.RLIMIT_CORE, 0),
+                       (resource.RLIMIT_NOFILE, limits["max_open_files"]), (resource.RLIMIT_NPROC, 1)):
+        hard = resource.getrlimit(res)[1]  # threads count as processes: NPROC 1 leaves this one alone
+        value = value if hard == resource.RLIM_INFINITY else min(value, hard)
+        resource.setrlimit(res, (value, value))
+    signal.signal(signal.SIGALRM, _on_alarm)
+
+    roots = {workdir}
+    for p in sys.path:  # with -S: the standard library only, so no installed package (or its data) is readable
+        if p and os.path.isdir(p):
+            roots.update({os.path.abspath(p), os.path.realpath(p)})
+    import _thread  # loaded at start-up already; imported before the guard, which refuses loading it
+    violation = _guard(reply_fd, tuple(sorted(roots)), workdir)
+    signal.signal(signal.SIGXFSZ, lambda signum, frame: violation("file size limit"))  # even if the error is caught
+
+    # the harness keeps its own references: the program may rebind builtins and modules
+    write, read, setitimer, ITIMER_REAL = os.write, os.read, signal.setitimer, signal.ITIMER_REAL
+    BaseException_, MemoryError_, OSError_, type_, str_, len_ = BaseException, MemoryError, OSError, type, str, len
+    exec_, compile_, encode_, decode_, dumps_, loads_, Timeout = exec, compile, encode, decode, dumps, loads, _Timeout
+    saved_builtins = dict(builtins.__dict__)
+
+    def no_threads(*args, **kwargs):
+        violation("starting a thread")
+
+    _thread.start_new_thread = _thread.start_new = no_threads  # the audit event for threads is Python 3.13+
+    builtins.exit = builtins.quit = None
+
+    def reply(message):
+        write(reply_fd, dumps_(message))
+
+    def describe(e):
+        try:
+            name, text = type_(e).__name__, str_(e)
+            return [name[:100], text[:300]]
+        except BaseException_:
+            return ["Exception", "an exception that could not be described"]
+
+    def timed(fn, budget):
+        # a repeating alarm: a bare `except:` in the program swallows one, the next one still lands
+        setitimer(ITIMER_REAL, budget, 0.05)
+        try:
+            return fn()
+        finally:
+            setitimer(ITIMER_REAL, 0)
+            builtins.__dict__.clear()
+            builtins.__dict__.update(saved_builtins)
+
+    def resource_violation(e):
+        if isinstance(e, MemoryError_):
+            violation("memory limit")
+        if isinstance(e, OSError_) and getattr(e, "errno", None) == 27:  # EFBIG: the file size limit
+            violation("file size limit")
+
+    ns = {"__name__": "solution", "__builtins__": builtins}
+    try:
+        timed(lambda: exec_(compile_(job["program"], "<program>", "exec"), ns), limits["test_timeout"])
+        # what the tests may call: the program's functions and classes (the checker stubs each one)
+        reply(["ready", [k for k, v in list(ns.items())[:1000] if type_(k) is str_ and callable(v)]])
+    except Timeout:
+        reply(["error", f"the program's top level ran past {limits['test_timeout']:.1f} s"])
+    except BaseException_ as e:
+        resource_violation(e)
+        reply(["error", ": ".join(x for x in describe(e) if x)])
+    pending = b""
+    while True:
+        while b"\n" not in pending:
+            chunk = read(calls_fd, 1 << 16)
+            if not chunk:
+                os._exit(0)  # the checker is done
+            pending += chunk
+        line, pending = pending.split(b"\n", 1)
+        _, name, args, kwargs, budget = loads_(line)
+        try:
+            if name not in ns:
+                raise NameError(f"name {name!r} is not defined")
+            fn = ns[name]
+            args, kwargs = decode_(args), decode_(kwargs)
+            value = timed(lambda: encode_(fn(*args, **kwargs)), budget)
+            message = ["ok", value]
+        except Timeout:
+            message = ["timeout"]
+        except BaseException_ as e:
+            resource_violation(e)
+            message = ["raise", *describe(e)]
+        reply(message)
+
+
+if __name__ == "__main__":
+    main()
