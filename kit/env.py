@@ -62,7 +62,9 @@ def flush_drive(log=print) -> None:
 
 
 def secret(name: str) -> str | None:
-    """A secret from the environment or Colab's secrets panel, or None. The value is never printed or logged."""
+    """A secret from the environment or Colab's secrets panel, or None. The value is never printed or logged,
+    and a panel secret is returned, never exported to os.environ: it then lives only in the object that uses it
+    (the judge's SDK client), not in this process's /proc/<pid>/environ nor in any child's environment."""
     value = os.environ.get(name)
     if value:
         return value

@@ -149,6 +149,8 @@ def render_rows(rows: list[dict], roles: list[str], agent: int | None = None, li
             cells.append(f"<td><details><summary>prompt</summary><pre>{prompt}</pre></details>"
                          f"<pre>{text}</pre><small>advantage {adv if adv is None else f'{adv:+.3f}'}</small></td>")
         parts = "<br>".join(f"{html.escape(k)}: {v:.3f}" for k, v in breakdown(r) if not k.startswith("advantage"))
+        if r.get("violation"):  # what the sandbox refused, and why the row earned no test credit
+            parts += f"<br><b>violation</b>: {html.escape(str(r['violation']))}"
         body.append(f"<tr><td>{html.escape(str(r['item']))}<br>turn {r.get('turn', 0)}</td>{''.join(cells)}"
                     f"<td>{parts}</td></tr>")
     more = f"<p>{len(rows) - limit} more not shown.</p>" if len(rows) > limit else ""

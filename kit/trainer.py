@@ -361,6 +361,8 @@ class Trainer:
                                  "reward": r.total, "parts": r.parts, "return": float(lv.returns[n, j]),
                                  "advantages": [float(lv.advantages[n, a, g]) for a, g in enumerate(idx)],
                                  "_order": (lv.turn, node["id"], j)})
+                    if (r.details or {}).get("violation"):  # what the program tried, beside the 0/1 part
+                        rows[-1]["violation"] = r.details["violation"]
         return self.in_order(rows)
 
     def in_order(self, rows: list[dict]) -> list[dict]:

@@ -296,3 +296,49 @@ def test_hub_loader_converts_humaneval_format_rows(monkeypatch):
     monkeypatch.setattr(datasets, "load_dataset", lambda name, split: datasets.Dataset.from_list([{"q": "?"}]))
     with pytest.raises(ValueError, match="missing"):
         CodeTask(dataset="hub:someone/other").load("train")
+
+
+# --- hostile completions through the training path (issue 20)
+
+
+def _prime_fib():
+    return next(it for it in coop_problems() if it["id"] == "coop/prime_fib")
+
+
+FRAME_ATTACK = ("import sys\n"
+                "f = sys._getframe()\n"
+                "while f is not None:\n"
+                "    for d in (f.f_locals, f.f_globals):\n"
+                "        for v in list(d.values()):\n"
+                "            if isinstance(v, dict) and 'tests' in v:\n"
+                "                v['tests'][:] = ['pass'] * len(v['tests'])\n"
+                "    f = f.f_back\n\n"
+                "def prime_fib(n):\n    return aux(0)\n")
+
+
+def test_rewriting_the_harness_from_the_program_earns_no_test_credit():
+    item = _prime_fib()
+    helper = item["reference_pair"][0]
+    r = CodeTask(dataset="coop").reward(item, (helper, FRAME_ATTACK))
+    assert r.parts["tests"] == 0.0 and r.parts["cooperation"] == 0.0 and r.total == 1.5
+
+
+def test_a_refused_attempt_followed_by_correct_code_earns_no_test_credit_and_is_recorded():
+    item = _prime_fib()
+    helper, main = item["reference_pair"]
+    attack = "import os\ntry:\n    os.system('id')\nexcept BaseException:\n    pass\n\n" + main
+    task = CodeTask(dataset="coop")
+    honest, tried = task.reward(item, (helper, main)), task.reward(item, (helper, attack))
+    assert honest.total == 4.0 and honest.parts["violation"] == 0.0
+    assert tried.parts["tests"] == 0.0 and tried.parts["violation"] == 1.0 and tried.total == 1.5
+    assert "os.system" in tried.details["violation"]
+    assert "os.system" in task.feedback(item, (helper, attack), tried)[1]
+
+
+def test_the_problem_context_is_trusted_and_the_program_cannot_replace_it():
+    # HumanEval/32's tests call the prompt's own `poly`: a program that redefines poly must not pass
+    item = next(it for it in humaneval_problems() if it["id"] == "HumanEval/32")
+    cheat = "def poly(xs, x):\n    return 0\n\ndef find_zero(xs):\n    return aux(xs)\n"
+    helper = "def aux(xs):\n    return 0.0\n"
+    r = CodeTask().reward(item, (helper, cheat))
+    assert r.parts["syntax"] == 0.5 and r.parts["tests"] == 0.0

@@ -195,3 +195,24 @@ def test_notebook_config_mirrors_to_drive_and_smoke_swaps_in_the_tiny_preset(tmp
     assert smoke.model_name == "tiny" and smoke.num_steps == 3 and smoke.judge_model is None
     with pytest.raises(ConfigError, match="task='poetry'"):
         colab.notebook_config("tiny_cpu", "poetry", {}, "x")
+
+
+def test_a_colab_secret_is_never_exported_to_the_environment(monkeypatch):
+    import sys
+    import types as t
+
+    userdata = t.SimpleNamespace(get=lambda name: "from-the-panel")
+    monkeypatch.setitem(sys.modules, "google", t.ModuleType("google"))
+    monkeypatch.setitem(sys.modules, "google.colab", t.SimpleNamespace(userdata=userdata))
+    from kit import env
+
+    monkeypatch.setattr(env, "in_colab", lambda: True)
+    monkeypatch.delenv("KIT_TEST_SECRET", raising=False)
+    assert colab.secret("KIT_TEST_SECRET") == "from-the-panel"
+    assert "from-the-panel" not in repr(dict(__import__("os").environ))
+
+
+def test_a_violation_is_shown_with_its_reason(code_run):
+    log = explore.RunLog(code_run)
+    row = dict(log.rows(step=2)[0], violation="refused: os.system")
+    assert "violation</b>: refused: os.system" in explore.render_rows([row], log.roles)
