@@ -16,6 +16,7 @@ With one process (the usual Colab run) every method here is a no-op and nothing 
 
 from __future__ import annotations
 
+import atexit
 import os
 
 import torch
@@ -32,6 +33,9 @@ class Dist:
             from accelerate import PartialState
 
             PartialState()  # the process group: nccl on CUDA, gloo on a CPU (from the launcher's environment)
+            # a process group left to the interpreter's teardown can abort the exit ("terminate called without an
+            # active exception"): take it down first
+            atexit.register(self.close)
 
     @property
     def is_main(self) -> bool:
@@ -78,3 +82,8 @@ class Dist:
     def barrier(self) -> None:
         if self.world > 1:
             torch.distributed.barrier()
+
+    def close(self) -> None:
+        """Destroy the process group (at exit; nothing to do with one process)."""
+        if self.world > 1 and torch.distributed.is_initialized():
+            torch.distributed.destroy_process_group()

@@ -39,8 +39,10 @@ class GameTrainer(Trainer):
     def sample(self, items: list[dict], positions: list[int] | None = None) -> list[Decisions]:
         cfg, G = self.cfg, self.cfg.num_generations
         positions = list(range(len(items))) if positions is None else positions
+        self.positions = positions  # the deals' places in the step's global batch: their seeds and log order
         keys = [("game", self.step, p) for p in positions]
         self.episodes, rounds = play(self.sampler, self.task, [it["seed"] for it in items], G, keys)
+        # (deals, 1, G): each deal's G episodes are one group, so a deal's baseline is its own mean, never the batch's
         returns = np.array([self.task.score(ep) for ep in self.episodes]).reshape(len(items), 1, G)
         adv = magrpo.advantages(returns, cfg.advantage_mode, cfg.scale_rewards, cfg.advantage_clip).reshape(-1)
         self.returns = returns.reshape(-1)
@@ -68,7 +70,7 @@ class GameTrainer(Trainer):
             {"step": self.step, "item": items[e // G]["id"], "episode": e % G, "seed": ep.seed,
              "score": self.task.game_score(ep), "reward": float(self.returns[e]),
              "advantage": float(self._advantages[e]), "illegal": ep.illegal, "length": ep.length,
-             "decisions": ep.decisions, "_order": (items[e // G]["seed"], e % G)}
+             "decisions": ep.decisions, "_order": (self.positions[e // G], e % G)}
             for e, ep in enumerate(self.episodes)])
 
     def evaluate(self, items: list[dict] | None = None) -> dict:

@@ -100,6 +100,65 @@ def test_accelerate_launch_starts_two_processes_and_more_processes_than_items_is
     assert out.returncode != 0 and "batch_size >= 2" in out.stderr
 
 
+GAME = ["--set", "batch_size=4", "--set", "num_generations=2", "--set", "eval_every=0", "--set", "save_every=2",
+        "--set", "progress=false", "--set", "num_steps=2"]
+
+
+@pytest.mark.slow
+def test_a_game_on_two_processes_equals_one_process(tmp_path):
+    """tiny_hanabi self-play: the same episodes, logged in the same order (by place in the batch, not by deal
+    seed), the same metrics and adapters on 2 processes as on 1."""
+    one, two = tmp_path / "one", tmp_path / "two"
+    from kit.game_trainer import GameTrainer
+
+    overrides = [a for a in GAME if a != "--set"] + [f"run_dir={one}"]
+    GameTrainer(load_config("tiny_hanabi", overrides=overrides), **QUIET).train()
+    launch(2, "--preset", "tiny_hanabi", "--run-dir", str(two), *GAME)
+    a, b = rows(one, "rollouts.jsonl"), rows(two, "rollouts.jsonl")
+    assert len(a) == len(b) == 2 * 4 * 2  # steps x deals x episodes
+    assert [r["seed"] for r in a[:8]] != sorted(r["seed"] for r in a[:8])  # seed order is not batch order
+    for x, y in zip(a, b):
+        assert (x["step"], x["item"], x["episode"], x["decisions"], x["reward"]) == \
+               (y["step"], y["item"], y["episode"], y["decisions"], y["reward"])
+        assert y["advantage"] == pytest.approx(x["advantage"], abs=1e-9)
+    for x, y in zip(rows(one, "metrics.jsonl"), rows(two, "metrics.jsonl"), strict=True):
+        for key in x:
+            if not key.startswith("perf/"):
+                assert y[key] == pytest.approx(x[key], rel=1e-5, abs=1e-6), key
+    wa, wb = adapters(one, 2), adapters(two, 2)
+    for agent in wa:
+        for key in wa[agent]:
+            torch.testing.assert_close(wb[agent][key], wa[agent][key], rtol=0, atol=1e-4)
+
+
+class AloneOfTwo:
+    """Process 0 of 2 whose partner holds none of the rows: every sum across processes is this process's own."""
+
+    world, rank, local_rank, is_main = 2, 0, 0, True
+
+    def sum(self, values):
+        return list(values)
+
+    def sum_(self, tensors):
+        pass
+
+
+def test_an_adapter_with_no_rows_on_any_process_does_not_move(tmp_path):
+    # max_decisions=1: only player 0 acts, anywhere; AdamW with weight decay would still move player 1's adapter
+    # if it took a step on zero gradients (one process never steps it)
+    from kit.game_trainer import GameTrainer
+
+    cfg = load_config("tiny_hanabi", overrides=[f"run_dir={tmp_path / 'r'}", "weight_decay=0.1", "batch_size=2",
+                                                "num_generations=4",
+                                                "task_args={game: tiny_hanabi, prompt_style: compact, max_decisions: 1}"])
+    trainer = GameTrainer(cfg, **QUIET)
+    trainer.dist = AloneOfTwo()
+    before = {a: [p.detach().clone() for p in trainer.team.parameters_of(a)] for a in trainer.team.adapters}
+    trainer.update(trainer.sample(trainer.batch_items(0)))
+    moved = {a: any(not torch.equal(p, q) for p, q in zip(trainer.team.parameters_of(a), before[a])) for a in before}
+    assert moved == {"agent_0": True, "agent_1": False}
+
+
 def test_agent_devices_must_match_the_team(tmp_path):
     from kit.config import ConfigError
 

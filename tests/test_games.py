@@ -89,6 +89,27 @@ def test_hanabi_moves_by_their_text_and_bad_settings_are_refused():
         OpenSpielGame(3, "tiny_hanabi")
 
 
+def test_the_illegal_move_fallback_leaves_the_deals_chance_outcomes_shared():
+    # episode 0 of a deal names no move and gets the fallback; its twin names that same move: every card either
+    # draws afterwards (a chance event after each play) must then be the same
+    task = OpenSpielGame(2, "hanabi")
+    a, b = task.reset(5, episode=0), task.reset(5, episode=1)
+    fallback = task.step(a, "no idea")
+    assert not fallback["legal"] and task.step(b, fallback["move"])["legal"]
+    while not task.terminal(a):
+        task.step(a, "(Play 0)")
+        task.step(b, "(Play 0)")
+    assert len(a.state.history()) > 10 + a.length + 1  # 10 cards dealt, the moves, and cards drawn after them
+    assert a.state.history() == b.state.history()
+
+
+def test_the_illegal_move_fallback_is_a_function_of_deal_episode_and_decision():
+    task = OpenSpielGame(2, "hanabi")
+    moves = {e: task.step(task.reset(5, episode=e), "no idea")["move"] for e in range(12)}
+    assert moves[3] == task.step(task.reset(5, episode=3), "xyz")["move"]  # replayable
+    assert len(set(moves.values())) > 1  # each episode its own stream
+
+
 class ScriptedSampler:
     """Answers every request with a fixed text and records each call (rows, acting agents)."""
 
@@ -116,6 +137,38 @@ def game_config(tmp_path, *extra):
     return load_config("tiny_cpu", overrides=[f"run_dir={tmp_path / 'run'}", "task=game", "batch_size=2",
                                               "num_generations=4", "eval_every=0", "save_every=0",
                                               "progress=false", "num_eval_items=2", *extra])
+
+
+class KeyedSampler:
+    """tiny_hanabi moves chosen by the sample's key (step, deal position, episode, decision): deal position 0
+    plays legal moves that differ by episode, deal position 1 names no move at all (the fallback and a penalty)."""
+
+    def sample(self, requests, n, params=None, keys=None):
+        texts = [["x" if key[2] == 1 else str(1 + (key[3] + key[4]) % 3)] for key in keys]
+        return Rollout(requests, texts)
+
+
+def test_the_baseline_of_a_game_episode_is_the_mean_of_its_own_deal(tmp_path):
+    cfg = game_config(tmp_path, "task_args={game: tiny_hanabi, prompt_style: compact}", "num_generations=3")
+    trainer = GameTrainer(cfg, sampler=KeyedSampler(), **QUIET)
+    rounds = trainer.sample(trainer.batch_items(0))
+    returns = trainer.returns.reshape(2, 3)  # (deals, G)
+    assert returns[0].mean() != returns[1].mean()  # a batch-wide baseline would differ from the per-deal ones
+    expected = (returns - returns.mean(1, keepdims=True)).reshape(-1)
+    np.testing.assert_allclose(trainer._advantages, expected)
+    np.testing.assert_allclose(rounds[1].advantages, expected[rounds[1].episodes])  # what the update reads
+
+
+def test_a_share_of_the_deals_plays_the_episodes_they_play_in_the_whole_batch(tmp_path):
+    # a process's deals are seeded by their places in the global batch, not by their places in its share
+    cfg = game_config(tmp_path, "task_args={game: tiny_hanabi, prompt_style: compact}", "batch_size=4",
+                      "num_generations=2")
+    trainer = GameTrainer(cfg, **QUIET)
+    items = trainer.batch_items(0)
+    trainer.sample(items)
+    whole = [[d["completion"] for d in ep.decisions] for ep in trainer.episodes]  # 4 deals x 2 episodes
+    trainer.sample([items[1], items[3]], positions=[1, 3])  # process 1 of 2
+    assert [[d["completion"] for d in ep.decisions] for ep in trainer.episodes] == whole[2:4] + whole[6:8]
 
 
 def test_a_player_updates_on_its_own_decisions_only(tmp_path):
