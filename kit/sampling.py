@@ -20,23 +20,41 @@ import torch
 _GOLDEN, _MIX1, _MIX2 = (c - 2**64 for c in (0x9E3779B97F4A7C15, 0xBF58476D1CE4E5B9, 0x94D049BB133111EB))
 
 
-def _mix(x: torch.Tensor) -> torch.Tensor:
-    """SplitMix64's finalizer on int64 tensors (multiplication wraps; shifts made logical by masking)."""
-    def lsr(v, k):
-        return (v >> k) & ((1 << (64 - k)) - 1)
+def _mix(x: torch.Tensor, finish: bool = True) -> torch.Tensor:
+    """SplitMix64's finalizer on int64 tensors (multiplication wraps; shifts made logical by masking).
 
-    x = (x ^ lsr(x, 30)) * _MIX1
-    x = (x ^ lsr(x, 27)) * _MIX2
-    return x ^ lsr(x, 31)
+    finish=False skips the last xor-shift, which changes only bits 0..32: three (R, V) kernels fewer for
+    `gumbel_from_bits`, which reads bits 33..63.
+    """
+    def lsr(v, k):
+        return (v >> k).bitwise_and_((1 << (64 - k)) - 1)
+
+    x = (x ^ lsr(x, 30)).mul_(_MIX1)  # a new tensor, then in place: (R, V) temporaries are large
+    x = (x ^ lsr(x, 27)).mul_(_MIX2)
+    return x ^ lsr(x, 31) if finish else x
 
 
 def seeded_gumbel(row_seeds: torch.Tensor, step: int, vocab: int) -> torch.Tensor:
     """(R,) int64 seeds -> (R, V) Gumbel noise, a pure function of (row seed, step, token id)."""
     base = _mix(row_seeds + torch.full_like(row_seeds, step + 1) * _GOLDEN)  # (R,); int64 products wrap
-    tokens = torch.arange(vocab, device=row_seeds.device, dtype=torch.int64)
-    bits = (_mix(base[:, None] + tokens * _MIX1) >> 40) & 0xFFFFFF  # 24 random bits
-    u = (bits.float() + 0.5) / 2**24  # uniform in (0, 1)
-    return -torch.log(-torch.log(u))
+    tokens = torch.arange(vocab, device=row_seeds.device, dtype=torch.int64) * _MIX1  # (V,)
+    return gumbel_from_bits(_mix(base[:, None] + tokens, finish=False))  # (R, V)
+
+
+def gumbel_from_bits(bits: torch.Tensor) -> torch.Tensor:
+    """int64 hash outputs -> Gumbel noise -log(-log u), u uniform on (0, 1); finite for every input.
+
+    u is the 32-bit fraction 0.b63...b32 with its last bit set: 2^31 odd multiples of 2^-32, symmetric about
+    1/2. Read as a signed number (b63 the sign) that fraction is s = u for u < 1/2 and s = u - 1 for u > 1/2, so
+    log u = log(s) or log1p(s), and u itself is never formed: in fp32 it rounds to exactly 1 near the top, the
+    noise is +inf, and at a token that top-k/top-p set to -inf, -inf + inf = NaN, which argmax picks. Here
+    |s| lies in [2^-32, 1/2] (the float conversion keeps 24 significant bits at either end), so log u lies in
+    [-22.2, -2.3e-10] and the noise in [-3.1, 22.2]: a masked token stays at -inf and is never sampled, and
+    the top end, where sampled low-probability tokens draw their noise, resolves 2^-32 rather than 2^-24.
+    """
+    s = (bits >> 32).bitwise_or_(1).float().mul_(2.0**-32)  # odd, so never 0; the | 1 overwrites bit 32
+    log_u = torch.where(s > 0, s.log(), s.log1p())
+    return log_u.neg_().log_().neg_()
 
 
 class SeededSampling:
@@ -58,12 +76,13 @@ class SeededSampling:
         return SeededSampling(self.row_seeds[index], *self.settings)
 
     def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
-        if self.start is None:
+        if self.start is None:  # the first step: a sampler serves one generate call, on one device
             self.start = input_ids.shape[1]
+            self.row_seeds = self.row_seeds.to(scores.device)  # once, not a blocking copy at every step
         for warp in self.warpers:
             scores = warp(input_ids, scores)
-        noise = seeded_gumbel(self.row_seeds.to(scores.device), input_ids.shape[1] - self.start, scores.shape[-1])
-        return scores.float() + noise
+        noise = seeded_gumbel(self.row_seeds, input_ids.shape[1] - self.start, scores.shape[-1])
+        return scores.float() + noise  # finite noise: tokens that top-k/top-p set to -inf stay at -inf
 
 
 def seeded_config(generation_config, row_seeds: torch.Tensor | None):

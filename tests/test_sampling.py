@@ -13,8 +13,9 @@ import torch
 from test_compiled_engine import as_engine
 from test_models_rollout import REQUESTS, make_team
 
+import kit.sampling
 from kit.rollout import Sampler, SamplingParams, generate, sampling_config
-from kit.sampling import SeededSampling, _mix, row_seed, seeded_config, seeded_gumbel
+from kit.sampling import SeededSampling, _mix, gumbel_from_bits, row_seed, seeded_config, seeded_gumbel
 
 M64 = 2**64 - 1
 
@@ -42,6 +43,106 @@ def test_noise_depends_only_on_the_rows_own_seed_step_and_token():
     assert torch.equal(noise[:, :20], seeded_gumbel(seeds, 3, 20))  # token t's noise ignores the vocabulary size
     assert not torch.equal(noise, seeded_gumbel(seeds, 4, 50))
     assert torch.isfinite(noise).all()
+
+
+QWEN_VOCAB = 151_936  # Qwen2.5's logits; a 1-in-2^24 event per token happens in 0.9% of its row-steps
+
+
+def test_the_noise_is_finite_and_bounded_for_every_hash_output():
+    """u is read from bits 33..63; sweep every value within 2^18 of both ends of (0, 1/2) and (1/2, 1), the
+    places where a float u rounds to 0, 1/2 or 1, with the unused low bits all zero and all one."""
+    near = torch.arange(2**18, dtype=torch.int64)
+    top = torch.cat([near, -1 - near, 2**30 - 1 - near, -(2**30) + near])  # bits 33..63 as a signed number
+    bits = torch.cat([top << 33, (top << 33) | (2**33 - 1)])
+    noise = gumbel_from_bits(bits)
+    assert torch.isfinite(noise).all()
+    assert -3.11 < noise.min() and noise.max() < 22.19  # -log(-log u) at u = 2^-32 and 1 - 2^-32
+    assert gumbel_from_bits(torch.tensor([0, -1])).tolist() == pytest.approx([-3.0992, 22.1807], abs=1e-3)
+
+
+def test_the_noise_is_gumbel_distributed():
+    """Kolmogorov-Smirnov against exp(-exp(-x)): the signed reading of the bits gives a uniform u."""
+    bits = torch.randint(-(2**63), 2**63 - 1, (200_000,), generator=torch.Generator().manual_seed(0))
+    noise = gumbel_from_bits(bits).double().sort().values
+    cdf = torch.exp(-torch.exp(-noise))
+    n = len(noise)
+    ks = max((torch.arange(1, n + 1) / n - cdf).max(), (cdf - torch.arange(n) / n).max())
+    assert ks < 1.95 / n**0.5  # the 0.1% critical value
+
+
+def test_no_infinite_or_nan_score_at_a_real_vocabulary_size():
+    """+inf or NaN noise anywhere shows as a +inf or NaN score, -inf noise as a kept token's score at -inf."""
+    rows, steps = 32, 12  # 384 row-steps: 3.5 infinite noises expected from a u that can round to 1
+    seeds = torch.tensor([row_seed(0, ("qwen",), r) for r in range(rows)])
+    logits = torch.randn(rows, QWEN_VOCAB, generator=torch.Generator().manual_seed(0)) * 3
+    kept = torch.zeros_like(logits, dtype=torch.bool).scatter_(1, logits.topk(50).indices, True)
+    sampler = SeededSampling(seeds, 0.7, 1.0, 50)
+    for step in range(steps):
+        scores = sampler(torch.zeros(rows, 1 + step, dtype=torch.long), logits)
+        assert not (scores.isnan() | scores.isposinf()).any(), step
+        assert torch.equal(scores.isfinite(), kept), step  # the rest is -inf, as top-k left it
+        assert kept.gather(1, scores.argmax(-1, keepdim=True)).all(), step
+
+
+@pytest.mark.parametrize("engine", ["hf", "compiled"])
+@pytest.mark.parametrize("bits", [None, 0, -1, 2**63 - 1, -(2**63)],
+                         ids=["hash", "all zero", "all one", "u just below 1/2", "u just above 1/2"])
+def test_top_k_1_samples_the_greedy_token_whatever_the_noise(engine, bits, monkeypatch):
+    """With `bits`, every token's noise comes from that one hash output (the extremes of the noise): a token that
+    top-k removed must still never win, in either engine."""
+    if bits is not None:
+        real = kit.sampling.gumbel_from_bits
+        monkeypatch.setattr(kit.sampling, "gumbel_from_bits", lambda b: real(torch.full_like(b, bits)))
+    team = as_engine(make_team(), engine)
+    requests = REQUESTS * 2
+    greedy = generate(team, requests, 2, max_new_tokens=8, temperature=0)
+    sampled = generate(team, requests, 2, max_new_tokens=8, temperature=1.0, top_k=1,
+                       keys=[("k", i) for i in range(len(requests))])
+    assert torch.equal(sampled.segments[0].input_ids, greedy.segments[0].input_ids)
+
+
+def warped_distribution(logits, temperature, top_p, top_k):
+    """softmax(logits / temperature) cut to the top k, renormalized, then to the smallest top set of mass >= top_p."""
+    p = torch.softmax(torch.as_tensor(logits, dtype=torch.float64) / temperature, -1)
+    order = p.argsort(descending=True)
+    p[order[top_k:]] = 0
+    p /= p.sum()
+    keep = torch.cumsum(p[order], 0) - p[order] < top_p  # the mass before a token is short of top_p
+    p[order[~keep]] = 0
+    return p / p.sum()
+
+
+@pytest.mark.parametrize("vocab, rows, steps", [(64, 4096, 16), (QWEN_VOCAB, 32, 12)])
+def test_sampled_frequencies_match_the_warped_distribution(vocab, rows, steps):
+    """Chi-square over the tokens that top-k then top-p keep; no sample may fall outside them. The first
+    tokens' probabilities are chosen so that top-p before top-k would keep a different set."""
+    logits = torch.full((vocab,), -6.0)
+    logits[:6] = torch.tensor([0.30, 0.25, 0.20, 0.10, 0.05, 0.05]).log()
+    temperature, top_p, top_k = 0.9, 0.8, 4
+    expected = warped_distribution(logits, temperature, top_p, top_k)
+    support = expected > 0
+    assert support.sum() == 3  # top-p before top-k would keep 4
+    sampler = SeededSampling(torch.tensor([row_seed(1, ("chi2",), r) for r in range(rows)]), temperature, top_p,
+                             top_k)
+    counts = torch.zeros(vocab, dtype=torch.float64)
+    for step in range(steps):
+        picks = sampler(torch.zeros(rows, 1 + step, dtype=torch.long), logits.expand(rows, -1)).argmax(-1)
+        counts += torch.bincount(picks, minlength=vocab)
+    assert counts[~support].sum() == 0
+    n = rows * steps
+    chi2 = ((counts[support] - n * expected[support]) ** 2 / (n * expected[support])).sum()
+    assert chi2 < 13.8  # the 0.1% critical value for 2 degrees of freedom
+
+
+def test_row_seeds_move_to_the_scores_device_once():
+    """Not a blocking host-to-device copy at every decode step (the meta device stands in for a GPU)."""
+    sampler = SeededSampling(torch.arange(3), 0.7, 0.9, 5)
+    ids, scores = torch.zeros(3, 4, dtype=torch.long, device="meta"), torch.zeros(3, 50, device="meta")
+    sampler(ids, scores)
+    seeds = sampler.row_seeds
+    assert seeds.device == scores.device
+    sampler(torch.zeros(3, 5, dtype=torch.long, device="meta"), scores)
+    assert sampler.row_seeds is seeds
 
 
 def empirical(logits, temperature=1.0, top_p=1.0, top_k=0, rows=40_000):
