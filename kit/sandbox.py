@@ -151,7 +151,8 @@ def run(program: str, tests: Sequence[str] = (), *, setup: str = "", context: st
             for fd in (calls_r, replies_w, calls_w, replies_r, report_w):  # each end now lives in one child only
                 os.close(fd)
                 fds.remove(fd)
-            _send(runner, {"program": program, "wall": wall, "limits": limits.__dict__})
+            _send(runner, {"program": program, "wall": wall, "limits": limits.__dict__,
+                           "workdir": "/tmp/work" if iso.namespaces else ""})
             _send(checker, {"tests": [_with_messages(t) for t in tests], "setup": setup, "context": context, "call_names": list(call_names),
                             "test_timeout": limits.test_timeout, "undumpable": uid is None})
             data, timed_out = _read_until(report_r, start + wall)
@@ -192,6 +193,7 @@ class Isolation:
     no_new_privs: bool = False
     prlimit: bool = False  # the limits are set by util-linux's prlimit before Python starts (else by the runner)
     hidden: tuple[str, ...] = field(default=(), compare=False)  # directories covered by an empty one
+    fstab: str = field(default="", compare=False)  # the mounts made in the runner's mount namespace
 
     def describe(self) -> str:
         parts = ["verdict in a separate checker process"]
@@ -217,16 +219,10 @@ class Isolation:
                      f"--fsize={limits.file_mb * mb}", f"--nofile={limits.max_open_files}"]
         if not self.namespaces:
             return [*drop, *python]
-        # inside the new namespaces, still root there: fresh /tmp-like mounts, empty directories over what the
-        # program must not read, then the drop to the run's uid and the runner itself as the namespace's init
-        script = ['set -e',
-                  'for d in /tmp /var/tmp /dev/shm; do if [ -d "$d" ]; then',
-                  '  mount -t tmpfs -o mode=1777,size=64m,nosuid,nodev tmpfs "$d"; fi; done',
-                  'while [ "$1" != "--" ]; do if [ -d "$1" ]; then',
-                  '  mount -t tmpfs -o ro,mode=0,size=4k,nosuid,nodev tmpfs "$1"; fi; shift; done',
-                  'shift', 'mkdir -m 700 /tmp/work', f'chown {uid}:{uid} /tmp/work' if uid is not None else ':',
-                  'cd /tmp/work', 'exec "$@"']
-        return ["unshare", *_NS_FLAGS, "--", "sh", "-c", "\n".join(script), "sh", *self.hidden, "--",
+        # inside the new namespaces, still root there: one `mount -a` of the fstab `_probe` wrote (fresh /tmp-like
+        # directories, empty ones over what the program must not read), then the drop to the run's uid and the
+        # runner itself as the namespace's init; it makes its working directory in its own /tmp
+        return ["unshare", *_NS_FLAGS, "--", "sh", "-c", 'mount -a -T "$0" && exec "$@"', self.fstab,
                 *drop, *python]
 
 
@@ -285,8 +281,9 @@ def _probe() -> Isolation:
 def _with_namespaces(iso: Isolation, uid: int | None) -> Isolation:
     if os.geteuid() != 0 or shutil.which("unshare") is None:
         return iso
+    hidden = _hidden_directories(iso.python)
     with_ns = Isolation(iso.python, iso.drop_user, ("net", "pid", "ipc", "uts", "mount"), iso.no_new_privs,
-                        iso.prlimit, _hidden_directories(iso.python))
+                        iso.prlimit, hidden, _write_fstab(hidden))
     found = _run_probe(with_ns.runner_command(uid, ["-I", "-S", "-c", _PROBE]))
     if found and found["pids"] == 1 and (uid is None or found["uid"] == uid):
         return with_ns
@@ -304,6 +301,22 @@ def _run_probe(command: list[str]) -> dict | None:
         return None
 
 
+def _write_fstab(hidden: Sequence[str]) -> str:
+    """The runner namespace's mounts, one `mount -a` (read whole before the first mount, so /tmp may hold it).
+    Sources are named `kit_sandbox` so that mount never takes an entry for one already mounted."""
+    def esc(path):
+        return path.replace("\\", "\\134").replace(" ", "\\040").replace("\t", "\\011").replace("\n", "\\012")
+
+    lines = [f"kit_sandbox {d} tmpfs mode=1777,size=64m,nosuid,nodev 0 0"
+             for d in ("/tmp", "/var/tmp", "/dev/shm") if os.path.isdir(d)]
+    lines += [f"kit_sandbox {esc(d)} tmpfs ro,mode=0,size=4k,nosuid,nodev 0 0" for d in hidden]
+    folder = tempfile.mkdtemp(prefix="kit_sandbox_ns_")  # 0700, this process's
+    path = os.path.join(folder, "fstab")
+    with open(path, "w") as f:
+        f.write("\n".join(lines) + "\n")
+    return path
+
+
 def _hidden_directories(python: str) -> tuple[str, ...]:
     """What generated code must not read, when the runner has a mount namespace: the kit's repository (its data
     and run directories), the caller's home and working directory, a mounted Drive, installed answer files."""
@@ -317,7 +330,9 @@ def _hidden_directories(python: str) -> tuple[str, ...]:
         pass
     keep = os.path.dirname(os.path.dirname(python))  # the runner's own interpreter and standard library
     out = []
-    for d in dict.fromkeys(os.path.realpath(d) for d in dirs):
+    for d in sorted(set(os.path.realpath(d) for d in dirs), key=len):  # a parent first: it hides its children
+        if any(d.startswith(o + "/") for o in out):
+            continue
         fresh = any(d == p or d.startswith(p + "/") for p in private)  # already a fresh, empty mount there
         if os.path.isdir(d) and d != "/" and not fresh and not (keep == d or keep.startswith(d + "/")):
             out.append(d)

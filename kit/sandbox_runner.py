@@ -107,6 +107,9 @@ def main():
     calls_fd, reply_fd = int(sys.argv[1]), int(sys.argv[2])
     job = loads(sys.stdin.buffer.read())
     sys.stdin.close()
+    if job["workdir"]:  # a fresh /tmp of its own (mount namespace): the directory is made here, as this user
+        os.mkdir(job["workdir"], 0o700)
+        os.chdir(job["workdir"])
     limits, workdir = job["limits"], os.getcwd()
     os.environ.clear()
     os.environ.update(HOME=workdir, TMPDIR=workdir, PATH="/usr/bin:/bin")
