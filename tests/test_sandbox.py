@@ -24,8 +24,8 @@ MARK = "kitattack" + secrets.token_hex(4)  # in every path and command line an a
 OUTSIDE = f"/tmp/{MARK}.txt"
 
 
-def _sandbox_processes() -> list[str]:
-    """Processes left by a run: any process of a sandbox uid, or any whose command line carries the mark."""
+def _sandbox_processes(uids) -> list[str]:
+    """Processes left by this test's runs: any process of a uid they ran as, or whose command line has the mark."""
     found = []
     for pid in filter(str.isdigit, os.listdir("/proc")):
         try:
@@ -34,7 +34,7 @@ def _sandbox_processes() -> list[str]:
             uid = os.stat(f"/proc/{pid}").st_uid
         except OSError:
             continue
-        if MARK.encode() in cmd or sandbox._UID_BASE <= uid < sandbox._UID_BASE + sandbox._UID_SLOTS:
+        if MARK.encode() in cmd or uid in uids:
             found.append(f"{pid}: {cmd[:80]!r}")
     return found
 
@@ -42,6 +42,14 @@ def _sandbox_processes() -> list[str]:
 @pytest.fixture(autouse=True)
 def parent_unchanged(monkeypatch):
     monkeypatch.setenv("ANTHROPIC_API_KEY", CANARY)
+    uids, enter = set(), sandbox._uid_slot.__enter__
+
+    def recorded(self):
+        uid = enter(self)
+        uids.add(uid)
+        return uid
+
+    monkeypatch.setattr(sandbox._uid_slot, "__enter__", recorded)
 
     def env():
         return {k: v for k, v in os.environ.items() if k != "PYTEST_CURRENT_TEST"}
@@ -50,7 +58,7 @@ def parent_unchanged(monkeypatch):
     yield
     assert os.getcwd() == cwd and env() == before
     assert not os.path.exists(OUTSIDE)
-    assert _sandbox_processes() == []
+    assert _sandbox_processes(uids) == []
 
 
 def _contained(r: sandbox.Result, violation: str = "") -> None:
