@@ -48,8 +48,8 @@ def test_none_advantage_is_the_return():
 
 
 def test_std_scaling_divides_by_population_std():
-    # returns [1, 3]: mean 2, population std 1 -> [-1, 1]
-    np.testing.assert_allclose(magrpo.advantages([1.0, 3.0], scale=True, eps=0.0), [-1.0, 1.0])
+    # returns [1, 5]: mean 3, population std 2 (not 1, where skipping the division would go unseen) -> [-1, 1]
+    np.testing.assert_allclose(magrpo.advantages([1.0, 5.0], scale=True, eps=0.0), [-1.0, 1.0])
 
 
 def test_clipping_bounds_advantages():
@@ -115,6 +115,14 @@ def test_kl_is_zero_when_policy_equals_reference_and_positive_otherwise():
     assert same["kl"] == pytest.approx(0.0)
     # k3 per token: exp(-0.5) + 0.5 - 1 ; two tokens summed
     assert diff["kl"] == pytest.approx(2 * (np.exp(-0.5) + 0.5 - 1))
+
+
+def test_token_mean_kl_is_per_completion_token_like_its_loss():
+    logp = torch.tensor([[-1.0, -2.0, -9.0], [-0.5, -0.5, -0.5]])
+    mask = torch.tensor([[1, 1, 0], [1, 1, 1]])
+    _, stats = magrpo.policy_loss(logp, mask, torch.zeros(2), "token_mean", ref_logp=logp - 0.5, beta=0.1)
+    # k3 = exp(-0.5) + 0.5 - 1 on each of the 5 completion tokens, averaged over tokens (not summed per row)
+    assert stats["kl"] == pytest.approx(np.exp(-0.5) + 0.5 - 1)
 
 
 def test_head_logprobs_equal_token_logprobs_in_value_and_gradient():

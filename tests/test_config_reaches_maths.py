@@ -1,0 +1,271 @@
+"""Every config field that changes training reaches the maths: set the field, and the advantages, the loss, the
+optimizer step, the learning rate or the sample seeds are what a hand computation says.
+
+Run: python -m pytest tests/test_config_reaches_maths.py      (a few seconds: a scripted sampler, or one update
+of the tiny model)
+
+One table per stage, one row per field (or per pair of fields that act together):
+    advantages   scale_rewards, advantage_mode, advantage_clip, reward_processor, reward_weights, joint_mode,
+                 num_turns with discount, batch_size and num_generations
+    loss         loss_type, beta (and its reference: the model with the adapter off)
+    optimizer    learning_rate, weight_decay, max_grad_norm
+    schedule     lr_scheduler, warmup_steps, num_steps (tests/test_trainer.py: the trainer applies and logs it)
+    sampling     seed (the row seeds), temperature, top_p, top_k, max_new_tokens; top-k before top-p
+    adapters     lora_r, lora_alpha
+Elsewhere: micro_batch_size and share_adapter (tests/test_trainer.py), the game trainer's groups per deal
+(tests/test_games.py). The fields that pick the model, its precision, the task or the prompt text (model_name,
+quantization, dtype, task, use_chat_template, ...) change the numbers that go in, not the formulas checked here.
+"""
+
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from kit.checkpoint import seed_everything
+from kit.config import load_config
+from kit.models import build_team
+from kit.rollout import Rollout, completion_logprobs, engine_for
+from kit.sampling import SeededSampling, row_seed
+from kit.tasks import from_functions
+from kit.trainer import Trainer, lr_schedule
+
+QUIET = dict(log=lambda *_: None)
+
+
+def config(tmp_path, *overrides):
+    return load_config("tiny_cpu", overrides=[f"run_dir={tmp_path / 'run'}", "progress=false", "eval_every=0",
+                                              *overrides])
+
+
+# ---- advantages: a scripted sampler, rewards known by hand
+
+VALUE = [0.0, 1.0, 5.0, 2.0]  # what completion "g" is worth
+
+
+def joint_reward(item, completions) -> float:
+    """Agent 0's value plus twice agent 1's, so cross mode tells the agents apart. Aligned, G=3: R = [0, 3, 15]."""
+    return VALUE[int(completions[0][-1])] + 2 * VALUE[int(completions[1][-1])]
+
+
+def bonus(item, completions) -> float:
+    return float(completions[0] == "2")
+
+
+class Scripted:
+    """Sample g of every request is "g"; a second-turn prompt "again g" is answered "g" by every sample, so a child
+    node's returns all equal its parent joint action's reward."""
+
+    def sample(self, requests, n, params=None, keys=None):
+        return Rollout(requests, [[p[-1]] * n if p.startswith("again") else [str(g) for g in range(n)]
+                                  for _, p in requests])
+
+
+def levels_of(tmp_path, overrides, reward_funcs=()):
+    task = from_functions([{"id": "a"}, {"id": "b"}], lambda it: ["x", "y"], joint_reward,
+                          feedback_fn=lambda it, comps, reward: [f"again {c}" for c in comps])
+    cfg = config(tmp_path, "batch_size=1", "num_generations=3", *overrides)
+    trainer = Trainer(cfg, task=task, sampler=Scripted(), reward_funcs=list(reward_funcs), **QUIET)
+    return trainer.sample(trainer.batch_items(0))
+
+
+MEAN = [-6.0, -3.0, 9.0]  # R = [0, 3, 15] minus its mean 6 (paper Eq. 1)
+ADVANTAGES = [  # overrides, reward functions, turn-0 advantages of each item: (agents, G)
+    ((), (), [MEAN, MEAN]),
+    (("scale_rewards=true",), (), [np.array(MEAN) / (math.sqrt(42) + 1e-6)] * 2),  # population std sqrt(42)
+    (("advantage_mode=rloo",), (), [[0 - 9, 3 - 7.5, 15 - 1.5]] * 2),  # R minus the mean of the others
+    (("advantage_mode=none",), (), [[0, 3, 15]] * 2),
+    (("advantage_clip=4",), (), [[-4, -3, 4]] * 2),
+    (("reward_processor=scale(0.5)",), (), [[-3, -1.5, 4.5]] * 2),
+    (("reward_weights=[1.0, 0.5]",), (bonus,), [[-6 - 1 / 6, -3 - 1 / 6, 9 + 1 / 3]] * 2),  # R = [0, 3, 15.5]
+    # cross: completion a of agent 0 is worth V[a] + 2 * mean(V) over its partners, b of agent 1 2 V[b] + mean(V)
+    (("joint_mode=cross",), (), [[-2, -1, 3], [-4, -2, 6]]),
+    # two turns: each child repeats its parent's move, so R_0 = r + discount * r
+    (("num_turns=2",), (), [np.array(MEAN) * 2] * 2),
+    (("num_turns=2", "discount=0.5"), (), [np.array(MEAN) * 1.5] * 2),
+    (("num_turns=2", "discount=0"), (), [MEAN, MEAN]),
+    (("batch_size=2", "num_generations=4"), (), [[-6, -3, 9, 0]] * 2),  # R = [0, 3, 15, 6], per item
+]
+
+
+@pytest.mark.parametrize("overrides, reward_funcs, expected", ADVANTAGES, ids=[" ".join(r[0]) or "default"
+                                                                                for r in ADVANTAGES])
+def test_advantage_fields(tmp_path, overrides, reward_funcs, expected):
+    advantages = levels_of(tmp_path, overrides, reward_funcs)[0].advantages  # (items, agents, G)
+    assert advantages.shape[1:] == np.shape(expected)
+    for item in advantages:
+        np.testing.assert_allclose(item, expected, rtol=1e-9, atol=1e-12)
+
+
+# ---- loss: one update of the tiny model on fixed advantages
+
+def sampled(tmp_path, *overrides):
+    """A trainer whose adapters differ from the base (so the KL is not 0), one step of real samples, and fixed
+    advantages."""
+    trainer = Trainer(config(tmp_path, "batch_size=2", "num_generations=2", "max_new_tokens=3", *overrides),
+                      **QUIET)
+    gen = torch.Generator().manual_seed(0)
+    for name, p in trainer.team.models[0].named_parameters():
+        if "lora_B" in name:  # zero at init: the adapter would be the identity
+            p.data.normal_(0.0, 0.05, generator=gen)
+    seed_everything(0)
+    levels = trainer.sample(trainer.batch_items(0))
+    shape = levels[0].advantages.shape  # (items, agents, G)
+    levels[0].advantages = np.linspace(-1.0, 2.0, int(np.prod(shape))).reshape(shape)
+    return trainer, levels
+
+
+def hand_loss(trainer, level, adapter: str, loss_type: str, beta: float) -> tuple[float, float]:
+    """(loss, KL) of one adapter's rows from Eq. 2 and k3 = exp(ref - logp) - (ref - logp) - 1, by hand."""
+    agents = trainer.team.agents_of_adapter(adapter)
+    model = trainer.team.model_of(agents[0])
+    model.set_adapter(adapter)
+    seg = level.rollout.segment(0).rows(agents)
+    adv = torch.tensor(level.advantages.reshape(-1)[seg.sample.numpy()], dtype=torch.float64)  # (R,)
+    with torch.no_grad():
+        logp = completion_logprobs(model, seg).double()  # (R, T)
+        with model.disable_adapter():
+            ref = completion_logprobs(model, seg).double()  # the base model
+    mask = seg.completion_mask.double()
+    k3 = (torch.exp(ref - logp) - (ref - logp) - 1) * mask
+    if loss_type == "sum":
+        pg, kl = -(adv * (logp * mask).sum(-1)).mean(), k3.sum(-1).mean()
+    else:
+        pg, kl = -(adv[:, None] * logp * mask).sum() / mask.sum(), k3.sum() / mask.sum()
+    return float(pg + beta * kl), float(kl)
+
+
+@pytest.mark.parametrize("loss_type, beta", [("sum", 0.0), ("token_mean", 0.0), ("sum", 0.5), ("token_mean", 0.5)])
+def test_loss_fields(tmp_path, loss_type, beta):
+    trainer, levels = sampled(tmp_path, f"loss_type={loss_type}", f"beta={beta}")
+    hand = {a: hand_loss(trainer, levels[0], a, loss_type, beta) for a in trainer.team.adapters}
+    stats = trainer.update(levels)
+    for adapter, (loss, kl) in hand.items():
+        assert stats[f"loss/{adapter}"] == pytest.approx(loss, rel=1e-5), adapter
+        if beta > 0:
+            assert kl > 1e-4 and stats[f"kl/{adapter}"] == pytest.approx(kl, rel=1e-5), adapter
+
+
+# ---- the optimizer step
+
+def one_step(tmp_path, *overrides):
+    """(parameters before, gradients the optimizer received, parameters after, update stats) of agent_0."""
+    trainer, levels = sampled(tmp_path, *overrides)
+    params = trainer.team.parameters_of("agent_0")
+    before = [p.detach().clone() for p in params]
+    opt, seen = trainer.optimizers["agent_0"], {}
+
+    def step(real=opt.step):
+        seen["grads"] = [p.grad.clone() for p in params]
+        return real()
+
+    opt.step = step
+    stats = trainer.update(levels)
+    return before, seen["grads"], [p.detach().clone() for p in params], stats
+
+
+@pytest.mark.filterwarnings("ignore:Seems like `optimizer.step\\(\\)` has been overridden")
+@pytest.mark.parametrize("lr, weight_decay", [(0.01, 0.0), (0.002, 0.0), (0.01, 0.5)])
+def test_learning_rate_and_weight_decay_make_the_first_adamw_step(tmp_path, lr, weight_decay):
+    # AdamW's first step, bias-corrected: p <- p (1 - lr wd) - lr g / (|g| + eps)
+    before, grads, after, _ = one_step(tmp_path, f"learning_rate={lr}", f"weight_decay={weight_decay}")
+    for p0, g, p1 in zip(before, grads, after):
+        torch.testing.assert_close(p1, p0 * (1 - lr * weight_decay) - lr * g / (g.abs() + 1e-8), rtol=1e-5, atol=1e-7)
+
+
+@pytest.mark.filterwarnings("ignore:Seems like `optimizer.step\\(\\)` has been overridden")
+@pytest.mark.parametrize("max_grad_norm", [1e-4, 0.0])
+def test_max_grad_norm_clips_what_the_optimizer_receives(tmp_path, max_grad_norm):
+    _, grads, _, stats = one_step(tmp_path, f"max_grad_norm={max_grad_norm}")
+    received = float(torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g) for g in grads])))
+    assert stats["grad_norm/agent_0"] > 1e-3  # the logged norm is the one before clipping
+    expected = max_grad_norm or stats["grad_norm/agent_0"]  # 0: no clipping
+    assert received == pytest.approx(expected, rel=1e-3)
+
+
+# ---- the learning-rate schedule
+
+def lrs(*overrides, steps: int) -> list[float]:
+    cfg = load_config("tiny_cpu", overrides=list(overrides))
+    opt = torch.optim.AdamW([torch.nn.Parameter(torch.zeros(1))], lr=cfg.learning_rate)
+    schedule, out = lr_schedule(opt, cfg), []
+    for _ in range(steps):
+        out.append(opt.param_groups[0]["lr"])
+        opt.step()
+        schedule.step()
+    return out
+
+
+C = (1 + math.cos(math.pi / 4)) / 2  # cosine at a quarter of the decay
+SCHEDULES = [  # overrides, the learning rate of steps 0, 1, ... (learning_rate=1)
+    (("num_steps=4",), [1, 1, 1, 1]),
+    (("num_steps=4", "warmup_steps=2"), [0, 0.5, 1, 1]),  # warm-up under the default constant schedule too
+    (("num_steps=4", "lr_scheduler=linear"), [1, 0.75, 0.5, 0.25]),
+    (("num_steps=8", "lr_scheduler=linear"), [1, 0.875, 0.75, 0.625]),
+    (("num_steps=6", "lr_scheduler=linear", "warmup_steps=2"), [0, 0.5, 1, 0.75, 0.5, 0.25]),
+    (("num_steps=4", "lr_scheduler=cosine"), [1, C, 0.5, 1 - C]),
+    (("num_steps=5", "lr_scheduler=cosine", "warmup_steps=1"), [0, 1, C, 0.5, 1 - C]),
+]
+
+
+@pytest.mark.parametrize("overrides, expected", SCHEDULES, ids=[" ".join(r[0]) for r in SCHEDULES])
+@pytest.mark.parametrize("lr", [1.0, 0.25])
+def test_schedule_fields(overrides, expected, lr):
+    got = lrs(f"learning_rate={lr}", *overrides, steps=len(expected))
+    assert got == pytest.approx([lr * x for x in expected], abs=1e-12)
+
+
+# ---- sampling
+
+class SpyEngine:
+    """The real engine, recording what each generate call was given."""
+
+    def __init__(self, engine):
+        self.engine, self.calls = engine, []
+
+    def __getattr__(self, name):
+        return getattr(self.engine, name)
+
+    def generate(self, input_ids, attention_mask, adapters, generation_config, row_seeds=None):
+        self.calls.append((generation_config, row_seeds))
+        return self.engine.generate(input_ids, attention_mask, adapters, generation_config, row_seeds)
+
+
+def engine_calls(tmp_path, *overrides):
+    team = build_team(config(tmp_path), **QUIET)  # the seed-0 model (built once per process) whatever the seed
+    trainer = Trainer(config(tmp_path, "batch_size=2", "num_generations=2", *overrides), team=team, **QUIET)
+    spy = trainer.team.engines[0] = SpyEngine(engine_for(trainer.team, 0))
+    trainer.sample(trainer.batch_items(0))
+    return spy.calls
+
+
+@pytest.mark.parametrize("seed", [0, 5])
+def test_the_runs_seed_makes_the_row_seeds(tmp_path, seed):
+    (_, seeds), = engine_calls(tmp_path, f"seed={seed}")
+    keys = [("train", 0, item, 0, agent) for item in range(2) for agent in range(2)]  # (step, item, turn, agent)
+    expected = sorted(row_seed(seed, key, g) for key in keys for g in range(2))
+    assert sorted(seeds.tolist()) == expected
+    assert expected != sorted(row_seed(seed + 1, key, g) for key in keys for g in range(2))
+
+
+def test_sampling_fields_reach_the_engine(tmp_path):
+    (gen, _), = engine_calls(tmp_path, "temperature=0.6", "top_p=0.8", "top_k=5", "max_new_tokens=2")
+    assert (gen.do_sample, gen.temperature, gen.top_p, gen.top_k, gen.max_new_tokens) == (True, 0.6, 0.8, 5, 2)
+
+
+def test_top_k_cuts_before_top_p():
+    # p = [0.4, 0.3, 0.2, 0.1]. top-k 2 first: [4/7, 3/7], then top-p 0.5 keeps only the first token. top-p first
+    # would keep [0.4, 0.3] (mass 0.7 >= 0.5), which top-k 2 leaves as it is: two tokens.
+    sampler = SeededSampling(torch.tensor([7]), temperature=1.0, top_p=0.5, top_k=2)
+    scores = sampler(torch.zeros(1, 3, dtype=torch.long), torch.tensor([[0.4, 0.3, 0.2, 0.1]]).log())
+    assert torch.isfinite(scores[0]).tolist() == [True, False, False, False]
+
+
+# ---- adapters
+
+def test_lora_rank_and_alpha_shape_the_adapters(tmp_path):
+    trainer = Trainer(config(tmp_path, "lora_r=4", "lora_alpha=12"), **QUIET)
+    layers = [m for m in trainer.team.models[0].modules() if hasattr(m, "lora_A") and "agent_0" in m.lora_A]
+    assert layers and all(m.r["agent_0"] == 4 and m.scaling["agent_0"] == 3.0 for m in layers)
+    assert all(m.lora_A["agent_0"].weight.shape[0] == 4 for m in layers)
