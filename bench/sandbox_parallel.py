@@ -1,9 +1,12 @@
 """Sandbox throughput: 256 small correct programs with 1 worker vs N workers.
 
-    python bench/sandbox_parallel.py [--programs 256] [--workers 2] [--repeats 3]
+    python bench/sandbox_parallel.py [--programs 256] [--workers 2] [--repeats 3] [--layers]
 
-Each program is a helper/main pair with 5 asserts, run by kit.sandbox.run_many (one `python -I` child per program,
-with all of the sandbox's limits and the audit hook on). Prints one markdown row per worker count and the speed-up.
+Each program is a helper/main pair with 5 asserts, run by kit.sandbox.run_many (a runner and a checker process per
+program, every isolation layer this machine allows). Prints one markdown row per worker count and the speed-up,
+and the CPU seconds per program (this process and its children: what bounds throughput on a busy machine).
+`--layers` adds rows at N workers with the namespaces, then also the separate uid, turned off, to show what each
+layer costs.
 """
 
 import argparse
@@ -13,6 +16,7 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+from kit import sandbox  # noqa: E402
 from kit.sandbox import run_many  # noqa: E402
 
 
@@ -26,26 +30,45 @@ def programs(n: int) -> list[dict]:
     return jobs
 
 
+def timed(jobs, workers, repeats):
+    """(best wall seconds, CPU seconds per program over all repeats, every test passed)."""
+    times, ok = [], True
+    t0 = os.times()
+    for _ in range(repeats):
+        t = time.perf_counter()
+        results = run_many(jobs, workers=workers)
+        times.append(time.perf_counter() - t)
+        ok = ok and all(all(r.passed) for r in results)
+    t1 = os.times()
+    cpu = sum(t1[:4]) - sum(t0[:4])  # user + system, this process and its children
+    return min(times), cpu / (repeats * len(jobs)), ok
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--programs", type=int, default=256)
     ap.add_argument("--workers", type=int, default=2)
     ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--layers", action="store_true", help="also time with layers turned off")
     args = ap.parse_args()
     jobs = programs(args.programs)
-    print(f"{args.programs} programs x 5 asserts, {os.cpu_count()} CPUs, Python {sys.version.split()[0]}\n")
-    print("| workers | best of %d (s) | programs/s | all passed |" % args.repeats)
-    print("|---|---|---|---|")
+    iso = sandbox.isolation()
+    print(f"{args.programs} programs x 5 asserts, {os.cpu_count()} CPUs, Python {sys.version.split()[0]}")
+    print(sandbox.layers() + "\n")
+    print("| layers | workers | best of %d (s) | programs/s | CPU ms per program | all passed |" % args.repeats)
+    print("|---|---|---|---|---|---|")
     best = {}
     for workers in (1, args.workers):
-        times = []
-        for _ in range(args.repeats):
-            t = time.perf_counter()
-            results = run_many(jobs, workers=workers)
-            times.append(time.perf_counter() - t)
-        best[workers] = min(times)
-        ok = all(all(r.passed) for r in results)
-        print(f"| {workers} | {best[workers]:.2f} | {args.programs / best[workers]:.1f} | {ok} |")
+        best[workers], cpu, ok = timed(jobs, workers, args.repeats)
+        print(f"| all | {workers} | {best[workers]:.2f} | {args.programs / best[workers]:.1f} | {cpu * 1000:.1f} | {ok} |")
+    if args.layers:
+        for name, less in (("no namespaces", sandbox.Isolation(iso.python, iso.drop_user, (), iso.no_new_privs,
+                                                               iso.prlimit)),
+                           ("no namespaces, no own uid", sandbox.Isolation(iso.python, False))):
+            sandbox._isolation = less
+            t, cpu, ok = timed(jobs, args.workers, args.repeats)
+            print(f"| {name} | {args.workers} | {t:.2f} | {args.programs / t:.1f} | {cpu * 1000:.1f} | {ok} |")
+        sandbox._isolation = iso
     print(f"\nspeed-up with {args.workers} workers: {best[1] / best[args.workers]:.2f}x")
 
 
