@@ -44,6 +44,7 @@ Colab (kit/colab.py), so even the caller's own /proc entry does not hold it. Lin
 from __future__ import annotations
 
 import ast
+import atexit
 import fcntl
 import json
 import logging
@@ -311,6 +312,7 @@ def _write_fstab(hidden: Sequence[str]) -> str:
              for d in ("/tmp", "/var/tmp", "/dev/shm") if os.path.isdir(d)]
     lines += [f"kit_sandbox {esc(d)} tmpfs ro,mode=0,size=4k,nosuid,nodev 0 0" for d in hidden]
     folder = tempfile.mkdtemp(prefix="kit_sandbox_ns_")  # 0700, this process's
+    atexit.register(shutil.rmtree, folder, True)
     path = os.path.join(folder, "fstab")
     with open(path, "w") as f:
         f.write("\n".join(lines) + "\n")
