@@ -155,7 +155,8 @@ def run(program: str, tests: Sequence[str] = (), *, setup: str = "", context: st
             _send(runner, {"program": program, "wall": wall, "limits": limits.__dict__,
                            "workdir": "/tmp/work" if iso.namespaces else ""})
             _send(checker, {"tests": [_with_messages(t) for t in tests], "setup": setup, "context": context, "call_names": list(call_names),
-                            "test_timeout": limits.test_timeout, "undumpable": uid is None})
+                            "test_timeout": limits.test_timeout, "undumpable": uid is None, "wall": wall,
+                            "memory_mb": max(2048, 2 * limits.memory_mb)})
             data, timed_out = _read_until(report_r, start + wall)
         finally:
             if uid is not None:  # first, so `unshare` sees its child end and reaps it (no zombie is left)

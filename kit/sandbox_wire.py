@@ -110,7 +110,10 @@ def decode(obj):
         if tag == "b" and len(rest) == 1 and type(rest[0]) is str:
             return bytes.fromhex(rest[0])
         if tag == "r" and len(rest) == 3 and all(type(v) is int for v in rest):
-            return range(*rest)
+            r = range(*rest)
+            if len(r) > MAX_ITEMS:  # a checker that lists it must not run out of memory
+                raise ValueError("the returned range is too long to check")
+            return r
         if tag == "o" and len(rest) == 2 and all(type(v) is str for v in rest):
             return Opaque(rest[0], rest[1])
         raise ValueError(f"unknown value tag {tag[:20]!r}")
