@@ -232,25 +232,32 @@ class SpyEngine:
         return self.engine.generate(input_ids, attention_mask, adapters, generation_config, row_seeds)
 
 
-def engine_calls(tmp_path, *overrides):
-    team = build_team(config(tmp_path), **QUIET)  # the seed-0 model (built once per process) whatever the seed
+def spied(tmp_path, *overrides):
+    """A trainer whose engine records its calls; the seed-0 model (built once per process) whatever the seed."""
+    team = build_team(config(tmp_path), **QUIET)
     trainer = Trainer(config(tmp_path, "batch_size=2", "num_generations=2", *overrides), team=team, **QUIET)
     spy = trainer.team.engines[0] = SpyEngine(engine_for(trainer.team, 0))
-    trainer.sample(trainer.batch_items(0))
-    return spy.calls
+    return trainer, spy
 
 
-@pytest.mark.parametrize("seed", [0, 5])
-def test_the_runs_seed_makes_the_row_seeds(tmp_path, seed):
-    (_, seeds), = engine_calls(tmp_path, f"seed={seed}")
-    keys = [("train", 0, item, 0, agent) for item in range(2) for agent in range(2)]  # (step, item, turn, agent)
+@pytest.mark.parametrize("seed, step, positions", [(0, 0, [0, 1]), (5, 0, [0, 1]), (5, 3, [1])])
+def test_the_row_seeds_come_from_the_runs_seed_the_step_and_the_items_place_in_the_batch(tmp_path, seed, step,
+                                                                                        positions):
+    trainer, spy = spied(tmp_path, f"seed={seed}")
+    trainer.step = step
+    items = trainer.batch_items(step)
+    trainer.sample([items[p] for p in positions], positions)  # positions [1]: process 1 of 2
+    (_, seeds), = spy.calls
+    keys = [("train", step, p, 0, agent) for p in positions for agent in range(2)]  # (step, item, turn, agent)
     expected = sorted(row_seed(seed, key, g) for key in keys for g in range(2))
     assert sorted(seeds.tolist()) == expected
     assert expected != sorted(row_seed(seed + 1, key, g) for key in keys for g in range(2))
 
 
 def test_sampling_fields_reach_the_engine(tmp_path):
-    (gen, _), = engine_calls(tmp_path, "temperature=0.6", "top_p=0.8", "top_k=5", "max_new_tokens=2")
+    trainer, spy = spied(tmp_path, "temperature=0.6", "top_p=0.8", "top_k=5", "max_new_tokens=2")
+    trainer.sample(trainer.batch_items(0))
+    (gen, _), = spy.calls
     assert (gen.do_sample, gen.temperature, gen.top_p, gen.top_k, gen.max_new_tokens) == (True, 0.6, 0.8, 5, 2)
 
 

@@ -148,13 +148,22 @@ class KeyedSampler:
         return Rollout(requests, texts)
 
 
-def test_the_baseline_of_a_game_episode_is_the_mean_of_its_own_deal(tmp_path):
-    cfg = game_config(tmp_path, "task_args={game: tiny_hanabi, prompt_style: compact}", "num_generations=3")
+GROUP_ADVANTAGES = {  # the advantage fields on a (deals, G) array of returns, by hand
+    "advantage_mode=mean": lambda r: r - r.mean(1, keepdims=True),
+    "advantage_mode=rloo": lambda r: r - (r.sum(1, keepdims=True) - r) / (r.shape[1] - 1),
+    "scale_rewards=true": lambda r: (r - r.mean(1, keepdims=True)) / (r.std(1, keepdims=True) + 1e-6),
+    "advantage_clip=0.5": lambda r: np.clip(r - r.mean(1, keepdims=True), -0.5, 0.5),
+}
+
+
+@pytest.mark.parametrize("field", GROUP_ADVANTAGES)
+def test_the_baseline_of_a_game_episode_is_its_own_deals(tmp_path, field):
+    cfg = game_config(tmp_path, "task_args={game: tiny_hanabi, prompt_style: compact}", "num_generations=3", field)
     trainer = GameTrainer(cfg, sampler=KeyedSampler(), **QUIET)
     rounds = trainer.sample(trainer.batch_items(0))
     returns = trainer.returns.reshape(2, 3)  # (deals, G)
     assert returns[0].mean() != returns[1].mean()  # a batch-wide baseline would differ from the per-deal ones
-    expected = (returns - returns.mean(1, keepdims=True)).reshape(-1)
+    expected = GROUP_ADVANTAGES[field](returns).reshape(-1)
     np.testing.assert_allclose(trainer._advantages, expected)
     np.testing.assert_allclose(rounds[1].advantages, expected[rounds[1].episodes])  # what the update reads
 

@@ -150,6 +150,15 @@ def test_a_damaged_rng_state_never_costs_the_checkpoint(tmp_path):
     assert resumed.step == 2
 
 
+def test_each_epoch_is_a_new_order_of_every_item(tmp_path):
+    trainer = Trainer(cfg_for(tmp_path, "batch_size=4"), log=lambda *_: None)
+    n = len(trainer.train_items)  # 19: epochs straddle steps
+    ids = [it["id"] for step in range(2 * n // 4 + 1) for it in trainer.batch_items(step)]
+    first, second = ids[:n], ids[n:2 * n]
+    assert sorted(first) == sorted(second) == sorted(it["id"] for it in trainer.train_items)
+    assert first != second
+
+
 def test_resume_drops_log_lines_written_after_the_checkpoint(tmp_path):
     cfg = cfg_for(tmp_path, "num_steps=4", "save_every=2", "eval_every=0", "batch_size=2", "num_generations=2")
     Trainer(cfg, log=lambda *_: None).train(max_steps=3)  # checkpoint at 2, step 3 logged, then lost
