@@ -1,0 +1,277 @@
+"""Mutation testing: would the tests catch a small plausible bug? Each mutation is one edit (file, old, new) and the
+tests that must fail with it. Every edit is made in a copy of the repository, never in the working tree.
+
+    python tools/mutate.py                    # all of them, one after another (about half an hour on 2 cores)
+    python tools/mutate.py kl scale_rewards   # those whose name contains a word
+    python tools/mutate.py --list             # names and the tests each runs
+
+For each mutation: copy the tracked and untracked (not ignored) files of the working tree once into a temporary
+folder, apply the edit there, run `python -m pytest -x -q <its tests>` there with a timeout, restore the file, and
+print one table row: caught (a test failed), SURVIVED (all passed) or an error (pytest could not run: a wrong test
+id, a timeout). A survivor is a test to fix, unless its `equivalent` field says why the edit changes nothing.
+
+Every `old` must occur exactly once in its file, or the script stops before running anything;
+tests/test_mutations.py checks the same on the current tree, so the list follows the code as it moves.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@dataclass(frozen=True)
+class Mutation:
+    name: str
+    file: str  # relative to the repository root
+    old: str  # occurs exactly once in `file`
+    new: str
+    tests: tuple[str, ...]  # pytest node ids, relative to the root; at least one must fail
+    equivalent: str = ""  # why the edit changes no behaviour the tests could see (then it may survive)
+
+
+CFG_MATHS = "tests/test_config_reaches_maths.py"
+
+MUTATIONS = [
+    # ---- the injected bugs of issue 21 that the suite did not catch
+    Mutation("trainer ignores scale_rewards", "kit/trainer.py",
+             "cfg.advantage_mode, cfg.scale_rewards,", "cfg.advantage_mode, False,",
+             (f"{CFG_MATHS}::test_advantage_fields",)),
+    Mutation("advantages skip the std division", "kit/magrpo.py",
+             "a = a / (r.std(-1, keepdims=True) + eps)", "a = a / (1.0 + eps)",
+             ("tests/test_magrpo.py::test_std_scaling_divides_by_population_std",)),
+    Mutation("trainer ignores advantage_mode", "kit/trainer.py",
+             "magrpo.advantages(per_agent, cfg.advantage_mode,", "magrpo.advantages(per_agent, \"mean\",",
+             (f"{CFG_MATHS}::test_advantage_fields",)),
+    Mutation("trainer ignores advantage_clip", "kit/trainer.py",
+             "cfg.advantage_clip)  # (nodes, N, G)", "None)  # (nodes, N, G)",
+             (f"{CFG_MATHS}::test_advantage_fields",)),
+    Mutation("multi-turn discount ignored", "kit/trainer.py",
+             "magrpo.node_returns(r, kids, cfg.discount)", "magrpo.node_returns(r, kids)",
+             (f"{CFG_MATHS}::test_advantage_fields",)),
+    Mutation("LR scheduler never stepped", "kit/trainer.py",
+             "            self.schedulers[adapter].step()\n", "",
+             ("tests/test_trainer.py::test_every_schedule_warms_up_and_the_logged_lr_is_the_one_each_step_used",)),
+    Mutation("resume without the scheduler state", "kit/checkpoint.py",
+             "        schedulers[adapter].load_state_dict(optim[adapter][\"scheduler\"])\n", "",
+             ("tests/test_trainer.py::test_resume_is_exact",)),
+    Mutation("KL reference with the adapter on", "kit/trainer.py",
+             "with torch.no_grad(), model.disable_adapter():", "with torch.no_grad():",
+             (f"{CFG_MATHS}::test_loss_fields",)),
+    Mutation("token_mean loss with a per-row KL sum", "kit/magrpo.py",
+             "kl = k3.sum(-1).mean() if loss_type == \"sum\" else k3.sum() / mask.sum().clamp(min=1)",
+             "kl = k3.sum(-1).mean()",
+             ("tests/test_magrpo.py::test_token_mean_kl_is_per_completion_token_like_its_loss",
+              f"{CFG_MATHS}::test_loss_fields")),
+    Mutation("the run's seed never reaches the sample seeds", "kit/rollout.py",
+             "return cls(team, SamplingParams.from_config(cfg), cfg.seed)",
+             "return cls(team, SamplingParams.from_config(cfg))",
+             (f"{CFG_MATHS}::test_the_row_seeds_come_from_the_runs_seed_the_step_and_the_items_place_in_the_batch",)),
+    Mutation("top-p applied before top-k", "kit/sampling.py",
+             "([TopKLogitsWarper(top_k)] if top_k > 0 else []) + ([TopPLogitsWarper(top_p)] if top_p < 1.0 else [])",
+             "([TopPLogitsWarper(top_p)] if top_p < 1.0 else []) + ([TopKLogitsWarper(top_k)] if top_k > 0 else [])",
+             (f"{CFG_MATHS}::test_top_k_cuts_before_top_p",)),
+    Mutation("game baseline over the whole batch", "kit/game_trainer.py",
+             ".reshape(len(items), 1, G)", ".reshape(1, 1, len(items) * G)",
+             ("tests/test_games.py::test_the_baseline_of_a_game_episode_is_its_own_deals",)),
+    Mutation("game seed keys by the process-local deal index", "kit/game_trainer.py",
+             "keys = [(\"game\", self.step, p) for p in positions]",
+             "keys = [(\"game\", self.step, i) for i in range(len(positions))]",
+             ("tests/test_games.py::test_a_share_of_the_deals_plays_the_episodes_they_play_in_the_whole_batch",)),
+    # ---- the other findings of issue 21, undone
+    Mutation("constant schedule ignores warm-up", "kit/trainer.py",
+             "name = \"constant_with_warmup\" if cfg.lr_scheduler == \"constant\" else cfg.lr_scheduler",
+             "name = cfg.lr_scheduler", (f"{CFG_MATHS}::test_schedule_fields",)),
+    Mutation("every saved CUDA RNG state restored", "kit/checkpoint.py",
+             "torch.cuda.set_rng_state_all(state[\"cuda\"][:torch.cuda.device_count()])",
+             "torch.cuda.set_rng_state_all(state[\"cuda\"])",
+             ("tests/test_trainer.py::test_rng_states_saved_on_two_gpus_restore_on_fewer",
+              "tests/test_trainer.py::test_a_run_saved_on_two_gpus_resumes_on_one_at_its_checkpoint")),
+    Mutation("a damaged RNG state fails the checkpoint", "kit/checkpoint.py",
+             "    except Exception as err:\n        warnings.warn(f\"RNG state",
+             "    except OSError as err:\n        warnings.warn(f\"RNG state",
+             ("tests/test_trainer.py::test_a_damaged_rng_state_never_costs_the_checkpoint",)),
+    Mutation("illegal-move fallback from the chance RNG", "kit/tasks/game.py",
+             "action = int(fallback.choice(self.legal(ep)))", "action = int(ep.rng.choice(self.legal(ep)))",
+             ("tests/test_games.py::test_the_illegal_move_fallback_leaves_the_deals_chance_outcomes_shared",)),
+    Mutation("zero gradients for an adapter with no rows anywhere", "kit/trainer.py",
+             "if self.dist.world > 1 and total_rows > 0:", "if self.dist.world > 1:",
+             ("tests/test_distributed.py::test_an_adapter_with_no_rows_on_any_process_does_not_move",)),
+    Mutation("game rollouts logged in deal-seed order", "kit/game_trainer.py",
+             "\"_order\": (self.positions[e // G], e % G)", "\"_order\": (items[e // G][\"seed\"], e % G)",
+             ("tests/test_distributed.py::test_a_game_on_two_processes_equals_one_process",)),
+    # ---- more plausible slips
+    Mutation("rloo divides by G", "kit/magrpo.py",
+             "a = r - (r.sum(-1, keepdims=True) - r) / (g - 1)", "a = r - (r.sum(-1, keepdims=True) - r) / g",
+             ("tests/test_magrpo.py::test_rloo_advantage_leaves_one_out",)),
+    Mutation("cross returns summed over partners", "kit/magrpo.py",
+             "    return out / count\n", "    return out\n",
+             ("tests/test_magrpo.py::test_cross_per_agent_return_is_the_mean_over_partners",)),
+    Mutation("children's returns summed", "kit/magrpo.py",
+             "future = np.array([np.mean(c) for c in child_returns]",
+             "future = np.array([np.sum(c) for c in child_returns]",
+             ("tests/test_magrpo.py::test_multi_turn_return_adds_the_mean_of_the_children",)),
+    Mutation("policy gradient sign flipped", "kit/magrpo.py",
+             "loss = -(adv * seq_logp).mean()", "loss = (adv * seq_logp).mean()",
+             ("tests/test_magrpo.py::test_sum_loss_on_a_hand_made_batch",)),
+    Mutation("padding enters the sum loss", "kit/magrpo.py",
+             "seq_logp = (logp * mask).sum(-1)", "seq_logp = logp.sum(-1)",
+             ("tests/test_magrpo.py::test_sum_loss_on_a_hand_made_batch",)),
+    Mutation("KL estimator with the log-ratio reversed", "kit/magrpo.py",
+             "diff = ref_logp - logp", "diff = logp - ref_logp",
+             ("tests/test_magrpo.py::test_kl_is_zero_when_policy_equals_reference_and_positive_otherwise",
+              f"{CFG_MATHS}::test_loss_fields")),
+    Mutation("micro-batches weighted as whole batches", "kit/trainer.py",
+             "weight = ((hi - lo) / total_rows if cfg.loss_type == \"sum\"",
+             "weight = (1.0 if cfg.loss_type == \"sum\"",
+             ("tests/test_trainer.py::test_a_micro_batched_update_equals_the_one_batch_update",)),
+    Mutation("gradients never clipped", "kit/trainer.py",
+             "cfg.max_grad_norm if cfg.max_grad_norm > 0 else math.inf", "math.inf",
+             (f"{CFG_MATHS}::test_max_grad_norm_clips_what_the_optimizer_receives",)),
+    Mutation("weight_decay left at AdamW's default", "kit/trainer.py",
+             "lr=cfg.learning_rate,\n                                    weight_decay=cfg.weight_decay)",
+             "lr=cfg.learning_rate)",
+             (f"{CFG_MATHS}::test_learning_rate_and_weight_decay_make_the_first_adamw_step",)),
+    Mutation("learning_rate not passed to AdamW", "kit/trainer.py",
+             "opt = torch.optim.AdamW(team.parameters_of(adapter), lr=cfg.learning_rate,",
+             "opt = torch.optim.AdamW(team.parameters_of(adapter), lr=3e-3,",
+             (f"{CFG_MATHS}::test_learning_rate_and_weight_decay_make_the_first_adamw_step",)),
+    Mutation("resume without the optimizer state", "kit/checkpoint.py",
+             "        optimizers[adapter].load_state_dict(optim[adapter][\"optimizer\"])\n", "",
+             ("tests/test_trainer.py::test_resume_is_exact",)),
+    Mutation("the same data order every epoch", "kit/trainer.py",
+             "np.random.default_rng([self.cfg.seed, epoch])", "np.random.default_rng([self.cfg.seed, 0])",
+             ("tests/test_trainer.py::test_each_epoch_is_a_new_order_of_every_item",)),
+    Mutation("sample seeds without the step", "kit/trainer.py",
+             "keys = [(\"train\", self.step, positions[node[\"item\"]]",
+             "keys = [(\"train\", 0, positions[node[\"item\"]]",
+             (f"{CFG_MATHS}::test_the_row_seeds_come_from_the_runs_seed_the_step_and_the_items_place_in_the_batch",)),
+    Mutation("sample seeds by the process-local item index", "kit/trainer.py",
+             "keys = [(\"train\", self.step, positions[node[\"item\"]]",
+             "keys = [(\"train\", self.step, node[\"item\"]",
+             (f"{CFG_MATHS}::test_the_row_seeds_come_from_the_runs_seed_the_step_and_the_items_place_in_the_batch",)),
+    Mutation("game trainer ignores the advantage fields", "kit/game_trainer.py",
+             "adv = magrpo.advantages(returns, cfg.advantage_mode, cfg.scale_rewards, cfg.advantage_clip)",
+             "adv = magrpo.advantages(returns)",
+             ("tests/test_games.py::test_the_baseline_of_a_game_episode_is_its_own_deals",)),
+    Mutation("illegal moves cost nothing", "kit/tasks/game.py",
+             "return self.game_score(ep) - self.illegal_penalty * ep.illegal", "return self.game_score(ep)",
+             ("tests/test_games.py::test_parsing_a_move_by_number_or_by_its_text_and_illegal_output_is_data",)),
+    Mutation("temperature never applied", "kit/sampling.py",
+             "[TemperatureLogitsWarper(temperature)] if temperature != 1.0 else []", "[]",
+             ("tests/test_sampling.py::test_gumbel_max_samples_the_warped_distribution",)),
+    Mutation("keep_last keeps one too many", "kit/checkpoint.py",
+             "for p in complete_checkpoints(run_dir)[keep_last:]:",
+             "for p in complete_checkpoints(run_dir)[keep_last + 1:]:",
+             ("tests/test_trainer.py::test_keep_last_prunes_old_checkpoints",)),
+    Mutation("a checkpoint without COMPLETE is loaded", "kit/checkpoint.py",
+             "        if (p / \"COMPLETE\").exists():\n", "        if True:\n",
+             ("tests/test_trainer.py::test_incomplete_and_corrupt_checkpoints_are_skipped",)),
+    Mutation("resume keeps the log lines of lost steps", "kit/trainer.py",
+             "                rundir.truncate_jsonl(self.run_dir / name, self.step)\n", "                pass\n",
+             ("tests/test_trainer.py::test_resume_drops_log_lines_written_after_the_checkpoint",)),
+]
+
+
+def check(mutations: list[Mutation], root: Path = ROOT) -> list[str]:
+    """Problems with the list against the tree at `root`: an `old` found other than exactly once, a no-op edit,
+    a test file that does not exist, a repeated name."""
+    problems, names = [], set()
+    for m in mutations:
+        path = root / m.file
+        count = path.read_text().count(m.old) if path.exists() else 0
+        if count != 1:
+            problems.append(f"{m.name}: `old` occurs {count} times in {m.file} (exactly once needed)")
+        if m.old == m.new:
+            problems.append(f"{m.name}: `new` equals `old`")
+        if m.name in names:
+            problems.append(f"{m.name}: a second mutation of this name")
+        names.add(m.name)
+        problems += [f"{m.name}: no test file {t.split('::')[0]}" for t in m.tests
+                     if not (root / t.split("::")[0]).exists()]
+    return problems
+
+
+def copy_tree(dest: Path) -> None:
+    """The working tree's tracked and untracked (not ignored) files, as they are now, into `dest`."""
+    files = subprocess.run(["git", "ls-files", "--cached", "--others", "--exclude-standard", "-z"], cwd=ROOT,
+                           capture_output=True, check=True).stdout.decode().split("\0")
+    for name in filter(None, files):
+        src = ROOT / name
+        if src.is_file():  # a tracked file someone deleted is simply absent
+            (dest / name).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(src, dest / name)
+
+
+def run(m: Mutation, copy: Path, timeout: int) -> tuple[str, float]:
+    """Apply `m` in `copy`, run its tests there, restore the file; (outcome, seconds)."""
+    path = copy / m.file
+    original = path.read_text()
+    path.write_text(original.replace(m.old, m.new, 1))
+    env = {**os.environ, "PYTHONPATH": str(copy), "PYTHONDONTWRITEBYTECODE": "1"}  # the copy's kit, not ours
+    start = time.perf_counter()
+    try:
+        out = subprocess.run([sys.executable, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider", *m.tests],
+                             cwd=copy, env=env, capture_output=True, text=True, timeout=timeout)
+        code = out.returncode
+    except subprocess.TimeoutExpired:
+        code = None
+    finally:
+        path.write_text(original)
+    seconds = time.perf_counter() - start
+    if code == 1:
+        return "caught", seconds
+    if code == 0:
+        return "SURVIVED", seconds
+    return ("error: timeout" if code is None else f"error: pytest exit {code}\n{out.stdout[-2000:]}"), seconds
+
+
+def main(argv: list[str]) -> int:
+    if "--list" in argv:
+        for m in MUTATIONS:
+            print(f"{m.name}  ({m.file})\n    " + "\n    ".join(m.tests))
+        return 0
+    timeout = 600
+    words = [a for a in argv if not a.startswith("-")]
+    chosen = [m for m in MUTATIONS if not words or any(w.lower() in m.name.lower() for w in words)]
+    problems = check(MUTATIONS)
+    if problems:
+        print("the mutation list does not fit the tree:\n  " + "\n  ".join(problems), file=sys.stderr)
+        return 2
+    with tempfile.TemporaryDirectory(prefix="mutate_") as tmp:
+        copy = Path(tmp)
+        copy_tree(copy)
+        where = subprocess.run([sys.executable, "-c", "import kit; print(kit.__file__)"], cwd=copy, text=True,
+                               capture_output=True, env={**os.environ, "PYTHONPATH": str(copy)}).stdout.strip()
+        if not where.startswith(str(copy)):
+            print(f"the copy imports kit from {where}, not from the copy: refusing to run", file=sys.stderr)
+            return 2
+        print("| mutation | file | result | seconds |\n|---|---|---|---|", flush=True)
+        survivors, errors = [], []
+        for m in chosen:
+            outcome, seconds = run(m, copy, timeout)
+            first = outcome.splitlines()[0]
+            if first == "SURVIVED" and m.equivalent:
+                first = f"survived (equivalent: {m.equivalent})"
+            print(f"| {m.name} | {m.file} | {first} | {seconds:.0f} |", flush=True)
+            if outcome == "SURVIVED" and not m.equivalent:
+                survivors.append(m.name)
+            elif outcome.startswith("error"):
+                errors.append(f"{m.name}: {outcome}")
+    print(f"\n{len(chosen)} mutations: {len(chosen) - len(survivors) - len(errors)} caught or equivalent, "
+          f"{len(survivors)} survived, {len(errors)} errors")
+    for e in errors:
+        print(e)
+    return 1 if survivors or errors else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
