@@ -99,6 +99,39 @@ def format_prompt(tokenizer, prompt: str, use_chat_template: bool = True) -> str
     return prompt
 
 
+def encode_prompt(tok, prompt: str, use_chat_template: bool = True, max_tokens: int | None = None) -> list[int]:
+    """The token ids the model sees for `prompt`; a prompt over `max_tokens` loses the middle of its user content.
+
+    Never the chat template: the assistant header at its end is where the completion starts. Never just one end
+    of the content: the kit's prompts state the task first and end with the instructions (and, for code, what to
+    write), while the middle holds what can best be spared (the problem's body, the previous turn's code).
+    """
+    ids = tok(format_prompt(tok, prompt, use_chat_template), add_special_tokens=False).input_ids
+    if max_tokens is None or len(ids) <= max_tokens:
+        return ids
+    mark = "\x00"  # the template's text around a user turn: what comes before and after the mark
+    before, _, after = format_prompt(tok, mark, use_chat_template).partition(mark)
+    before, after = (tok(t, add_special_tokens=False).input_ids if t else [] for t in (before, after))
+    room = max_tokens - len(before) - len(after)
+    if room < 1:
+        raise ValueError(f"max_prompt_tokens={max_tokens} leaves no room for the prompt: the chat template alone "
+                         f"takes {len(before) + len(after)} tokens")
+    content = tok(prompt, add_special_tokens=False).input_ids
+    if len(content) > room:
+        head = room // 2
+        tail = room - head  # >= 1
+        content = content[:head] + content[-tail:]
+    return before + content + after
+
+
+def left_pad(rows: list[list[int]], pad_id: int, device) -> dict[str, torch.Tensor]:
+    """input_ids and attention_mask (R, P): generation continues from the right edge of every row."""
+    width = max(map(len, rows))
+    ids = torch.tensor([[pad_id] * (width - len(r)) + r for r in rows], device=device)
+    mask = torch.tensor([[0] * (width - len(r)) + [1] * len(r) for r in rows], device=device)
+    return {"input_ids": ids, "attention_mask": mask}
+
+
 def completion_mask(completion: torch.Tensor, eos: list[int]) -> torch.Tensor:
     """(R, T) -> (R, T) long: 1 up to and including the first EOS, 0 after (padding)."""
     is_eos = torch.isin(completion, torch.tensor(eos, device=completion.device)).long()
@@ -209,12 +242,9 @@ def generate(team, requests: list[tuple[int, str]], num_generations: int, *, max
         # each adapter's rows in one contiguous block (stable: request order, then g, inside a block)
         mine.sort(key=lambda k: order[team.adapter_of[requests[k][0]]])
         tok = team.tokenizers[base]
-        tok.padding_side = "left"  # generation continues from the right edge of every row
-        prompts = [format_prompt(tok, requests[k][1], use_chat_template) for k in mine for _ in range(G)]
-        enc = tok(prompts, return_tensors="pt", padding=True, add_special_tokens=False,
-                  truncation=max_prompt_tokens is not None, max_length=max_prompt_tokens)
         device = next(model.parameters()).device
-        enc = {k: v.to(device) for k, v in enc.items()}
+        prompts = [encode_prompt(tok, requests[k][1], use_chat_template, max_prompt_tokens) for k in mine]
+        enc = left_pad([p for p in prompts for _ in range(G)], tok.pad_token_id, device)
         agents = [requests[k][0] for k in mine for _ in range(G)]
         eos = eos_ids(model, tok)
         config = sampling_config(max_new_tokens, temperature, top_p, top_k, eos, tok.pad_token_id)

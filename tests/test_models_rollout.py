@@ -8,7 +8,7 @@ import torch
 from kit.config import TrainConfig
 from kit.models import (Team, adapter_parameters, attach_adapters, build_team, build_tiny_model, load_base,
                         lora_config, save_tiny_model)
-from kit.rollout import completion_logprobs, completion_mask, format_prompt, generate
+from kit.rollout import completion_logprobs, completion_mask, encode_prompt, format_prompt, generate
 
 
 def make_team(num_agents=2, perturb=True):
@@ -55,6 +55,34 @@ def test_chat_template_is_applied_when_the_tokenizer_has_one():
     _, tok = build_tiny_model(0)
     assert format_prompt(tok, "hi") == "<|user|>hi<|assistant|>"
     assert format_prompt(tok, "hi", use_chat_template=False) == "hi"
+
+
+def test_a_long_prompt_loses_the_middle_of_its_content_never_the_chat_template():
+    _, tok = build_tiny_model(0)  # one token per character; the template adds <|user|> and <|assistant|>
+    prompt = "Task: add." + "x" * 100 + "def f(a, b):"
+    ids = encode_prompt(tok, prompt, max_tokens=32)  # room for 30 content tokens: the first 15 and the last 15
+    assert len(ids) == 32
+    assert tok.decode(ids) == "<|user|>" + prompt[:15] + prompt[-15:] + "<|assistant|>"
+    assert tok.decode(encode_prompt(tok, prompt, use_chat_template=False, max_tokens=9)) == prompt[:4] + prompt[-5:]
+
+
+def test_prompts_within_max_prompt_tokens_are_unchanged():
+    team = make_team()
+    short = generate(team, REQUESTS, 1, max_new_tokens=4, temperature=0)
+    limited = generate(team, REQUESTS, 1, max_new_tokens=4, temperature=0, max_prompt_tokens=64)
+    assert torch.equal(short.segments[0].input_ids, limited.segments[0].input_ids)
+    _, tok = build_tiny_model(0)
+    assert encode_prompt(tok, "hi", max_tokens=4) == tok("<|user|>hi<|assistant|>", add_special_tokens=False).input_ids
+
+
+def test_generation_starts_after_the_assistant_header_of_a_truncated_prompt():
+    team = make_team()
+    ro = generate(team, [(0, "a0 sum 7 " * 20), (1, "x")], 1, max_new_tokens=3, temperature=0, max_prompt_tokens=16)
+    seg, tok = ro.segments[0], team.tokenizers[0]
+    assert seg.prompt_len == 16
+    assert all(tok.convert_ids_to_tokens(int(row[seg.prompt_len - 1])) == "<|assistant|>" for row in seg.input_ids)
+    with pytest.raises(ValueError, match="max_prompt_tokens=2 leaves no room"):
+        generate(team, [(0, "a0 sum 7")], 1, max_new_tokens=3, temperature=0, max_prompt_tokens=2)
 
 
 def test_completion_mask_keeps_the_first_eos_and_drops_what_follows():
