@@ -1,18 +1,20 @@
 """Reading generated code: pull the code out of a completion, find functions, and see how main uses aux.
 
-    extract_code(text) -> str                 code from fenced blocks, prose and chat markers stripped
+    extract_code(text) -> str                 the Python in a completion: fenced blocks, or the lines that parse
     function_info(code, name) -> (defined, returns_value)
     drop_function(code, name) -> str          the code without a top-level def of `name`
     aux_use(main_code, entry_point) -> AuxUse how the entry point uses aux: calls, thin wrapper, ignored results
 
-Everything here is static: nothing is executed. `aux_use` reads the AST and follows simple aliases (`h = aux`),
-calls through lambdas and nested functions, and aux passed as a value (`map(aux, xs)`); a local rebinding of
-the name `aux` (a parameter or assignment) shadows the helper. The cooperation schemes (issue 5) build on it.
+Everything here is static: nothing is executed (extraction only calls `ast.parse`). `aux_use` reads the AST and
+follows simple aliases (`h = aux`), calls through lambdas and nested functions, and aux passed as a value
+(`map(aux, xs)`); a local rebinding of the name `aux` (a parameter or assignment) shadows the helper. The
+cooperation schemes (issue 5) build on it.
 """
 
 from __future__ import annotations
 
 import ast
+import keyword
 import re
 from dataclasses import dataclass
 
@@ -22,50 +24,183 @@ AUX = "aux"
 _END_MARKERS = re.compile(r"<\|im_end\|>|<\|endoftext\|>|<\|eot_id\|>|<\|end\|>|</s>|<eos>")
 _MARKERS = re.compile(r"<\|[^|>\n]{1,40}\|>|\[/?INST\]|<s>")
 _FENCE = re.compile(r"```[ \t]*([A-Za-z0-9_+-]*)[^\n]*\n(.*?)(?:```|\Z)", re.S)
-_CODE_START = re.compile(r"(async\s+def|def|class|import|from|@)\b")
+_PYTHON_FENCES = ("", "python", "py", "python3")
+_DEFINES = re.compile(r"^(?:async\s+def|def|class|import|from)\s+\w", re.M)
+_WINDOW = 8  # lines first tried when growing a run that parses; doubled while it keeps parsing
+_PARSE_BUDGET = 32  # lines parsed per input line at most: a 10k-line pathological text stays linear
+_CUT_ERRORS = ("was never closed", "unterminated triple-quoted", "unexpected EOF", "expected an indented block")
+
+# Telling prose from broken code, for lines that start no run that parses.
+_STATEMENT = sorted(set(keyword.kwlist) - {"True", "False", "None", "and", "or", "in", "is", "as"})
+_STARTS_STATEMENT = re.compile(rf"(?:{'|'.join(_STATEMENT)})\b")
+_MARKDOWN = re.compile(r"[-*+]\s|\d+[.)]\s|>|\*\*|```")  # list items, quotes and >>> prompts, bold, fences
+_CODE_LINE = re.compile(rf"[A-Za-z_][\w.]*(?:\[[^\]]*\])?\s*(?:[-+*/%&|^@]|//|\*\*|>>|<<)?=(?!=)"
+                        rf"|[A-Za-z_][\w.]*\s*[(\[,]|[)\]}}@]|{_STARTS_STATEMENT.pattern}")
+_WORD = re.compile(r"[\"'(*_]*(?:[A-Za-z]{2,}|[aAI])(?:['’-][A-Za-z]+)*[\"'.,:;!?)*_]*")
 
 
 def extract_code(text: str) -> str:
-    """The Python code in a completion: fenced blocks if any, else the text from the first def/import on,
-    with chat markers and trailing prose removed. Returns "" when there is no code at all."""
+    """The Python code in a completion, "" when there is none.
+
+    End-of-turn markers cut the text and other chat markers go. With fenced python blocks (```python, ```py or a
+    bare ```), the code is those blocks joined, plus any code outside the fences that defines something (a def,
+    class or import: "here is aux: <code>, and usage: <fence>"). Within blocks, and in a text without them, every
+    line that belongs to a run of lines that parses stays (constants, imports, try/except imports, loops, `if
+    __name__ == "__main__":` blocks, comments); a line that starts no such run is dropped when it reads as prose,
+    and kept when it looks like broken code, so a truncated or broken function still fails the syntax check
+    instead of being cut to something that parses. A lone name or a bare annotation at top level ("Output",
+    "Output: 6") is prose that happens to parse and goes too."""
     text = _END_MARKERS.split(text, maxsplit=1)[0]
-    text = _MARKERS.sub("", text)
-    blocks = [body for lang, body in _FENCE.findall(text) if lang.lower() in ("", "python", "py", "python3")]
-    if blocks:
-        text = "\n\n".join(b.strip("\n") for b in blocks)
-    return _trim_prose(text.replace("\r\n", "\n").expandtabs(4))
+    text = _MARKERS.sub("", text).replace("\r\n", "\n")
+    parts, last = [], 0  # (fenced, code) in document order
+    for m in _FENCE.finditer(text):
+        parts.append((False, _keep_code(text[last:m.start()])))
+        if m.group(1).lower() in _PYTHON_FENCES:
+            parts.append((True, _keep_code(m.group(2))))
+        last = m.end()
+    parts.append((False, _keep_code(text[last:])))
+    if any(fenced and code for fenced, code in parts):
+        parts = [(fenced, code) for fenced, code in parts if fenced or _DEFINES.search(code)]
+    code = "\n\n".join(code.strip("\n") for _, code in parts if code)
+    return code + "\n" if code else ""
+
+
+def _keep_code(text: str) -> str:
+    """The code in unfenced text: runs of lines that parse (grown greedily from each line), and lines that look
+    like broken code; prose lines dropped. A run indented as a whole (code under a list item) is dedented when
+    the code does not parse as it stands."""
+    lines = [re.sub(r"^[ \t]+", lambda m: m.group().expandtabs(4), line) for line in text.split("\n")]
+    depth = [len(line) - len(line.lstrip()) if line.strip() else -1 for line in lines]
+    stop = _next_shallower(depth)
+    budget = [_PARSE_BUDGET * len(lines) + 1000]
+    kept: dict[int, int] = {}  # line -> columns to strip when runs are dedented
+    i = 0
+    while i < len(lines):
+        if depth[i] < 0:
+            i += 1
+            continue
+        end = _longest_parse(lines, i, depth[i], stop[i], budget)
+        if end == i:
+            if not _is_prose(lines[i]):
+                kept[i] = 0  # broken code stays, so the syntax check sees it
+            i += 1
+            continue
+        drop = _prose_statements(_parse("\n".join(line[depth[i]:] for line in lines[i:end])))
+        kept.update((k, depth[i]) for k in range(i, end) if k - i + 1 not in drop)
+        i = end
+    code = _join(lines, depth, kept, dedent=False)
+    tree = _parse(code)
+    if tree is None and any(kept.values()):
+        dedented = _join(lines, depth, kept, dedent=True)
+        dedented_tree = _parse(dedented)
+        if dedented_tree is not None:
+            code, tree = dedented, dedented_tree
+    return "" if tree is not None and not tree.body else code  # nothing, or only comments
+
+
+def _join(lines: list[str], depth: list[int], kept: dict[int, int], dedent: bool) -> str:
+    """The kept lines and the blank lines between them, each kept line dedented by its run's indent or not."""
+    out = [k for k in range(len(lines)) if k in kept or depth[k] < 0]
+    while out and depth[out[-1]] < 0:
+        out.pop()
+    first = next((n for n, k in enumerate(out) if depth[k] >= 0), len(out))
+    return "".join((lines[k][kept[k]:] if dedent and k in kept else lines[k]) + "\n" for k in out[first:])
+
+
+def _next_shallower(depth: list[int]) -> list[int]:
+    """For each line, the index of the next non-blank line indented less (len(depth) if none): where a run that
+    starts there, indented, must end."""
+    stop, stack = [len(depth)] * len(depth), []
+    for k in range(len(depth) - 1, -1, -1):
+        if depth[k] < 0:
+            continue
+        while stack and depth[stack[-1]] >= depth[k]:
+            stack.pop()
+        stop[k] = stack[-1] if stack else len(depth)
+        stack.append(k)
+    return stop
+
+
+def _longest_parse(lines: list[str], start: int, indent: int, end: int, budget: list[int]) -> int:
+    """The end of the longest run lines[start:end'] that parses (dedented by `indent`), or `start` when none
+    does. The window grows by doubling while it parses or fails only where it was cut (an open bracket or
+    string, a block without its body); then it shrinks to just before the line the parser blames. Each parse is
+    charged to `budget`."""
+    good, size, hi = start, _WINDOW, min(end, start + _WINDOW)
+    growing = True
+    while hi > good and budget[0] > 0:
+        budget[0] -= hi - start
+        bad, cut = _syntax_error(lines[start:hi], indent)
+        if bad is None:
+            good = hi
+            if not growing or hi == end:
+                return hi
+        elif not (growing and hi < end and cut):
+            growing = False
+            hi = min(start + bad, hi - 1)
+            continue
+        size *= 2
+        hi = min(end, start + size)
+    return good
+
+
+def _syntax_error(lines: list[str], indent: int) -> tuple[int | None, bool]:
+    """(None when the lines parse, else the 0-based line the parser blames; whether the error may only come from
+    where the lines end)."""
+    try:
+        ast.parse("\n".join(line[indent:] for line in lines))
+        return None, False
+    except SyntaxError as e:
+        bad = min(max((e.lineno or 1) - 1, 0), len(lines))
+        return bad, bad >= len(lines) - 1 or any(m in (e.msg or "") for m in _CUT_ERRORS)
+    except (ValueError, RecursionError, MemoryError):  # null bytes; nesting too deep for the parser
+        return 0, False
 
 
 def _is_prose(line: str) -> bool:
-    """An unindented line that is not Python and reads like words ("This function returns ...")."""
-    if not line or line[0].isspace() or line.lstrip().startswith("#") or _CODE_START.match(line):
-        return False
-    if len(line.split()) < 2 or not re.match(r"[A-Za-z*`-]", line):
-        return False
-    try:
-        ast.parse(line)
-        return False
-    except SyntaxError:
+    """Whether a line that starts no parsable run reads as prose (dropped) rather than broken code (kept):
+    markdown, backticks, mostly words, or code followed by words; an indented statement keyword, or a line shaped
+    like code (`x = `, `f(`, a closing bracket, a keyword, or any indented line) is code."""
+    s = line.strip()
+    if _MARKDOWN.match(s) or "`" in s:
         return True
+    indented = line[0].isspace()
+    if indented and _STARTS_STATEMENT.match(s):
+        return False
+    tokens = s.split()
+    words = [bool(_WORD.fullmatch(t)) and re.sub(r"[^A-Za-z]", "", t) not in keyword.kwlist for t in tokens]
+    if sum(words) >= 0.6 * len(tokens):
+        return True
+    if len(s) <= 200 and any(words[k] and _parse(" ".join(tokens[:k])) is not None
+                             for k in range(min(len(tokens), 12) - 1, 0, -1)):
+        return True  # code, then words: "print(f(3)) will output 4"
+    return not (indented or _CODE_LINE.match(s))
 
 
-def _trim_prose(text: str) -> str:
-    lines = text.split("\n")
-    start = next((i for i, line in enumerate(lines) if _CODE_START.match(line)), None)
-    if start is None:
-        return text.strip() if not any(_is_prose(line) for line in lines) else ""
-    kept = []
-    for line in lines[start:]:
-        if _is_prose(line):
-            break
-        kept.append(line)
-    return "\n".join(kept).strip("\n") + "\n"
+def _prose_statements(tree: ast.Module | None) -> set[int]:
+    """Lines (1-based) holding one top-level statement that is prose which parses: a lone name ("Output",
+    "assistant"), a lone number (an example's output) or an annotation without a value ("Example: f(3)",
+    "Input: [1, 2]"). None does anything in a program but evaluate a name that may not exist."""
+    if tree is None:
+        return set()
+    per_line: dict[int, int] = {}
+    for node in tree.body:
+        for k in range(node.lineno, node.end_lineno + 1):
+            per_line[k] = per_line.get(k, 0) + 1
+    return {node.lineno for node in tree.body
+            if node.lineno == node.end_lineno and per_line[node.lineno] == 1
+            and ((isinstance(node, ast.Expr) and (isinstance(node.value, ast.Name) or _is_number(node.value)))
+                 or (isinstance(node, ast.AnnAssign) and node.value is None and node.simple))}
+
+
+def _is_number(node: ast.expr) -> bool:
+    return isinstance(node, ast.Constant) and isinstance(node.value, (int, float, complex))
 
 
 def _parse(code: str) -> ast.Module | None:
     try:
         return ast.parse(code)
-    except (SyntaxError, ValueError):
+    except (SyntaxError, ValueError, RecursionError, MemoryError):  # ValueError: null bytes; deep nesting
         return None
 
 
