@@ -7,7 +7,9 @@ separate *generation model* built once per base:
 
 - the same transformers class and config, on the same base weights: shared when they are already in the
   generation dtype (no copy), or a bf16/fp16 copy made once at load (dequantized from the 4-bit base, so the
-  sampling policy is the trained policy), or the 4-bit layers themselves when a copy does not fit;
+  sampling policy is the trained policy), or the 4-bit layers themselves when a copy does not fit (with a
+  compute-dtype copy of the few other tensors, which peft's k-bit preparation upcast to fp32: embeddings, norms,
+  lm_head), so that the residual stream and the static KV cache are always in the generation dtype;
 - every LoRA target layer replaced by `StackedLoRALinear`: the adapters' A and B stacked into two buffers
   (n, in, r) and (n, r, out), applied with two batched matmuls over the batch reshaped to (n, rows, ...),
   since the rows of each adapter sit in one contiguous block of equal size. No per-row gather, no
@@ -188,7 +190,11 @@ def build_generation_model(peft_model, adapters: list[str], weights: str, dtype)
     converted: dict[int, torch.Tensor] = {}  # id(source tensor) -> generation tensor, so ties stay ties
 
     def convert(t: torch.Tensor, is_param: bool):
-        if weights != "copy" or not t.is_floating_point() or not is_param:
+        """A float parameter in the generation dtype: the same storage when it is in it, else a copy, made once.
+
+        In every mode, 4bit included: peft's k-bit preparation upcasts embeddings, norms and lm_head to fp32, and
+        generating on those would run an fp32 residual stream and an fp32 static KV cache (twice the memory)."""
+        if not t.is_floating_point() or not is_param:
             return t
         if id(t) not in converted:
             converted[id(t)] = nn.Parameter(t.detach().to(device=device, dtype=dtype), requires_grad=False)

@@ -157,6 +157,35 @@ def test_4bit_copy_with_lora_on_some_layers_only(tmp_path):
                                atol=2e-3, rtol=2e-3)
 
 
+def test_4bit_generation_weights_decode_and_cache_in_the_compute_dtype(tmp_path):
+    """peft's k-bit preparation upcasts embeddings and norms to fp32 for the update; generation gets bf16 copies,
+    so its residual stream and static KV cache are bf16 (as on CUDA, with bf16 compute: load_base uses fp32 on a
+    CPU)."""
+    pytest.importorskip("bitsandbytes")
+    from peft import prepare_model_for_kbit_training
+    from transformers import AutoModelForCausalLM, BitsAndBytesConfig
+
+    from kit.rollout import sampling_config
+
+    quant = BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type="nf4", bnb_4bit_compute_dtype=torch.bfloat16)
+    model = AutoModelForCausalLM.from_pretrained(save_tiny_model(str(tmp_path / "tiny")), quantization_config=quant,
+                                                 dtype=torch.bfloat16, device_map={"": "cpu"})
+    model = prepare_model_for_kbit_training(model, use_gradient_checkpointing=False)  # what load_base does
+    pm = attach_adapters(model, ["agent_0", "agent_1"], lora_config(8, 16, 0.0, "all-linear"))
+    embeddings = pm.get_base_model().get_input_embeddings().weight
+    assert embeddings.dtype == torch.float32
+    engine = CompiledEngine(pm, ["agent_0", "agent_1"], weights="4bit")
+    gen = engine.gen
+    floats = {n: p.dtype for n, p in gen.named_parameters() if p.is_floating_point() and ".base_layer." not in n}
+    assert set(floats.values()) == {torch.bfloat16} and "model.norm.weight" in floats
+    assert gen.get_output_embeddings().weight is gen.get_input_embeddings().weight  # still tied: one copy
+    assert embeddings.dtype == torch.float32  # the update's tensors are untouched
+    ids = torch.randint(5, 90, (2, 7), generator=torch.Generator().manual_seed(0))
+    engine.generate(ids, torch.ones_like(ids), ["agent_0", "agent_1"], sampling_config(2, 0, 1, 0, [1], 0))
+    (cache,) = engine.caches.values()
+    assert {layer.keys.dtype for layer in cache.layers} == {torch.bfloat16}
+
+
 def test_buckets():
     assert [bucket_rows(n) for n in (1, 2, 3, 5, 8, 9, 16, 17)] == [1, 2, 4, 8, 8, 16, 16, 24]
     assert [bucket_len(n) for n in (1, 256, 257, 700)] == [256, 256, 512, 768]
