@@ -69,6 +69,7 @@ log = logging.getLogger(__name__)
 _HERE = Path(__file__).resolve().parent
 _ENV_ALLOW = ("PATH", "LANG", "LC_ALL", "LC_CTYPE", "TZ")
 _MAX_REPORT_BYTES = 1 << 20
+_MAX_REASON = 300  # characters of a failure's reason (feedback prompts quote them)
 _UID_BASE, _UID_SLOTS = 1_610_000_000, 1024  # far above any real user's uid
 _LOCK_DIR = os.path.join(tempfile.gettempdir(), "kit_sandbox_uids")
 
@@ -154,13 +155,14 @@ def run(program: str, tests: Sequence[str] = (), *, setup: str = "", context: st
                 fds.remove(fd)
             _send(runner, {"program": program, "wall": wall, "limits": limits.__dict__,
                            "workdir": "/tmp/work" if iso.namespaces else ""})
-            _send(checker, {"tests": [_with_messages(t) for t in tests], "setup": setup, "context": context, "call_names": list(call_names),
+            _send(checker, {"tests": [_with_messages(t) for t in tests], "setup": setup, "context": context,
+                            "call_names": list(call_names), "free_names": _free_names([setup, *tests]),
                             "test_timeout": limits.test_timeout, "undumpable": uid is None, "wall": wall,
                             "memory_mb": max(2048, 2 * limits.memory_mb)})
             data, timed_out = _read_until(report_r, start + wall)
         finally:
             if uid is not None:  # first, so `unshare` sees its child end and reaps it (no zombie is left)
-                _kill_user(uid, iso.python)  # one that left the session (setsid, double fork) is still this uid's
+                _kill_user(uid)  # one that left the session (setsid, double fork) is still this uid's
             for proc in (runner, checker):
                 if proc is not None:
                     try:
@@ -309,8 +311,9 @@ def _write_fstab(hidden: Sequence[str]) -> str:
     def esc(path):
         return path.replace("\\", "\\134").replace(" ", "\\040").replace("\t", "\\011").replace("\n", "\\012")
 
-    lines = [f"kit_sandbox {d} tmpfs mode=1777,size=64m,nosuid,nodev 0 0"
-             for d in ("/tmp", "/var/tmp", "/dev/shm") if os.path.isdir(d)]
+    lines = [f"kit_sandbox /tmp tmpfs mode=1777,size=64m,nosuid,nodev 0 0"]  # the working directory's home
+    lines += [f"kit_sandbox {esc(d)} tmpfs mode=1777,size=1m,nosuid,nodev 0 0" for d in _writable_directories()
+              if not any(d == h or d.startswith(h + "/") for h in (*hidden, "/tmp"))]
     lines += [f"kit_sandbox {esc(d)} tmpfs ro,mode=0,size=4k,nosuid,nodev 0 0" for d in hidden]
     folder = tempfile.mkdtemp(prefix="kit_sandbox_ns_")  # 0700, this process's
     atexit.register(shutil.rmtree, folder, True)
@@ -318,6 +321,42 @@ def _write_fstab(hidden: Sequence[str]) -> str:
     with open(path, "w") as f:
         f.write("\n".join(lines) + "\n")
     return path
+
+
+def _writable_directories(max_depth: int = 4) -> list[str]:
+    """Directories any user may write (/var/tmp, /dev/shm, /run/lock, /dev/mqueue, ...), up to `max_depth` levels
+    down, outside the system trees and network or FUSE mounts: each gets a fresh, empty tmpfs in the runner's
+    namespace, so nothing it writes outlives the run (a file left there could carry answers to a later run)."""
+    skip = {"/proc", "/sys", "/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32", "/boot", "/snap",
+            "/content/drive"}
+    try:
+        with open("/proc/self/mountinfo") as f:  # mount point (field 5) and file system type (after " - ")
+            for line in f:
+                fields, fs = line.split(" - ", 1)
+                if fs.split()[0].startswith(("fuse", "nfs", "cifs", "smb", "9p", "sshfs", "ceph", "gcsfuse")):
+                    skip.add(fields.split()[4])
+    except (OSError, ValueError, IndexError):
+        pass
+    found = []
+
+    def walk(path, depth):
+        try:
+            entries = list(os.scandir(path))
+        except OSError:
+            return
+        for e in entries:
+            try:
+                if e.path in skip or not e.is_dir(follow_symlinks=False):
+                    continue
+                if e.stat(follow_symlinks=False).st_mode & 0o002:
+                    found.append(e.path)
+                elif depth < max_depth:
+                    walk(e.path, depth + 1)
+            except OSError:
+                continue
+
+    walk("/", 1)
+    return found
 
 
 def _hidden_directories(python: str) -> tuple[str, ...]:
@@ -411,15 +450,23 @@ def _kill_group(proc: subprocess.Popen) -> None:
         pass
 
 
-def _kill_user(uid: int, python: str) -> None:
-    """Kill every process of `uid`, wherever it went: kill(-1, SIGKILL) run as that uid."""
-    kill = shutil.which("kill")
-    command = [kill, "-9", "-1"] if kill else [python, "-I", "-S", "-c", "import os; os.kill(-1, 9)"]
-    try:
-        subprocess.run(command, user=uid, group=uid, extra_groups=[], stdin=subprocess.DEVNULL,
-                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=10)
-    except (OSError, subprocess.SubprocessError):
-        pass
+def _kill_user(uid: int) -> None:
+    """Kill every process whose real or effective uid is `uid`, from here (root): nothing is started as that uid,
+    so nothing of ours can be read or stopped by it. The process limit of 1 means there is one, and it cannot
+    fork a new one between the scan and the kill; the scan repeats until none is left."""
+    for _ in range(10):
+        found = False
+        for pid in filter(str.isdigit, os.listdir("/proc")):
+            try:
+                with open(f"/proc/{pid}/status", "rb") as f:
+                    line = next(ln for ln in f if ln.startswith(b"Uid:"))
+                if str(uid).encode() in line.split()[1:3]:
+                    os.kill(int(pid), signal.SIGKILL)
+                    found = True
+            except (OSError, StopIteration, ValueError):
+                continue
+        if not found:
+            return
 
 
 def _parse(data: bytes, num_tests: int, timed_out: bool, wall: float, seconds: float, output: str,
@@ -448,7 +495,8 @@ def _parse(data: bytes, num_tests: int, timed_out: bool, wall: float, seconds: f
         error = error or f"violation: {violation}"
         reasons = [f"no credit: {violation}" if ok else r for ok, r in zip(passed, reasons)]
         passed = [False] * num_tests
-    return Result(passed, reasons, error, timed_out, seconds, output, violation)
+    reasons = [r[:_MAX_REASON] for r in reasons]  # a value in an assert's message is the program's to make long
+    return Result(passed, reasons, error[:_MAX_REASON], timed_out, seconds, output, violation[:_MAX_REASON])
 
 
 class _EqMessages(ast.NodeTransformer):
@@ -460,6 +508,20 @@ class _EqMessages(ast.NodeTransformer):
             node.test = ast.copy_location(ast.Call(ast.Name("__kit_eq__", ast.Load()), [t.left, t.comparators[0]],
                                                    []), t)
         return node
+
+
+def _free_names(sources: Sequence[str]) -> list[str]:
+    """Names the tests read that may be the program's functions: not a builtin, not a dunder."""
+    import builtins
+
+    names = set()
+    for source in sources:
+        try:
+            tree = ast.parse(source)
+        except SyntaxError:
+            continue
+        names |= {n.id for n in ast.walk(tree) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load)}
+    return sorted(n for n in names if not n.startswith("__") and not hasattr(builtins, n))
 
 
 def _with_messages(test: str) -> str:

@@ -36,7 +36,6 @@ class Runner:
         self.violation = ""  # why this run earns no test credit ("" while nothing happened)
         self.deadline = 0.0  # the current test's end: calls get the time that is left
         self.lost = False  # a test's own alarm cut a call short: its reply would answer the next call
-        self.functions = []  # the program's top-level functions and classes, as it says
 
     def read(self, timeout, limit=8 << 20):
         """The next message, or None when nothing whole came in time. EOF and garbage are violations."""
@@ -70,8 +69,7 @@ class Runner:
         message = self.read(top_level_budget + _GRACE)
         if message is None:
             self.stop("the program's top level did not stop at its time limit")
-        if message[0] == "ready" and len(message) == 2 and type(message[1]) is list:
-            self.functions = [n for n in message[1][:1000] if type(n) is str and n.isidentifier()]
+        if message == ["ready"]:
             return ""
         if message[0] == "error" and len(message) == 2:
             return str(message[1])[:400]
@@ -170,14 +168,17 @@ def main():
     tests, done = job["tests"], 0
     try:
         error = runner.start(limit)
-        ns = {"__name__": "__check__", "__kit_eq__": __kit_eq__}
-        ns.update({name: stub(name) for name in runner.functions})
+        ns = {"__name__": "__check__"}
         if not error and job["context"]:
-            try:  # the problem's own definitions (helpers the tests use) replace the program's namesakes
+            try:  # the problem's own definitions (helpers the tests use): never replaced by the program's
                 timed(compile(job["context"], "<context>", "exec"), ns)
             except (Exception, _Timeout) as e:
                 error = "the problem's context raised " + _describe(e, limit)
+        # the functions under test, and the other free names of the tests that nothing here defines (the kit
+        # picked them: never a builtin or a dunder), call into the runner; the program names nothing
+        ns.update({name: stub(name) for name in job["free_names"] if name not in ns})
         ns.update({name: stub(name) for name in job["call_names"]})
+        ns["__kit_eq__"] = __kit_eq__
         if not error and job["setup"]:
             try:
                 timed(compile(job["setup"], "<setup>", "exec"), ns)

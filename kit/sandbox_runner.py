@@ -28,7 +28,10 @@ def _on_alarm(signum, frame):
 
 
 def _guard(reply_fd, read_roots, write_root):
-    """Install the audit hook. Everything it calls is bound here, so the program cannot rebind it."""
+    """Install the audit hook. Everything it calls is bound here, so the program cannot rebind it, and nothing
+    here is returned or stored: a Python function the program can reach can be rewritten (its code, defaults and
+    closure cells are writable), the hook cannot. The harness reports through the hook too, with
+    `sys.audit("kit.violation", why)` held in a functools.partial, which is immutable."""
     write, exit_, str_, bytes_, int_, type_, any_, bool_ = os.write, os._exit, str, bytes, int, type, any, bool
     dumps_, getcwd = dumps, os.getcwd
     write_flags = os.O_WRONLY | os.O_RDWR | os.O_CREAT | os.O_APPEND | os.O_TRUNC
@@ -75,20 +78,30 @@ def _guard(reply_fd, read_roots, write_root):
         return p is not None and any_(p == r or p.startswith(r + "/") for r in roots)
 
     def hook(event, args):
-        if event == "open":
+        try:
+            check(event, args)
+        except BaseException:  # never a traceback (its frames would lead back here), never a way out
+            exit_(VIOLATION_EXIT)
+
+    def shown(x):  # only exact str and bytes are shown: anything else could run the program's code in here
+        return x[:200] if type_(x) is str_ else repr(x)[:200] if type_(x) is bytes_ else type_(x).__name__
+
+    def check(event, args):
+        if event == "kit.violation":
+            violation(args[0] if args and type_(args[0]) is str_ else "?")
+        elif event == "open":
             path, mode, flags = args
             if type_(path) is int_:
                 return
             writing = bool_((flags or 0) & write_flags) or (type_(mode) is str_ and any_(c in mode for c in "wax+"))
             if writing and under(path, (write_root,)):
                 return
-            if not writing and (path in read_files or under(path, read_roots)):
+            if not writing and ((type_(path) is str_ and path in read_files) or under(path, read_roots)):
                 return
-            shown = path if type_(path) in (str_, bytes_) else type_(path).__name__
-            violation(f"{'writing' if writing else 'reading'} {shown!r}")
+            violation(f"{'writing' if writing else 'reading'} {shown(path)!r}")
         elif event == "import":
-            if args[0] in modules:
-                violation(f"importing {args[0]}")
+            if type_(args[0]) is not str_ or args[0] in modules:
+                violation(f"importing {shown(args[0])}")
         elif event.startswith(refused):
             violation(event)
         elif event in path_events:
@@ -97,10 +110,9 @@ def _guard(reply_fd, read_roots, write_root):
                     violation(f"{event} outside the working directory")
         elif event in ("os.listdir", "os.scandir") and args and args[0] is not None and type_(args[0]) is not int_ \
                 and not under(args[0], read_roots):
-            violation(f"listing {args[0]!r}")
+            violation(f"listing {shown(args[0])!r}")
 
     sys.addaudithook(hook)
-    return violation
 
 
 def main():
@@ -128,19 +140,20 @@ def main():
         if p and os.path.isdir(p):
             roots.update({os.path.abspath(p), os.path.realpath(p)})
     import _thread  # loaded at start-up already; imported before the guard, which refuses loading it
-    violation = _guard(reply_fd, tuple(sorted(roots)), workdir)
-    signal.signal(signal.SIGXFSZ, lambda signum, frame: violation("file size limit"))  # even if the error is caught
+    from functools import partial
+
+    _guard(reply_fd, tuple(sorted(roots)), workdir)
+    report = partial(sys.audit, "kit.violation")  # a local that no nested function captures: not rewritable
+    signal.signal(signal.SIGXFSZ, partial(report, "file size limit"))  # even if the program catches the error
+    # the audit event for threads is Python 3.13+; the process limit refuses the thread anyway
+    _thread.start_new_thread = _thread.start_new = partial(report, "starting a thread")
 
     # the harness keeps its own references: the program may rebind builtins and modules
-    write, read, setitimer, ITIMER_REAL = os.write, os.read, signal.setitimer, signal.ITIMER_REAL
-    BaseException_, MemoryError_, OSError_, type_, str_, len_ = BaseException, MemoryError, OSError, type, str, len
+    write, read, exit_, setitimer, ITIMER_REAL = os.write, os.read, os._exit, signal.setitimer, signal.ITIMER_REAL
+    BaseException_, MemoryError_, type_, str_ = BaseException, MemoryError, type, str
     exec_, compile_, encode_, decode_, dumps_, loads_, Timeout = exec, compile, encode, decode, dumps, loads, _Timeout
     saved_builtins = dict(builtins.__dict__)
 
-    def no_threads(*args, **kwargs):
-        violation("starting a thread")
-
-    _thread.start_new_thread = _thread.start_new = no_threads  # the audit event for threads is Python 3.13+
     builtins.exit = builtins.quit = None
 
     def reply(message):
@@ -163,28 +176,22 @@ def main():
             builtins.__dict__.clear()
             builtins.__dict__.update(saved_builtins)
 
-    def resource_violation(e):
-        if isinstance(e, MemoryError_):
-            violation("memory limit")
-        if isinstance(e, OSError_) and getattr(e, "errno", None) == 27:  # EFBIG: the file size limit
-            violation("file size limit")
-
     ns = {"__name__": "solution", "__builtins__": builtins}
     try:
         timed(lambda: exec_(compile_(job["program"], "<program>", "exec"), ns), limits["test_timeout"])
-        # what the tests may call: the program's functions and classes (the checker stubs each one)
-        reply(["ready", [k for k, v in list(ns.items())[:1000] if type_(k) is str_ and callable(v)]])
+        reply(["ready"])
     except Timeout:
         reply(["error", f"the program's top level ran past {limits['test_timeout']:.1f} s"])
+    except MemoryError_:
+        report("memory limit")
     except BaseException_ as e:
-        resource_violation(e)
         reply(["error", ": ".join(x for x in describe(e) if x)])
     pending = b""
     while True:
         while b"\n" not in pending:
             chunk = read(calls_fd, 1 << 16)
             if not chunk:
-                os._exit(0)  # the checker is done
+                exit_(0)  # the checker is done
             pending += chunk
         line, pending = pending.split(b"\n", 1)
         _, name, args, kwargs, budget = loads_(line)
@@ -197,8 +204,9 @@ def main():
             message = ["ok", value]
         except Timeout:
             message = ["timeout"]
+        except MemoryError_:
+            report("memory limit")
         except BaseException_ as e:
-            resource_violation(e)
             message = ["raise", *describe(e)]
         reply(message)
 

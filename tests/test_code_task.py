@@ -342,3 +342,10 @@ def test_the_problem_context_is_trusted_and_the_program_cannot_replace_it():
     helper = "def aux(xs):\n    return 0.0\n"
     r = CodeTask().reward(item, (helper, cheat))
     assert r.parts["syntax"] == 0.5 and r.parts["tests"] == 0.0
+
+
+def test_code_nested_too_deep_for_the_parser_is_a_syntax_failure_not_a_crash():
+    item = _prime_fib()
+    deep = "def prime_fib(n):\n    return " + "-" * 20000 + "1\n"
+    r = CodeTask(dataset="coop").reward(item, (item["reference_pair"][0], deep))
+    assert r.parts["syntax"] == 0.0 and "too deeply nested" in r.details["syntax_errors"][0]

@@ -81,7 +81,7 @@ def test_functions_need_not_be_named_and_asserts_can_be_any_expression():
     prog = "import math\ndef half(x):\n    return x / 2\nclass Box:\n    pass\n"
     r = run(prog, ["assert abs(half(1.0) - 0.5) < 1e-9", "assert math.isclose(half(3), 1.5)",
                    "for i in range(20):\n    assert half(2 * i) == i", "assert half(1) is not None"])
-    assert r.passed == [True, False, True, True] and "NameError" in r.reasons[1]  # tests import their own
+    assert r.passed == [True, False, True, True]  # the tests import their own modules: `math` is not the test's
 
 
 def test_syntax_error_in_program_fails_every_test_with_the_reason():
@@ -172,6 +172,47 @@ def test_always_equal_objects_come_back_as_plain_data():
     tests = ["assert add(1, 2) == 3", "assert not add(1, 2) != 3", "assert mul(2, 3) == [6]", "assert 3 == add(1, 2)"]
     r = run(prog, tests, call_names=["add", "mul"])
     assert r.passed == [False] * 4 and "Anything from the sandbox" in r.reasons[0]
+
+
+def test_the_program_cannot_define_the_checkers_helpers_or_builtins():
+    # a program that names its functions __kit_eq__, abs or sum must not replace the checker's own
+    prog = ("def add(a, b):\n    return 0\n"
+            "def __kit_eq__(a, b):\n    return True\n"
+            "def abs(x):\n    return 0\n"
+            "def sum(xs):\n    return 0\n"
+            "def isinstance(a, b):\n    return True\n")
+    tests = ["assert add(1, 2) == 3", "assert abs(add(1, 2) - 3) < 1e-9", "assert sum([add(1, 2)]) == 3",
+             "assert isinstance(add(1, 2), str)"]
+    r = run(prog, tests, call_names=["add"])
+    assert r.passed == [False] * 4 and r.reasons[0] == "AssertionError: 0 != 3"
+
+
+def test_a_failure_reason_is_short_whatever_the_program_returns():
+    prog = "def add(a, b):\n    return 'x' * 100000\n"
+    r = run(prog, ["assert add(1, 2) == 3", "assert add(1, 2) == 3, str(add(1, 2))"])
+    assert r.passed == [False, False] and max(len(x) for x in r.reasons) <= 300
+
+
+def test_the_tripwire_cannot_be_disarmed_through_what_the_harness_leaves_reachable():
+    # the harness's signal handler, thread stub and frames hold nothing whose code or cells turn reporting off
+    disarm = ("import signal, sys, _thread\n"
+              "def neuter(fn):\n"
+              "    code, cells = getattr(fn, '__code__', None), getattr(fn, '__closure__', None) or ()\n"
+              "    for name, cell in zip(code.co_freevars if code else (), cells):\n"
+              "        if name in ('write', 'exit_', 'exit', 'audit'):\n"
+              "            cell.cell_contents = lambda *a, **k: None\n"
+              "        elif callable(cell.cell_contents):\n"
+              "            neuter(cell.cell_contents)\n"
+              "for fn in (signal.getsignal(signal.SIGXFSZ), _thread.start_new_thread):\n"
+              "    neuter(fn)\n"
+              "f = sys._getframe()\n"
+              "while f is not None:\n"
+              "    for k, v in list(f.f_locals.items()):\n"
+              "        if k in ('violation', 'report', 'resource_violation'):\n            neuter(v)\n"
+              "    f = f.f_back\n")
+    prog = f"try:\n{_indent(disarm)}\nexcept BaseException:\n    pass\n" \
+           "try:\n    open('/etc/hostname').read()\nexcept BaseException:\n    pass\n" + ADD
+    _contained(run(prog, TESTS, call_names=["add"]))
 
 
 def test_a_lying_reply_channel_is_a_violation():
@@ -296,7 +337,7 @@ def _without_the_hook(code: str) -> str:
             done = subprocess.run(iso.runner_command(uid, ["-I", "-S", "-c", code]), capture_output=True,
                                   timeout=30, env={"PATH": "/usr/bin:/bin"}, cwd="/")
         finally:
-            sandbox._kill_user(uid, iso.python)
+            sandbox._kill_user(uid)
     return done.stdout.decode() + done.stderr.decode()
 
 
@@ -332,6 +373,16 @@ def test_below_the_hook_processes_and_threads_are_bounded_and_writes_stay_inside
     if sandbox.isolation().namespaces:
         assert "'no network']" in text, text
     assert not os.path.exists(f"/tmp/{MARK}")  # the runner's /tmp is its own, or the hook refuses it
+
+
+def test_below_the_hook_nothing_written_to_a_world_writable_directory_outlives_the_run():
+    if not sandbox.isolation().namespaces:
+        pytest.skip("no mount namespace here: world-writable directories are the audit hook's to refuse")
+    dirs = sandbox._writable_directories()
+    code = f"for d in {dirs!r}:\n    try:\n        open(d + '/{MARK}', 'w').write('x')\n    except OSError:\n" \
+           "        pass\n"
+    _without_the_hook(code)
+    assert [d for d in dirs if os.path.exists(f"{d}/{MARK}")] == []
 
 
 def _indent(code: str, n: int = 4) -> str:

@@ -330,18 +330,17 @@ def _done(parts: dict, details: dict) -> Reward:
 
 def _syntax_errors(helper_code: str, main_code: str, program: str) -> list[str]:
     """Where the syntax breaks, attributed to the agent whose code it is in."""
-    errors = []
-    for who, code in (("helper (aux)", helper_code), ("main", main_code)):
+    def error(who, code):
         try:
             ast.parse(code)
         except SyntaxError as e:
-            errors.append(f"{who}: {e.msg} at line {e.lineno}")
-    if not errors:
-        try:
-            ast.parse(program)
-        except SyntaxError as e:
-            errors.append(f"joined program: {e.msg} at line {e.lineno}")
-    return errors
+            return f"{who}: {e.msg} at line {e.lineno}"
+        except (RecursionError, MemoryError, ValueError):  # nesting deep enough to exhaust the parser
+            return f"{who}: too deeply nested to parse"
+        return None
+
+    errors = [e for e in (error("helper (aux)", helper_code), error("main", main_code)) if e]
+    return errors or [e for e in (error("joined program", program),) if e]
 
 
 def diagnose(item: dict, d: dict) -> str:
