@@ -291,8 +291,11 @@ def _with_namespaces(iso: Isolation, uid: int | None) -> Isolation:
     found = _run_probe(with_ns.runner_command(uid, ["-I", "-S", "-c", _PROBE]))
     if found and found["pids"] == 1 and (uid is None or found["uid"] == uid):
         return with_ns
-    log.warning("sandbox: `unshare` does not work here (a container without namespaces?): no network, PID and "
-                "mount isolation for generated code; its own user, the limits and the audit hook still hold")
+    log.warning("sandbox: `unshare` does not work here (a container without namespaces?), so generated code has "
+                "no network, PID or mount isolation: a program that gets past the audit hook could read world-"
+                "readable files (installed answer files such as HumanEval's among them) and write world-writable "
+                "directories. Its own user, the limits, the audit hook and the separate checker still hold; for "
+                "rewards you can trust, run where namespaces work (Colab, a VM, a container started with them)")
     return iso
 
 
@@ -500,9 +503,13 @@ def _parse(data: bytes, num_tests: int, timed_out: bool, wall: float, seconds: f
 
 
 class _EqMessages(ast.NodeTransformer):
-    """`assert a == b` -> `assert __kit_eq__(a, b)`, so a failing test says what it got (the checker's helper)."""
+    """`assert a == b` -> `assert __kit_eq__(a, b)`, so a failing test says what it got (the checker's helper).
+    A message that calls anything is dropped: evaluated only when the assert fails, a call into the runner there
+    would tell the program which of its answers were wrong."""
 
     def visit_Assert(self, node: ast.Assert):
+        if node.msg is not None and any(isinstance(n, ast.Call) for n in ast.walk(node.msg)):
+            node.msg = None
         t = node.test
         if isinstance(t, ast.Compare) and len(t.ops) == 1 and isinstance(t.ops[0], ast.Eq) and node.msg is None:
             node.test = ast.copy_location(ast.Call(ast.Name("__kit_eq__", ast.Load()), [t.left, t.comparators[0]],

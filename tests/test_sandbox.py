@@ -187,9 +187,19 @@ def test_the_program_cannot_define_the_checkers_helpers_or_builtins():
     assert r.passed == [False] * 4 and r.reasons[0] == "AssertionError: 0 != 3"
 
 
+def test_an_assert_message_never_calls_the_program():
+    # HumanEval writes `assert candidate(x) == y, str(candidate(x))`: a second call only when the first answer
+    # was wrong would tell the program so; the message is dropped and the reason says what it got instead
+    prog = ("calls = []\n"
+            "def add(a, b):\n    calls.append((a, b))\n    return 0\n"
+            "def count():\n    return len(calls)\n")
+    r = run(prog, ["assert add(1, 2) == 3, str(add(1, 2))", "assert count() == 1"], call_names=["add", "count"])
+    assert r.passed == [False, True] and r.reasons[0] == "AssertionError: 0 != 3"
+
+
 def test_a_failure_reason_is_short_whatever_the_program_returns():
     prog = "def add(a, b):\n    return 'x' * 100000\n"
-    r = run(prog, ["assert add(1, 2) == 3", "assert add(1, 2) == 3, str(add(1, 2))"])
+    r = run(prog, ["assert add(1, 2) == 3", "assert add(1, 2) == 3, 'the message ' * 1000"])
     assert r.passed == [False, False] and max(len(x) for x in r.reasons) <= 300
 
 
