@@ -349,3 +349,29 @@ def test_code_nested_too_deep_for_the_parser_is_a_syntax_failure_not_a_crash():
     deep = "def prime_fib(n):\n    return " + "-" * 20000 + "1\n"
     r = CodeTask(dataset="coop").reward(item, (item["reference_pair"][0], deep))
     assert r.parts["syntax"] == 0.0 and "too deeply nested" in r.details["syntax_errors"][0]
+
+
+def test_a_violation_reaches_the_rollout_log_and_the_metrics(tmp_path):
+    # what a sandbox refusal looks like downstream, with a task whose reward reports one for agent 1's odd digits
+    import json
+
+    from kit.config import load_config
+    from kit.rewards import Reward
+    from kit.tasks.toy import DigitSum
+    from kit.trainer import Trainer
+
+    class Tries(DigitSum):
+        def reward(self, item, completions):
+            tried = (self.digit(completions[1]) or 0) % 2 == 1
+            return Reward(0.0 if tried else 1.0, {"tests": 0.0 if tried else 1.0, "violation": float(tried)},
+                          {"violation": "refused: os.system" if tried else ""})
+
+    cfg = load_config("tiny_cpu", overrides=[f"run_dir={tmp_path}", "progress=false", "num_steps=1",
+                                             "eval_every=0", "save_every=0"])
+    Trainer(cfg, task=Tries(), log=lambda *_: None).train()
+    rows = [json.loads(line) for line in open(tmp_path / "rollouts.jsonl")]
+    tried = [r for r in rows if r["parts"]["violation"] == 1.0]
+    assert tried and all(r["violation"] == "refused: os.system" for r in tried)
+    assert all("violation" not in r for r in rows if r["parts"]["violation"] == 0.0)
+    metrics = json.loads(open(tmp_path / "metrics.jsonl").readline())
+    assert metrics["reward/violation"] == pytest.approx(len(tried) / len(rows))
