@@ -45,6 +45,7 @@ from __future__ import annotations
 
 import ast
 import atexit
+import dataclasses
 import fcntl
 import json
 import logging
@@ -163,6 +164,7 @@ def run(program: str, tests: Sequence[str] = (), *, setup: str = "", context: st
         finally:
             if uid is not None:  # first, so `unshare` sees its child end and reaps it (no zombie is left)
                 _kill_user(uid)  # one that left the session (setsid, double fork) is still this uid's
+                _remove_files_of(uid, iso.writable)
             for proc in (runner, checker):
                 if proc is not None:
                     try:
@@ -198,6 +200,7 @@ class Isolation:
     prlimit: bool = False  # the limits are set by util-linux's prlimit before Python starts (else by the runner)
     hidden: tuple[str, ...] = field(default=(), compare=False)  # directories covered by an empty one
     fstab: str = field(default="", compare=False)  # the mounts made in the runner's mount namespace
+    writable: tuple[str, ...] = field(default=(), compare=False)  # cleaned after each run (no mount namespace)
 
     def describe(self) -> str:
         parts = ["verdict in a separate checker process"]
@@ -294,9 +297,10 @@ def _with_namespaces(iso: Isolation, uid: int | None) -> Isolation:
     log.warning("sandbox: `unshare` does not work here (a container without namespaces?), so generated code has "
                 "no network, PID or mount isolation: a program that gets past the audit hook could read world-"
                 "readable files (installed answer files such as HumanEval's among them) and write world-writable "
-                "directories. Its own user, the limits, the audit hook and the separate checker still hold; for "
-                "rewards you can trust, run where namespaces work (Colab, a VM, a container started with them)")
-    return iso
+                "directories (what it leaves there is removed after each run). Its own user, the limits, the audit "
+                "hook and the separate checker still hold; for rewards you can trust, run where namespaces work "
+                "(a VM, or a container allowed to create them)")
+    return dataclasses.replace(iso, writable=tuple(_writable_directories()))
 
 
 def _run_probe(command: list[str]) -> dict | None:
@@ -444,6 +448,26 @@ def _read_until(fd: int, deadline: float) -> tuple[bytes, bool]:
                 if not chunk or len(data) > _MAX_REPORT_BYTES:
                     return bytes(data), False
                 data += chunk
+
+
+def _remove_files_of(uid: int, directories: Sequence[str]) -> None:
+    """Without a mount namespace, what the run's uid left in world-writable directories (the uid is reused by
+    later runs, which must not find it)."""
+    for d in directories:
+        try:
+            entries = list(os.scandir(d))
+        except OSError:
+            continue
+        for e in entries:
+            try:
+                if e.stat(follow_symlinks=False).st_uid != uid:
+                    continue
+                if e.is_dir(follow_symlinks=False):
+                    shutil.rmtree(e.path, ignore_errors=True)
+                else:
+                    os.unlink(e.path)
+            except OSError:
+                pass
 
 
 def _kill_group(proc: subprocess.Popen) -> None:

@@ -397,3 +397,36 @@ def test_below_the_hook_nothing_written_to_a_world_writable_directory_outlives_t
 
 def _indent(code: str, n: int = 4) -> str:
     return "\n".join(" " * n + line for line in code.strip("\n").splitlines())
+
+
+# --- where namespaces are refused (a container without them): what still holds
+
+
+@pytest.fixture
+def no_namespaces(monkeypatch):
+    iso = sandbox.isolation()
+    if not iso.drop_user:
+        pytest.skip("not root here")
+    fallback = sandbox.Isolation(iso.python, True, (), iso.no_new_privs, iso.prlimit,
+                                 writable=tuple(sandbox._writable_directories()))
+    monkeypatch.setattr(sandbox, "_isolation", fallback)
+    return fallback
+
+
+@pytest.mark.parametrize("name", ["fork_exec", "read_parent_environ", "write_outside", "threads", "kill_everyone"])
+def test_without_namespaces_the_attacks_are_still_contained(no_namespaces, name):
+    attack, why = ATTACKS[name]
+    prog = f"try:\n{_indent(attack)}\nexcept BaseException:\n    pass\n" + ADD
+    _contained(run(prog, TESTS, call_names=["add"], limits=FAST), why)
+
+
+def test_without_namespaces_what_the_uid_left_in_shared_directories_is_removed(no_namespaces):
+    import subprocess
+
+    with sandbox._uid_slot(no_namespaces) as uid:
+        code = f"import os\nos.makedirs('/tmp/{MARK}/x')\nopen('/tmp/{MARK}.txt', 'w').write('answers')\n"
+        subprocess.run(no_namespaces.runner_command(uid, ["-I", "-S", "-c", code]), env={"PATH": "/usr/bin:/bin"},
+                       cwd="/", timeout=30, check=True)
+        assert os.path.exists(OUTSIDE) and os.path.isdir(f"/tmp/{MARK}")
+        sandbox._remove_files_of(uid, no_namespaces.writable)
+    assert not os.path.exists(OUTSIDE) and not os.path.exists(f"/tmp/{MARK}")
