@@ -14,31 +14,41 @@ The tests, the expected values, the comparisons and the report to this process e
 as the caller's user outside the runner's namespaces. Walking frames, rebinding the harness, faking output, an
 "always equal" object: in the runner these can change the values it answers and nothing else, and a value is
 something the program could compute anyway. HumanEval's asserts need no change for this; a test can also use the
-problem's own helper code (`context`), which runs in the checker. (Rejected: one process per test reporting its own
-success, which still lets the program in that process write the report; and comparing `repr`s in the parent, which
-cannot run asserts such as `abs(f(x) - 0.5) < 1e-6`.)
+problem's own helper code (`context`), which runs in the checker and is never replaced by the program's namesakes.
+The checker stubs the functions under test (`call_names`) and the tests' other free names that nothing defines
+(never a builtin or a dunder); an assert message that calls anything is dropped, since a call made only when an
+answer was wrong would tell the program so. (Rejected: one process per test reporting its own success, which
+still lets the program in that process write the report; and comparing `repr`s in the parent, which cannot run
+asserts such as `abs(f(x) - 0.5) < 1e-6`.)
 
 The runner is then held, each layer chosen when available and named once in the log (`layers()`):
 - **its own unprivileged user** when the caller is root (Colab, containers): a uid of its own per concurrent run
   (locked), so the process limit binds (one process, no threads), other processes and /proc/<pid>/environ are out
   of reach, and after the run every process of that uid is killed, however it detached;
 - **namespaces** (`unshare`): no network, its own PIDs (/proc shows only itself; its death ends every process it
-  started), IPC and mounts: fresh private /tmp, /var/tmp and /dev/shm, and empty directories over the repository
-  (data, run directories), the caller's home, a mounted Drive and installed datasets' answer files;
+  started), IPC and mounts: a fresh tmpfs over /tmp and every other world-writable directory (/var/tmp, /dev/shm,
+  /run/lock, ...: nothing it writes outlives the run to tell a later run anything), and empty directories over the
+  repository (data, run directories), the caller's home, a mounted Drive and installed datasets' answer files;
 - **no_new_privs** (setpriv), its own session, a private working directory, an allow-listed environment (PATH and
   locale: no key or token of the caller), `python -I -S` (no site-packages), resource limits (CPU, memory, file
   size, open files, processes);
-- **an audit hook** (PEP 578) that names what the program tried: the first refused operation (fork, exec, a
-  socket, reading outside the standard library, writing outside its directory, a thread, gc introspection, loading
-  `_posixsubprocess`/`ctypes`, ...) ends the runner at once.
+- **an audit hook** (PEP 578) as a tripwire that names what the program tried: the first refused operation (fork,
+  exec, a socket, reading outside the standard library, writing outside its directory, a thread, gc
+  introspection, loading `_posixsubprocess`/`ctypes`, ...) ends the runner at once. No Python function of the
+  harness that could turn the reporting off is reachable (the harness reports through `sys.audit` partials); the
+  layers above are the wall, the hook only makes trying visible.
 **Attempts cost:** a refused operation, a resource limit (memory, file size, CPU), ending its own process, closing
 or corrupting the reply channel, or not stopping at a time limit gives `violation`, and then no test passes. A test
 that is only slow is a failed test (`timeout after ...`), not a violation.
 
-Limits, plainly: this is isolation by the kernel's users and namespaces plus a separate verdict, not a VM. A kernel
-bug, or a host without `unshare` and without root (then only the audit hook, the limits and the checker hold), gives
-less. Secrets: the runner's environment never holds them, and the kit keeps the judge's key out of `os.environ` on
-Colab (kit/colab.py), so even the caller's own /proc entry does not hold it. Linux only.
+Limits, plainly: this is isolation by the kernel's users and namespaces plus a separate verdict, not a VM; a
+kernel bug gets past it. Where `unshare` is refused (some containers) a program that got past the audit hook could
+read world-readable files (installed answer files among them) and write world-writable directories (what its uid
+leaves there is removed after each run); without root there is no separate uid either (the process limit then
+counts the caller's own processes). A MemoryError the program catches itself is not seen (the limit still holds).
+Generated code gets the standard library only. Secrets: the runner's environment never holds them, and the kit
+keeps the judge's key out of `os.environ` on Colab (kit/env.py), so even the caller's own /proc entry does not
+hold it. Linux only.
 """
 
 from __future__ import annotations
