@@ -5,9 +5,12 @@
 
 `SeededSampling` applies the config's temperature, top-k and top-p, then adds Gumbel noise computed by a
 counter-based hash of (row seed, decoding step, token id); the argmax of warped logits plus Gumbel noise is an
-exact sample from the warped distribution (the Gumbel-max trick). So a request samples the same completion
-whether it is generated alone, in a bigger batch, in another order or on another process, and the engines (PEFT's
-generate, the compiled one) need no random state of their own.
+exact sample from the warped distribution (the Gumbel-max trick, up to u's resolution of 2^-32):
+
+    token = argmax_v (warped_v - log(-log u_v)),    u_v = hash(row seed, step, v) in (0, 1)
+
+So a request samples the same completion whether it is generated alone, in a bigger batch, in another order or on
+another process, and the engines (PEFT's generate, the compiled one) need no random state of their own.
 """
 
 from __future__ import annotations
