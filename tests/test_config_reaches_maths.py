@@ -10,7 +10,8 @@ One table per stage, one row per field (or per pair of fields that act together)
     loss         loss_type, beta (and its reference: the model with the adapter off)
     optimizer    learning_rate, weight_decay, max_grad_norm
     schedule     lr_scheduler, warmup_steps, num_steps (tests/test_trainer.py: the trainer applies and logs it)
-    sampling     seed (the row seeds), temperature, top_p, top_k, max_new_tokens; top-k before top-p
+    sampling     seed (the row seeds, each step's global RNGs), temperature, top_p, top_k, max_new_tokens;
+                 top-k before top-p
     adapters     lora_r, lora_alpha
 Elsewhere: micro_batch_size and share_adapter (tests/test_trainer.py), the game trainer's groups per deal
 (tests/test_games.py). The fields that pick the model, its precision, the task or the prompt text (model_name,
@@ -23,7 +24,7 @@ import numpy as np
 import pytest
 import torch
 
-from kit.checkpoint import seed_everything
+from kit.checkpoint import seed_everything, step_seed
 from kit.config import load_config
 from kit.models import build_team
 from kit.rollout import Rollout, completion_logprobs, engine_for
@@ -252,6 +253,17 @@ def test_the_row_seeds_come_from_the_runs_seed_the_step_and_the_items_place_in_t
     expected = sorted(row_seed(seed, key, g) for key in keys for g in range(2))
     assert sorted(seeds.tolist()) == expected
     assert expected != sorted(row_seed(seed + 1, key, g) for key in keys for g in range(2))
+
+
+def test_every_step_reseeds_the_global_rngs_from_the_seed_and_the_step(tmp_path, monkeypatch):
+    # what does not sample per row (LoRA dropout, a reward function's own draws) gets new noise at every step
+    import kit.trainer
+
+    seen = []
+    monkeypatch.setattr(kit.trainer, "seed_everything", seen.append)
+    Trainer(config(tmp_path, "seed=5", "num_steps=2", "batch_size=1", "num_generations=2", "max_new_tokens=1"),
+            **QUIET).train()
+    assert seen == [step_seed(5, 0), step_seed(5, 1)] and len(set(seen)) == 2
 
 
 def test_sampling_fields_reach_the_engine(tmp_path):

@@ -148,9 +148,9 @@ def test_an_adapter_with_no_rows_on_any_process_does_not_move(tmp_path):
     # if it took a step on zero gradients (one process never steps it)
     from kit.game_trainer import GameTrainer
 
-    cfg = load_config("tiny_hanabi", overrides=[f"run_dir={tmp_path / 'r'}", "weight_decay=0.1", "batch_size=2",
-                                                "num_generations=4",
-                                                "task_args={game: tiny_hanabi, prompt_style: compact, max_decisions: 1}"])
+    cfg = load_config("tiny_hanabi", overrides=[
+        f"run_dir={tmp_path / 'r'}", "weight_decay=0.1", "batch_size=2", "num_generations=4",
+        "task_args={game: tiny_hanabi, prompt_style: compact, max_decisions: 1}"])
     trainer = GameTrainer(cfg, **QUIET)
     trainer.dist = AloneOfTwo()
     before = {a: [p.detach().clone() for p in trainer.team.parameters_of(a)] for a in trainer.team.adapters}

@@ -42,6 +42,6 @@ def test_a_mutation_is_applied_in_the_copy_then_undone(tmp_path):
     (tmp_path / "test_m.py").write_text("from m import f\n\n\ndef test_f():\n    assert f() == 1\n")
     caught = mutate.Mutation("returns 2", "m.py", "return 1", "return 2", ("test_m.py",))
     equivalent = mutate.Mutation("same value", "m.py", "return 1", "return 2 - 1", ("test_m.py",))
-    assert mutate.run(caught, tmp_path, timeout=120)[0] == "caught"
+    assert mutate.run(caught, tmp_path, timeout=120)[0] == "caught by test_f"
     assert mutate.run(equivalent, tmp_path, timeout=120)[0] == "SURVIVED"
     assert (tmp_path / "m.py").read_text() == "def f():\n    return 1\n"

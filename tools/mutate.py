@@ -175,6 +175,14 @@ MUTATIONS = [
     Mutation("a checkpoint without COMPLETE is loaded", "kit/checkpoint.py",
              "        if (p / \"COMPLETE\").exists():\n", "        if True:\n",
              ("tests/test_trainer.py::test_incomplete_and_corrupt_checkpoints_are_skipped",)),
+    Mutation("every step reseeded alike", "kit/trainer.py",
+             "seed_everything(step_seed(cfg.seed, self.step))", "seed_everything(step_seed(cfg.seed, 0))",
+             (f"{CFG_MATHS}::test_every_step_reseeds_the_global_rngs_from_the_seed_and_the_step",)),
+    Mutation("the RNG state of a checkpoint never restored", "kit/checkpoint.py",
+             "    restore_rng(path / \"rng.pt\")\n", "",
+             ("tests/test_trainer.py::test_resume_is_exact",),
+             equivalent="every step reseeds python, numpy and torch from (seed, step) before it draws anything, "
+                        "so the restored state is overwritten before use; the resume stays bitwise exact"),
     Mutation("resume keeps the log lines of lost steps", "kit/trainer.py",
              "                rundir.truncate_jsonl(self.run_dir / name, self.step)\n", "                pass\n",
              ("tests/test_trainer.py::test_resume_drops_log_lines_written_after_the_checkpoint",)),
@@ -227,8 +235,10 @@ def run(m: Mutation, copy: Path, timeout: int) -> tuple[str, float]:
     finally:
         path.write_text(original)
     seconds = time.perf_counter() - start
-    if code == 1:
-        return "caught", seconds
+    if code == 1:  # name the test that failed, so a catch for the wrong reason shows
+        failed = next((line.split(" - ")[0].split("::")[-1] for line in out.stdout.splitlines()
+                       if line.startswith(("FAILED ", "ERROR "))), "?")
+        return f"caught by {failed}", seconds
     if code == 0:
         return "SURVIVED", seconds
     return ("error: timeout" if code is None else f"error: pytest exit {code}\n{out.stdout[-2000:]}"), seconds
