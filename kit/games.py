@@ -37,7 +37,7 @@ def play(sampler, task, seeds: list[int], G: int, keys: list[tuple], params=None
          ) -> tuple[list, list[Decisions]]:
     """Play G episodes of every deal, all live ones together: one sample() call per decision. `keys[d]` seeds
     deal d's samples (with the episode and the decision index). Returns (episodes, decisions)."""
-    episodes = [task.reset(seed, g) for seed in seeds for g in range(G)]
+    episodes = [task.reset(seed) for seed in seeds for _ in range(G)]
     rounds: list[Decisions] = []
     t = 0
     while True:
@@ -60,7 +60,7 @@ def replay(task, row: dict) -> list[dict]:
     before the move (`state`: every hand shown), the acting player, its prompt and completion, the move played
     and whether it was legal, then a last frame with the final table. The game is rebuilt from the deal's seed
     and the logged completions, so it is the game that was played (checked move by move)."""
-    ep, frames = task.reset(row["seed"], row.get("episode", 0)), []
+    ep, frames = task.reset(row["seed"]), []
     for i, logged in enumerate(row["decisions"]):
         frame = {"decision": i, "state": str(ep.state), "score": task.game_score(ep), **logged}
         record = task.step(ep, logged["completion"])
@@ -101,7 +101,7 @@ def play_policy(task, seeds: list[int], n: int, policy: Policy) -> list:
     episodes = []
     for seed in seeds:
         for g in range(n):
-            ep, rng = task.reset(seed, g), np.random.default_rng([seed, g, 0xBA5E])
+            ep, rng = task.reset(seed), np.random.default_rng([seed, g, 0xBA5E])
             while not task.terminal(ep):
                 task.step(ep, policy(task, ep, rng))
             episodes.append(ep)

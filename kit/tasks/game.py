@@ -1,7 +1,7 @@
 """Turn-based games: the environment contract, and OpenSpiel games through it (cooperative Hanabi, tiny_hanabi).
 
     task = make_task(2, game="tiny_hanabi")        # or python -m kit train --set task=game --set 'task_args={game: hanabi}'
-    ep = task.reset(seed, episode)                 # chance outcomes (the deal, later draws) from the seed
+    ep = task.reset(seed)                          # chance outcomes (the deal, later draws) from the seed
     while not task.terminal(ep):
         p = task.player(ep)                        # whose turn
         text = llm(task.prompt(ep, p))             # rules, the player's observation, the legal moves numbered
@@ -16,8 +16,9 @@ observation per player.
 Illegal output is data, not a crash: a completion that names no legal move (by its number, or by the move's
 own text) costs `illegal_penalty` on the episode's return, is counted, and is replaced by a random legal move
 (`illegal="random"`) or ends the episode (`illegal="end"`). The replacement is drawn from its own stream, seeded
-by (deal seed, episode, decision), never from the deal's chance RNG: the G episodes of a deal then share every
-chance outcome (the cards drawn) as long as they make the same moves, which keeps the group baseline fair.
+by (deal seed, decision), never from the deal's chance RNG: the G episodes of a deal then share every chance
+outcome (the cards drawn) as long as they make the same moves, and episodes that fail the same way in the same
+state get the same replacement, so the group baseline compares what the players chose, not the fallback's luck.
 """
 
 from __future__ import annotations
@@ -49,7 +50,7 @@ class Game(Protocol):
     num_agents: int
 
     def load(self, split: str = "train") -> list[dict]: ...
-    def reset(self, seed: int, episode: int = 0) -> Any: ...  # episode `episode` of deal `seed` (chance: the seed)
+    def reset(self, seed: int) -> Any: ...  # a new episode whose chance outcomes follow the seed
     def player(self, episode) -> int: ...  # whose turn it is
     def prompt(self, episode, player: int) -> str: ...
     def legal(self, episode) -> list[int]: ...
@@ -66,7 +67,6 @@ class Episode:
     seed: int
     state: Any
     rng: np.random.Generator  # chance outcomes only: the same for every episode of the deal
-    index: int = 0  # which episode of its deal (seeds the illegal-move fallback)
     decisions: list[dict] = field(default_factory=list)
     illegal: int = 0
     ended: bool = False  # ended early: illegal="end", or max_decisions reached
@@ -125,9 +125,8 @@ class OpenSpielGame:
         return [self.prompt(ep, p) for p in range(self.num_agents)]
 
     # ---- an episode
-    def reset(self, seed: int, episode: int = 0) -> Episode:
-        """Episode `episode` of the deal `seed`: every episode of a deal gets the same chance outcomes."""
-        ep = Episode(seed, self.game.new_initial_state(), np.random.default_rng([seed, 0x5EED]), episode)
+    def reset(self, seed: int) -> Episode:
+        ep = Episode(seed, self.game.new_initial_state(), np.random.default_rng([seed, 0x5EED]))
         self._chance(ep)
         return ep
 
@@ -179,7 +178,7 @@ class OpenSpielGame:
                 record["move"] = None
                 ep.decisions.append(record)
                 return record
-            fallback = np.random.default_rng([ep.seed, ep.index, ep.length, 0xFA11])  # not the chance RNG
+            fallback = np.random.default_rng([ep.seed, ep.length, 0xFA11])  # (deal, decision), not the chance RNG
             action = int(fallback.choice(self.legal(ep)))
         record["move"] = ep.state.action_to_string(action)
         ep.state.apply_action(action)
