@@ -1,7 +1,7 @@
 """Mutation testing: would the tests catch a small plausible bug? Each mutation is one edit (file, old, new) and the
 tests that must fail with it. Every edit is made in a copy of the repository, never in the working tree.
 
-    python tools/mutate.py                    # all of them, one after another (about half an hour on 2 cores)
+    python tools/mutate.py                    # all of them, one after another (6 minutes on 2 idle cores)
     python tools/mutate.py kl scale_rewards   # those whose name contains a word
     python tools/mutate.py --list             # names and the tests each runs
 
