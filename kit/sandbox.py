@@ -54,9 +54,9 @@ hold it. Linux only.
 from __future__ import annotations
 
 import ast
-import atexit
 import dataclasses
 import fcntl
+import hashlib
 import json
 import logging
 import os
@@ -82,7 +82,8 @@ _ENV_ALLOW = ("PATH", "LANG", "LC_ALL", "LC_CTYPE", "TZ")
 _MAX_REPORT_BYTES = 1 << 20
 _MAX_REASON = 300  # characters of a failure's reason (feedback prompts quote them)
 _UID_BASE, _UID_SLOTS = 1_610_000_000, 1024  # far above any real user's uid
-_LOCK_DIR = os.path.join(tempfile.gettempdir(), "kit_sandbox_uids")
+_STATE_DIR = os.path.join(tempfile.gettempdir(), "kit_sandbox")  # root's (0700): uid locks, mount tables
+_LOCK_DIR = os.path.join(_STATE_DIR, "uids")
 
 
 @dataclass(frozen=True)
@@ -135,9 +136,12 @@ def run(program: str, tests: Sequence[str] = (), *, setup: str = "", context: st
         fds.extend((r, w))
         return r, w
 
-    with _uid_slot(iso) as uid, tempfile.TemporaryDirectory(prefix="kit_sandbox_") as private:
-        # `private` is this process's (0700): the runner's output file, and its working directory when it has
-        # no private /tmp of its own
+    slot = _uid_slot(iso)
+    uid = slot.__enter__()
+    # `private` is this process's (0700): the runner's output file, and its working directory when it has no
+    # private /tmp of its own
+    private = tempfile.mkdtemp(prefix="kit_sandbox_")
+    try:
         os.chmod(private, 0o711)  # the runner's uid may pass through to its directory, not list or read this one
         workdir = os.path.join(private, "work")
         os.mkdir(workdir, 0o700)
@@ -174,7 +178,6 @@ def run(program: str, tests: Sequence[str] = (), *, setup: str = "", context: st
         finally:
             if uid is not None:  # first, so `unshare` sees its child end and reaps it (no zombie is left)
                 _kill_user(uid)  # one that left the session (setsid, double fork) is still this uid's
-                _remove_files_of(uid, iso.writable)
             for proc in (runner, checker):
                 if proc is not None:
                     try:
@@ -187,6 +190,8 @@ def run(program: str, tests: Sequence[str] = (), *, setup: str = "", context: st
                 os.close(fd)
         return _parse(data, len(tests), timed_out, wall, time.monotonic() - start,
                       _tail(os.path.join(private, "out")), _tail(os.path.join(private, "checker"), 500))
+    finally:
+        _clean_up(private, uid, iso.writable, slot)
 
 
 def run_many(jobs: Sequence[dict], workers: int | None = None, limits: Limits = Limits()) -> list[Result]:
@@ -322,21 +327,35 @@ def _run_probe(command: list[str]) -> dict | None:
         return None
 
 
+def _state_dir() -> str:
+    """The sandbox's own folder in /tmp, this user's alone: made 0700, and refused if someone else made it."""
+    os.makedirs(_STATE_DIR, mode=0o700, exist_ok=True)
+    st = os.lstat(_STATE_DIR)
+    if st.st_uid != os.geteuid() or st.st_mode & 0o077 or not os.path.isdir(_STATE_DIR) or os.path.islink(_STATE_DIR):
+        raise RuntimeError(f"sandbox: {_STATE_DIR} is not this user's private folder (owner uid {st.st_uid}, mode "
+                           f"{st.st_mode & 0o777:o}); remove it and run again")
+    return _STATE_DIR
+
+
 def _write_fstab(hidden: Sequence[str]) -> str:
     """The runner namespace's mounts, one `mount -a` (read whole before the first mount, so /tmp may hold it).
     Sources are named `kit_sandbox` so that mount never takes an entry for one already mounted."""
     def esc(path):
         return path.replace("\\", "\\134").replace(" ", "\\040").replace("\t", "\\011").replace("\n", "\\012")
 
-    lines = [f"kit_sandbox /tmp tmpfs mode=1777,size=64m,nosuid,nodev 0 0"]  # the working directory's home
-    lines += [f"kit_sandbox {esc(d)} tmpfs mode=1777,size=1m,nosuid,nodev 0 0" for d in _writable_directories()
-              if not any(d == h or d.startswith(h + "/") for h in (*hidden, "/tmp"))]
-    lines += [f"kit_sandbox {esc(d)} tmpfs ro,mode=0,size=4k,nosuid,nodev 0 0" for d in hidden]
-    folder = tempfile.mkdtemp(prefix="kit_sandbox_ns_")  # 0700, this process's
-    atexit.register(shutil.rmtree, folder, True)
-    path = os.path.join(folder, "fstab")
-    with open(path, "w") as f:
-        f.write("\n".join(lines) + "\n")
+    # nr_inodes too: empty files and directories take no blocks, and a flood of them is kernel memory
+    lines = ["kit_sandbox /tmp tmpfs mode=1777,size=64m,nr_inodes=4096,nosuid,nodev 0 0"]  # the working directory
+    lines += [f"kit_sandbox {esc(d)} tmpfs mode=1777,size=1m,nr_inodes=256,nosuid,nodev 0 0"
+              for d in _writable_directories() if not any(d == h or d.startswith(h + "/") for h in (*hidden, "/tmp"))]
+    lines += [f"kit_sandbox {esc(d)} tmpfs ro,mode=0,size=4k,nr_inodes=16,nosuid,nodev 0 0" for d in hidden]
+    text = "\n".join(lines) + "\n"
+    _state_dir()  # one file per distinct table, shared by every process
+    path = os.path.join(_STATE_DIR, hashlib.sha256(text.encode()).hexdigest()[:16] + ".fstab")
+    if not os.path.exists(path):
+        fd, tmp = tempfile.mkstemp(dir=_STATE_DIR)
+        with os.fdopen(fd, "w") as f:
+            f.write(text)
+        os.replace(tmp, path)
     return path
 
 
@@ -407,6 +426,7 @@ class _uid_slot:
     def __enter__(self) -> int | None:
         if not self.iso.drop_user:
             return None
+        _state_dir()
         os.makedirs(_LOCK_DIR, mode=0o700, exist_ok=True)
         start = (os.getpid() * 7919 + threading.get_ident()) % _UID_SLOTS  # spread the first tries
         for k in range(_UID_SLOTS):
@@ -458,6 +478,23 @@ def _read_until(fd: int, deadline: float) -> tuple[bytes, bool]:
                 if not chunk or len(data) > _MAX_REPORT_BYTES:
                     return bytes(data), False
                 data += chunk
+
+
+def _clean_up(private: str, uid: int | None, writable: Sequence[str], slot: "_uid_slot") -> None:
+    """Remove the run's directory and, without a mount namespace, what its uid left in shared directories; then
+    free the uid. Without a namespace the working directory is on disk and a program can fill it with a million
+    empty files: that removal runs in the background, holding the uid until it is done, so the caller gets its
+    result on time."""
+    def work():
+        shutil.rmtree(private, ignore_errors=True)
+        if uid is not None:
+            _remove_files_of(uid, writable)
+        slot.__exit__(None, None, None)
+
+    if writable:
+        threading.Thread(target=work, name="kit-sandbox-cleanup", daemon=True).start()
+    else:
+        work()
 
 
 def _remove_files_of(uid: int, directories: Sequence[str]) -> None:

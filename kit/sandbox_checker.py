@@ -7,8 +7,10 @@ stdin: the tests, the setup, the problem's own context code, the names of the fu
 In its namespace each function under test is a stub that sends the call's arguments to the runner and rebuilds
 the reply with the wire module's strict decoder, so the tests, the expected values and every comparison live here,
 where the generated program has no object, frame, file or memory. It reports one line per test to the caller:
-`["test", i, ok, reason]`, then `["done", violation]`. A reply that says the runner refused an operation, hit a
-resource limit, ended, or did not stop at its time limit marks the run as a violation and stops the tests.
+`["test", i, ok, reason]`, then `["done", violation]`. A reply that says the runner refused an operation or hit a
+resource limit, or the runner ending or breaking the channel, marks the run as a violation and stops the tests. A
+runner that does not answer within its time limit (a long call in C takes no alarm; a program that ignores it)
+stops the tests too, but is a timeout: the tests before it keep their result, the rest fail.
 """
 import builtins, os, select, signal, sys, time
 
@@ -34,6 +36,7 @@ class Runner:
         self.calls_fd, self.replies_fd = calls_fd, replies_fd
         self.pending = b""
         self.violation = ""  # why this run earns no test credit ("" while nothing happened)
+        self.ended = ""  # why no further test can run (a violation, or a runner that stopped answering)
         self.deadline = 0.0  # the current test's end: calls get the time that is left
         self.lost = False  # a test's own alarm cut a call short: its reply would answer the next call
 
@@ -60,15 +63,37 @@ class Runner:
             self.stop(f"refused: {message[1] if len(message) > 1 else '?'}")
         return message
 
-    def stop(self, why):
-        self.violation = self.violation or str(why)[:300]
-        raise _Stop(self.violation)
+    def stop(self, why, violation=True):
+        if violation:
+            self.violation = self.violation or str(why)[:300]
+        self.ended = self.ended or str(why)[:300]
+        raise _Stop(self.ended)
+
+    def drain(self):
+        """After the last test: close the calls channel (the runner then exits) and read what it still sent, so a
+        refused operation after its last answer (replies written ahead of the calls) is seen too."""
+        os.close(self.calls_fd)
+        data, end = self.pending, time.monotonic() + 1.0
+        while len(data) <= 8 << 20 and select.select([self.replies_fd], [], [], max(0.0, end - time.monotonic()))[0]:
+            chunk = os.read(self.replies_fd, 1 << 16)
+            if not chunk:
+                break  # the runner ended, as it should once the calls channel is closed
+            data += chunk
+        for line in data.split(b"\n"):
+            if line.startswith(b'["violation"'):
+                try:
+                    self.stop(f"refused: {loads(line)[1]}")
+                except _Stop:
+                    return
+                except BaseException:
+                    self.violation = "refused: ?"
+                    return
 
     def start(self, top_level_budget):
         """Wait for the program's top level: "" when it ran, else why not (a violation raises _Stop)."""
         message = self.read(top_level_budget + _GRACE)
         if message is None:
-            self.stop("the program's top level did not stop at its time limit")
+            self.stop("the program's top level did not stop at its time limit", violation=False)
         if message == ["ready"]:
             return ""
         if message[0] == "error" and len(message) == 2:
@@ -76,8 +101,8 @@ class Runner:
         self.stop("the program wrote something that is not a reply on the result channel")
 
     def call(self, name, args, kwargs):
-        if self.violation:
-            raise _Stop(self.violation)
+        if self.ended:
+            raise _Stop(self.ended)
         if self.lost:
             raise _Timeout()
         budget = max(0.01, self.deadline - time.monotonic())
@@ -93,7 +118,7 @@ class Runner:
             self.lost = True
             raise
         if message is None:
-            self.stop(f"{name} did not stop at its time limit")
+            self.stop(f"timeout: {name} did not stop at its time limit", violation=False)
         kind = message[0]
         if kind == "ok" and len(message) == 2:
             try:
@@ -197,13 +222,15 @@ def main():
                 raise
             except (Exception, _Timeout) as e:
                 ok, why = False, _describe(e, limit)
-            if runner.violation:  # a test that swallowed the _Stop
-                raise _Stop(runner.violation)
+            if runner.ended:  # a test that swallowed the _Stop
+                raise _Stop(runner.ended)
             report("test", i, ok, why)
             done += 1
     except _Stop:
         for i in range(done, len(tests)):
-            report("test", i, False, f"not run: {runner.violation}")
+            report("test", i, False, f"not run: {runner.ended}")
+    if not runner.ended:
+        runner.drain()
     report("done", runner.violation)
 
 

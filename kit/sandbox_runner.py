@@ -32,36 +32,44 @@ def _guard(reply_fd, read_roots, write_root):
     here is returned or stored: a Python function the program can reach can be rewritten (its code, defaults and
     closure cells are writable), the hook cannot. The harness reports through the hook too, with
     `sys.audit("kit.violation", why)` held in a functools.partial, which is immutable."""
-    write, exit_, str_, bytes_, int_, type_, any_, bool_ = os.write, os._exit, str, bytes, int, type, any, bool
-    dumps_, getcwd = dumps, os.getcwd
+    write, exit_, str_, bytes_, int_, tuple_, type_ = os.write, os._exit, str, bytes, int, tuple, type
+    getcwd, encode_str, translate = os.getcwd, str.encode, bytes.translate
     write_flags = os.O_WRONLY | os.O_RDWR | os.O_CREAT | os.O_APPEND | os.O_TRUNC
     read_files = ("/dev/null", "/dev/urandom", "/etc/localtime")
     refused = ("os.exec", "os.spawn", "os.posix_spawn", "os.fork", "os.forkpty", "os.system", "os.kill",
                "os.killpg", "os.startfile", "os.setuid", "os.setgid", "os.setreuid", "os.setresuid", "subprocess.",
                "socket.", "ctypes.", "pty.", "gc.get_", "sys._current_", "sys.settrace", "sys.setprofile",
                "sys.addaudithook", "resource.setrlimit", "resource.prlimit", "_thread.start_new_thread",
-               "signal.pthread_kill", "os.chroot", "mmap.", "winreg.", "sys.remote_exec", "cpython.")
+               "signal.pthread_kill", "os.chroot", "mmap.", "winreg.", "sys.remote_exec", "cpython.", "os.unshare",
+               "os.setns", "os.symlink", "os.link")  # links: a relative symlink chain defeats the path checks
     # builtin modules that act without an audit event (fork_exec, raw memory, sockets) may not be loaded
     modules = ("_posixsubprocess", "_ctypes", "ctypes", "_socket", "socket", "_testcapi", "_testinternalcapi",
                "_testmultiphase", "_xxsubinterpreters", "_xxinterpchannels", "_interpreters", "_thread",
                "_multiprocessing", "_posixshmem", "multiprocessing", "mmap", "pty")
-    path_events = ("os.remove", "os.rmdir", "os.rename", "os.truncate", "os.chmod", "os.chown", "os.link",
-                   "os.symlink", "os.mkdir", "os.utime", "shutil.rmtree", "os.chdir", "os.chflags",
-                   "os.lchflags", "os.lchmod", "os.lchown", "os.mkfifo", "os.mknod", "shutil.chown")
+    path_events = ("os.remove", "os.rmdir", "os.rename", "os.truncate", "os.chmod", "os.chown", "os.utime",
+                   "os.mkdir", "shutil.rmtree", "os.chdir", "os.chflags", "os.lchflags", "os.lchmod", "os.lchown",
+                   "os.mkfifo", "os.mknod", "shutil.chown")
+    # the reason goes out as a JSON string: printable ASCII without quote or backslash, nothing to escape
+    unsafe = bytes(c for c in range(256) if not 32 <= c < 127 or c in b'"\\')
 
+    # Nothing below may run the program's code: every value is checked to be an exact str, bytes, int or None
+    # before it is used (a subclass, a metaclass `__name__` or a PathLike would call back into the program while
+    # this hook is on the stack, and from there its frames and closures could be rewritten), and nothing here
+    # calls a module attribute the program could rebind (json.dumps, say).
     def violation(why):
         try:
-            write(reply_fd, dumps_(["violation", why[:300]]))
+            text = translate(encode_str(why[:300], "ascii", "replace"), None, unsafe)
+            write(reply_fd, b'["violation","' + text + b'"]\n')
         finally:
             exit_(VIOLATION_EXIT)
 
     def normal(path):
-        # lexical absolute path, or None; symlinks can only be made inside the working directory
+        # a lexical absolute path, or None (links cannot be made, so the text is the path)
         t = type_(path)
         if t is bytes_:
             path = path.decode("utf-8", "surrogateescape")
         elif t is not str_:
-            return None  # a PathLike would run the program's own __fspath__ inside the hook
+            return None
         if not path.startswith("/"):
             path = getcwd() + "/" + path
         parts = []
@@ -75,7 +83,16 @@ def _guard(reply_fd, read_roots, write_root):
 
     def under(path, roots):
         p = normal(path)
-        return p is not None and any_(p == r or p.startswith(r + "/") for r in roots)
+        if p is None:
+            return False
+        for r in roots:
+            if p == r or p.startswith(r + "/"):
+                return True
+        return False
+
+    def shown(x):
+        t = type_(x)
+        return x[:200] if t is str_ else x[:200].decode("utf-8", "replace") if t is bytes_ else "(not a str)"
 
     def hook(event, args):
         try:
@@ -83,34 +100,38 @@ def _guard(reply_fd, read_roots, write_root):
         except BaseException:  # never a traceback (its frames would lead back here), never a way out
             exit_(VIOLATION_EXIT)
 
-    def shown(x):  # only exact str and bytes are shown: anything else could run the program's code in here
-        return x[:200] if type_(x) is str_ else repr(x)[:200] if type_(x) is bytes_ else type_(x).__name__
-
     def check(event, args):
+        if type_(args) is not tuple_:
+            violation("odd audit arguments")
         if event == "kit.violation":
             violation(args[0] if args and type_(args[0]) is str_ else "?")
         elif event == "open":
+            if len(args) != 3:
+                violation("odd audit arguments")
             path, mode, flags = args
             if type_(path) is int_:
                 return
-            writing = bool_((flags or 0) & write_flags) or (type_(mode) is str_ and any_(c in mode for c in "wax+"))
+            if not (mode is None or type_(mode) is str_) or not (flags is None or type_(flags) is int_):
+                violation("odd audit arguments")
+            writing = ((flags or 0) & write_flags) != 0 or (mode is not None and (
+                "w" in mode or "a" in mode or "x" in mode or "+" in mode))
             if writing and under(path, (write_root,)):
                 return
             if not writing and ((type_(path) is str_ and path in read_files) or under(path, read_roots)):
                 return
-            violation(f"{'writing' if writing else 'reading'} {shown(path)!r}")
+            violation(("writing " if writing else "reading ") + shown(path))
         elif event == "import":
-            if type_(args[0]) is not str_ or args[0] in modules:
-                violation(f"importing {shown(args[0])}")
+            if not args or type_(args[0]) is not str_ or args[0] in modules:
+                violation("importing " + (shown(args[0]) if args else "?"))
         elif event.startswith(refused):
             violation(event)
         elif event in path_events:
             for a in args:
                 if type_(a) is not int_ and a is not None and not under(a, (write_root,)):
-                    violation(f"{event} outside the working directory")
+                    violation(event + " outside the working directory")
         elif event in ("os.listdir", "os.scandir") and args and args[0] is not None and type_(args[0]) is not int_ \
                 and not under(args[0], read_roots):
-            violation(f"listing {shown(args[0])!r}")
+            violation("listing " + shown(args[0]))
 
     sys.addaudithook(hook)
 

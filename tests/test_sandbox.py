@@ -225,6 +225,50 @@ def test_the_tripwire_cannot_be_disarmed_through_what_the_harness_leaves_reachab
     _contained(run(prog, TESTS, call_names=["add"]))
 
 
+DISARM = ("def disarm():\n"  # what a program inside the hook would do: turn the hook's report and exit off
+          "    import sys\n"
+          "    def neuter(fn, depth=0):\n"
+          "        if getattr(fn, '__name__', '') not in ('violation', 'check', 'hook'):\n"
+          "            return\n"
+          "        code = getattr(fn, '__code__', None)\n"
+          "        for name, cell in zip(code.co_freevars if code else (), getattr(fn, '__closure__', None) or ()):\n"
+          "            if name in ('write', 'exit_'):\n"
+          "                cell.cell_contents = lambda *a, **k: None\n"
+          "            elif depth < 2 and callable(cell.cell_contents):\n"
+          "                neuter(cell.cell_contents, depth + 1)\n"
+          "    f = sys._getframe(1)\n"
+          "    while f is not None:\n"
+          "        for v in list(f.f_locals.values()):\n"
+          "            neuter(v)\n"
+          "        f = f.f_back\n")
+
+
+@pytest.mark.parametrize("trick", [
+    # code the hook might call back into while it is on the stack: a rebound module function, a metaclass name,
+    # a str subclass's methods, odd arguments to a hand-raised audit event
+    "import json\nreal = json.dumps\n"
+    "def fake(*a, **k):\n    json.dumps = real\n    disarm()\n    raise ValueError\n"
+    "json.dumps = fake\nopen('/etc/hostname').read()\n",
+    "class Meta(type):\n    @property\n    def __name__(cls):\n        disarm()\n        return 'x'\n"
+    "class P(str, metaclass=Meta):\n    pass\nopen(P('/etc/hostname')).read()\n",
+    "class S(str):\n    def startswith(self, *a):\n        disarm()\n        return True\n"
+    "    def __eq__(self, other):\n        disarm()\n        return True\n    __hash__ = str.__hash__\n"
+    "__import__(S('ctypes'))\n",
+    "class F(int):\n    def __and__(self, other):\n        disarm()\n        return 0\n"
+    "import sys\nsys.audit('open', '/etc/hostname', 'r', F(1))\nopen('/etc/hostname').read()\n",
+])
+def test_nothing_the_program_defines_runs_inside_the_hook(trick):
+    prog = DISARM + f"try:\n{_indent(trick)}\nexcept BaseException:\n    pass\n" + \
+        "try:\n    open('/etc/passwd').read()\nexcept BaseException:\n    pass\n" + ADD
+    _contained(run(prog, TESTS, call_names=["add"]))
+
+
+def test_links_are_refused_since_a_relative_chain_defeats_path_checks():
+    chain = "import os\nos.symlink('.', 'U0')\nfor k in range(1, 8):\n    os.symlink(f'U{k - 1}/..', f'U{k}')\n" \
+            "open('U7/etc/hostname').read()\n"
+    _contained(run(f"try:\n{_indent(chain)}\nexcept BaseException:\n    pass\n" + ADD, TESTS), "os.symlink")
+
+
 def test_a_lying_reply_channel_is_a_violation():
     prog = "import os, sys\nos.write(int(sys.argv[2]), b'not json at all\\n')\n" + ADD
     _contained(run(prog, TESTS), "not a reply")
@@ -288,18 +332,36 @@ def test_an_attack_inside_the_function_under_test_is_refused_and_earns_nothing(n
     assert r.reasons[0].startswith("no credit") and r.reasons[2].startswith("not run")
 
 
-def test_ignoring_the_alarm_is_killed_and_earns_nothing():
+def test_ignoring_the_alarm_earns_nothing_after_it_and_is_a_timeout():
+    # ignoring the alarm cannot be told from a long call in C (which takes no alarm): either way the tests from
+    # there on fail as timeouts, the ones before keep their result, and nothing is gained
     prog = ("import signal\nsignal.signal(signal.SIGALRM, signal.SIG_IGN)\n"
-            "def add(a, b):\n    while True:\n        pass\n")
+            "def add(a, b):\n    while a == 2:\n        pass\n    return a + b\n")
     t = time.monotonic()
     r = run(prog, TESTS, call_names=["add"], limits=Limits(test_timeout=0.5))
-    _contained(r, "did not stop")
+    assert r.passed == [True, False, False] and r.violation == "" and "timeout" in r.reasons[1]
     assert time.monotonic() - t < 10
 
 
-def test_a_loop_that_swallows_every_timeout_is_killed_and_earns_nothing():
+def test_an_honest_long_call_in_c_keeps_the_tests_before_it():
+    prog = "def add(a, b):\n    if a == 2:\n        return sum(range(10 ** 11))\n    return a + b\n"
+    r = run(prog, TESTS, call_names=["add"], limits=Limits(test_timeout=0.5))
+    assert r.passed == [True, False, False] and r.violation == ""
+
+
+def test_a_loop_that_swallows_every_timeout_earns_nothing():
     prog = "while True:\n    try:\n        while True:\n            pass\n    except BaseException:\n        pass\n"
-    _contained(run(prog + ADD, TESTS, limits=Limits(test_timeout=0.5)), "did not stop")
+    r = run(prog + ADD, TESTS, limits=Limits(test_timeout=0.5))
+    assert r.passed == [False] * 3 and "did not stop" in r.reasons[0]
+
+
+def test_a_refusal_after_answers_written_ahead_is_still_seen():
+    # the program writes its replies before the calls come, then tries something refused on the last call
+    prog = ("import os, sys\n"
+            "fd = int(sys.argv[2])\n"
+            "os.write(fd, b'[\"ready\"]\\n' + b'[\"ok\",3]\\n[\"ok\",4]\\n[\"ok\",0]\\n')\n"
+            "def add(a, b):\n    if a == -1:\n        open('/etc/hostname').read()\n    return a + b\n")
+    _contained(run(prog, TESTS, call_names=["add"]), "reading")
 
 
 @pytest.mark.parametrize("where", ["top", "test"])
@@ -318,11 +380,11 @@ def test_an_uncaught_memory_error_earns_nothing():
 
 def test_deep_recursion_that_crashes_the_interpreter_earns_nothing():
     prog = ("import sys\nsys.setrecursionlimit(10 ** 8)\n"
-            "def down(n):\n    return down(n + 1) + 1\n"
+            "def down(n):\n    return list(map(down, [n + 1]))\n"  # through C: the C stack overflows
             "def add(a, b):\n    if a == 2:\n        down(0)\n    return a + b\n")
     r = run(prog, TESTS, call_names=["add"])
-    assert not any(r.passed)
-    assert r.violation or "RecursionError" in r.reasons[1]  # a crash is a violation; a clean RecursionError a fail
+    crashed = r.violation and not any(r.passed)  # the process died: a violation
+    assert crashed or (r.passed == [True, False, False] and "RecursionError" in r.reasons[1])
 
 
 def test_patched_builtins_do_not_reach_the_tests():
