@@ -2,7 +2,8 @@
 
     line = dumps(["ok", encode(value)])      # untrusted runner -> trusted checker (and the checker's calls back)
     value = decode(loads(line)[1])           # only None, bool, int, float, complex, str, bytes, list, tuple,
-                                             # dict, set, frozenset, an iterator over a list, or Opaque
+                                             # dict, set, frozenset, range, Fraction, Decimal, an iterator
+                                             # over a list, or Opaque
 
 Whatever the generated program returns crosses as data and is rebuilt from builtin types on the trusted side, so no
 object of the program (an "always equal" class, a patched `__eq__`, a lying `__bool__`) is ever compared there: the
@@ -45,7 +46,8 @@ def encode(value):
         if isinstance(x, bool):  # a bool subclass cannot exist; kept for clarity of the order
             return bool(x)
         if isinstance(x, int):
-            return int.__index__(x)
+            v = int.__index__(x)  # beyond 2**62 as hex: decimal text of huge ints has a length limit
+            return v if -(1 << 62) < v < 1 << 62 else ["n", hex(v)]
         if isinstance(x, float):
             v = float.__float__(x)
             return v if math.isfinite(v) else ["f", float.hex(v)]
@@ -65,6 +67,10 @@ def encode(value):
             return ["s", [enc(v, depth + 1) for v in set.__iter__(x)]]
         if isinstance(x, dict):
             return ["d", [[enc(k, depth + 1), enc(dict.__getitem__(x, k), depth + 1)] for k in dict.__iter__(x)]]
+        if type(x).__module__ == "fractions" and type(x).__name__ == "Fraction":
+            return ["q", enc(x.numerator, depth + 1), enc(x.denominator, depth + 1)]
+        if type(x).__module__ == "decimal" and type(x).__name__ == "Decimal":
+            return ["dec", str(x)]
         if isinstance(x, range):
             return ["r", x.start, x.stop, x.step]
         if _is_iterator(x):
@@ -114,6 +120,16 @@ def decode(obj):
             if len(r) > MAX_ITEMS:  # a checker that lists it must not run out of memory
                 raise ValueError("the returned range is too long to check")
             return r
+        if tag == "n" and len(rest) == 1 and type(rest[0]) is str and len(rest[0]) < 1 << 20:
+            return int(rest[0], 16)
+        if tag == "q" and len(rest) == 2 and all(type(v) in (int, list) for v in rest):
+            from fractions import Fraction
+
+            return Fraction(dec(rest[0], depth + 1), dec(rest[1], depth + 1))
+        if tag == "dec" and len(rest) == 1 and type(rest[0]) is str and len(rest[0]) < 10000:
+            from decimal import Decimal
+
+            return Decimal(rest[0])
         if tag == "o" and len(rest) == 2 and all(type(v) is str for v in rest):
             return Opaque(rest[0], rest[1])
         raise ValueError(f"unknown value tag {tag[:20]!r}")

@@ -492,3 +492,21 @@ def test_without_namespaces_what_the_uid_left_in_shared_directories_is_removed(n
         assert os.path.exists(OUTSIDE) and os.path.isdir(f"/tmp/{MARK}")
         sandbox._remove_files_of(uid, no_namespaces.writable)
     assert not os.path.exists(OUTSIDE) and not os.path.exists(f"/tmp/{MARK}")
+
+
+def test_honest_values_the_wire_must_carry():
+    prog = ("from fractions import Fraction\nfrom decimal import Decimal\n"
+            "class Bad(ValueError):\n    pass\n"
+            "def big():\n    return 7 ** 10000\n"
+            "def frac():\n    return Fraction(1, 3), Decimal('0.1')\n"
+            "def boom():\n    raise Bad('no')\n"
+            "def huge():\n    return 'x' * (9 << 20)\n")
+    tests = ["assert big() == 7 ** 10000",
+             "from fractions import Fraction\nfrom decimal import Decimal\nassert frac() == (Fraction(1, 3), "
+             "Decimal('0.1'))",
+             "try:\n    boom()\n    assert False\nexcept ValueError as e:\n    assert 'no' in str(e)",
+             "huge()", "assert big() % 10 == 1"]
+    limits = Limits(memory_mb=2048)
+    r = run(prog, tests, limits=limits)
+    assert r.passed == [True, True, True, False, True] and r.violation == "", r.reasons
+    assert "too large" in r.reasons[3]
