@@ -194,6 +194,12 @@ def test_split_check_keeps_setup_and_loops_together():
     assert tests == ["import math\nassert candidate(1) == 1", "x = 2\nfor i in range(3):\n    assert candidate(i) == i"]
 
 
+def test_split_check_drops_asserts_that_do_not_test_the_candidate():
+    _, tests = split_check("def check(candidate):\n    assert True, 'debugging'\n    assert candidate(1) == 1\n")
+    assert tests == ["assert candidate(1) == 1"]
+    assert all("candidate" in t for p in humaneval_problems() for t in p["tests"])
+
+
 def test_every_humaneval_canonical_solution_passes_its_split_asserts():
     task = CodeTask(dataset="humaneval")
     problems = humaneval_problems()

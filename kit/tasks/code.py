@@ -109,7 +109,8 @@ def split_check(test_code: str) -> tuple[str, list[str]]:
     """HumanEval test code -> (module-level setup, one test per assert in `check`).
 
     Statements between asserts (imports, variables) are kept in front of the assert that follows them; a loop
-    or `if` holding asserts is one test.
+    or `if` holding asserts is one test. A test that never reads `candidate` (HumanEval has 48 such
+    `assert True, "..."` lines) tests nothing and would be free credit: it is dropped.
     """
     tree = ast.parse(test_code)
     setup, tests, pending = [], [], []
@@ -118,8 +119,11 @@ def split_check(test_code: str) -> tuple[str, list[str]]:
             for stmt in node.body:
                 pending.append(ast.unparse(stmt))
                 if any(isinstance(n, ast.Assert) for n in ast.walk(stmt)):
-                    tests.append("\n".join(pending))
-                    pending = []
+                    if any(isinstance(n, ast.Name) and n.id == "candidate" for n in ast.walk(stmt)):
+                        tests.append("\n".join(pending))
+                        pending = []
+                    else:
+                        pending.pop()  # the statements before it go to the next test
         else:
             setup.append(ast.unparse(node))
     return "\n".join(setup), tests
