@@ -209,6 +209,14 @@ def load_base(name: str, *, quantization: str = "auto", dtype: str = "auto", dev
     if use_4bit:
         from peft import prepare_model_for_kbit_training
 
+        # bitsandbytes >= 0.49, on a CPU with AVX512-BF16: a 4-bit layer's first no-grad eval forward repacks its
+        # weight in place into a CPU-only layout and from then on computes in bf16 whatever the compute dtype, with
+        # no gradient to its input (LoRA below it silently stops learning) and a layout that dequantize_4bit (peft,
+        # kit/compiled.py's copy) reads as scrambled weights. The kit's base must keep one layout and one precision
+        # for sampling and training alike: turn that fast path off (the attribute does not exist before 0.49).
+        for m in model.modules():
+            if hasattr(m, "support_avx512bf16_for_cpu"):
+                m.support_avx512bf16_for_cpu = False
         model = prepare_model_for_kbit_training(model, use_gradient_checkpointing=gradient_checkpointing)
     elif gradient_checkpointing:
         model.gradient_checkpointing_enable()
