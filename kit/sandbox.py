@@ -176,7 +176,9 @@ def run(program: str, tests: Sequence[str] = (), *, setup: str = "", context: st
                             "memory_mb": max(2048, 2 * limits.memory_mb)})
             data, timed_out = _read_until(report_r, start + wall)
         finally:
-            if uid is not None:  # first, so `unshare` sees its child end and reaps it (no zombie is left)
+            # first, so `unshare` sees its child end and reaps it (no zombie is left)
+            killed = runner is not None and "pid" in iso.namespaces and _kill_namespace(runner.pid)
+            if uid is not None and not killed:
                 _kill_user(uid)  # one that left the session (setsid, double fork) is still this uid's
             for proc in (runner, checker):
                 if proc is not None:
@@ -522,6 +524,24 @@ def _kill_group(proc: subprocess.Popen) -> None:
         os.killpg(proc.pid, signal.SIGKILL)  # the child and anything it started in its session
     except (ProcessLookupError, PermissionError):
         pass
+
+
+def _kill_namespace(unshare_pid: int) -> None:
+    """SIGKILL the init of the runner's PID namespace, `unshare`'s only child: its death ends every process in the
+    namespace, however detached. False when that cannot be known (no such /proc file): then kill by uid."""
+    try:
+        with open(f"/proc/{unshare_pid}/task/{unshare_pid}/children") as f:
+            children = [int(c) for c in f.read().split()]
+    except FileNotFoundError:
+        return not os.path.exists(f"/proc/{unshare_pid}")  # unshare gone (and its namespace), or no such file
+    except (OSError, ValueError):
+        return False
+    for pid in children:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except OSError:
+            pass
+    return True
 
 
 def _kill_user(uid: int) -> None:
