@@ -38,8 +38,10 @@ The runner is then held, each layer chosen when available and named once in the 
   harness that could turn the reporting off is reachable (the harness reports through `sys.audit` partials); the
   layers above are the wall, the hook only makes trying visible.
 **Attempts cost:** a refused operation, a resource limit (memory, file size, CPU), ending its own process, closing
-or corrupting the reply channel, or not stopping at a time limit gives `violation`, and then no test passes. A test
-that is only slow is a failed test (`timeout after ...`), not a violation.
+or corrupting the reply channel, or the run outliving its wall clock gives `violation`, and then no test passes. A
+test that is only slow is a failed test (`timeout after ...`), not a violation; a call that does not stop at its
+alarm (a long call in C takes none, and a program that ignores it cannot be told apart) fails that test and every
+later one, and the tests before it keep their result: ignoring the alarm gains nothing.
 
 Limits, plainly: this is isolation by the kernel's users and namespaces plus a separate verdict, not a VM; a
 kernel bug gets past it. Where `unshare` is refused (some containers) a program that got past the audit hook could
