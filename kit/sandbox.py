@@ -225,7 +225,7 @@ class Isolation:
         parts = ["verdict in a separate checker process"]
         parts.append("a uid of its own per run" if self.drop_user else "the caller's user (not root: no uid change)")
         parts.append(f"namespaces {'/'.join(self.namespaces)}, private /tmp, {len(self.hidden)} directories hidden"
-                     if self.namespaces else "no namespaces (unshare unavailable)")
+                     if self.namespaces else "no namespaces (needs root and a working unshare)")
         if self.no_new_privs:
             parts.append("no_new_privs")
         parts.append("rlimits, audit hook, python -I -S")
