@@ -5,11 +5,13 @@
     result.reasons         # "" for a pass, else why: "AssertionError", "timeout after 3.0 s", ...
     result.violation       # "" or why the run earns no credit: "refused: reading '/proc/1/environ'", ...
 
-The design: **the verdict lives in a different process from the program.** Each run starts two fresh interpreters:
+The design: **the verdict lives in a different process from the program.** Each run has two interpreters:
 - the *runner* (kit/sandbox_runner.py) runs the generated program and answers calls, nothing else: it gets a
   function name and arguments as plain data and sends back the return value as plain data (kit/sandbox_wire.py);
 - the *checker* (kit/sandbox_checker.py) runs the tests, in its own namespace where the functions under test are
   stubs that call the runner, and compares what comes back, rebuilt from builtin types, with the expected values.
+  The runner is fresh for every program; checkers are kept for many (one program at a time, never one that timed
+  out or failed), since nothing of the program ever runs in them.
 The tests, the expected values, the comparisons and the report to this process exist only in the checker, which runs
 as the caller's user outside the runner's namespaces. Walking frames, rebinding the harness, faking output, an
 "always equal" object: in the runner these can change the values it answers and nothing else, and a value is
@@ -65,6 +67,7 @@ import os
 import selectors
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -151,51 +154,135 @@ def run(program: str, tests: Sequence[str] = (), *, setup: str = "", context: st
             os.chown(workdir, uid, uid)
         calls_r, calls_w = pipe()
         replies_r, replies_w = pipe()
-        report_r, report_w = pipe()
         env = {k: os.environ[k] for k in _ENV_ALLOW if k in os.environ}
-        runner = checker = None
+        runner, checker, healthy, checker_err = None, _checkers.take(uid is None), False, ""
         try:
             with open(os.path.join(private, "out"), "wb") as out:
                 runner = subprocess.Popen(
                     iso.runner_command(uid, ["-I", "-S", "-B", "-X", "utf8", "-c", _source("sandbox_runner.py"),
-                                             str(calls_r), str(replies_w)], limits, wall), stdin=subprocess.PIPE, stdout=out,
-                    stderr=out, cwd=workdir, env=dict(env, HOME=workdir, TMPDIR=workdir),
+                                             str(calls_r), str(replies_w)], limits, wall), stdin=subprocess.PIPE,
+                    stdout=out, stderr=out, cwd=workdir, env=dict(env, HOME=workdir, TMPDIR=workdir),
                     pass_fds=(calls_r, replies_w), start_new_session=True)
-            with open(os.path.join(private, "checker"), "wb") as err:
-                checker = subprocess.Popen(
-                    [sys.executable, "-I", "-S", "-B", "-c", _source("sandbox_checker.py"), str(report_w),
-                     str(calls_w), str(replies_r)], stdin=subprocess.PIPE, stdout=subprocess.DEVNULL,
-                    stderr=err, cwd=private, env=env, pass_fds=(report_w, calls_w, replies_r),
-                    start_new_session=True)
-            for fd in (calls_r, replies_w, calls_w, replies_r, report_w):  # each end now lives in one child only
+            for fd in (calls_r, replies_w):  # the runner's ends: in the runner only
                 os.close(fd)
                 fds.remove(fd)
             _send(runner, {"program": program, "wall": wall, "limits": limits.__dict__,
                            "workdir": "/tmp/work" if iso.namespaces else ""})
-            _send(checker, {"tests": [_with_messages(t) for t in tests], "setup": setup, "context": context,
-                            "call_names": list(call_names), "free_names": _free_names([setup, *tests]),
-                            "test_timeout": limits.test_timeout, "undumpable": uid is None, "wall": wall,
-                            "memory_mb": max(2048, 2 * limits.memory_mb)})
-            data, timed_out = _read_until(report_r, start + wall)
+            job = {"tests": [_with_messages(t) for t in tests], "setup": setup, "context": context,
+                   "call_names": list(call_names), "free_names": _free_names([setup, *tests]),
+                   "test_timeout": limits.test_timeout, "memory_mb": max(2048, 2 * limits.memory_mb)}
+            try:
+                checker.send(job, (calls_w, replies_r))
+            except OSError:  # an idle checker that died since: a fresh one
+                checker.close()
+                checker = _Checker(uid is None)
+                checker.send(job, (calls_w, replies_r))
+            for fd in (calls_w, replies_r):  # the checker's ends: in the checker only
+                os.close(fd)
+                fds.remove(fd)
+            data, timed_out, healthy = checker.report(start + wall)
         finally:
             # first, so `unshare` sees its child end and reaps it (no zombie is left)
             killed = runner is not None and "pid" in iso.namespaces and _kill_namespace(runner.pid)
             if uid is not None and not killed:
                 _kill_user(uid)  # one that left the session (setsid, double fork) is still this uid's
-            for proc in (runner, checker):
-                if proc is not None:
-                    try:
-                        proc.wait(timeout=1.0)
-                    except subprocess.TimeoutExpired:
-                        pass
-                    _kill_group(proc)
-                    proc.wait()
+            if runner is not None:
+                try:
+                    runner.wait(timeout=1.0)
+                except subprocess.TimeoutExpired:
+                    pass
+                _kill_group(runner)
+                runner.wait()
+            checker_err = "" if healthy else checker.error()
+            _checkers.give_back(checker, healthy)
             for fd in fds:
                 os.close(fd)
         return _parse(data, len(tests), timed_out, wall, time.monotonic() - start,
-                      _tail(os.path.join(private, "out")), _tail(os.path.join(private, "checker"), 500))
+                      _tail(os.path.join(private, "out")), checker_err)
     finally:
         _clean_up(private, uid, iso.writable, slot)
+
+
+class _Checker:
+    """A long-lived checker process (kit/sandbox_checker.py): one interpreter start, `import json` and compile
+    for many programs instead of one each (about 20 ms of CPU per program). It takes one job at a time over a Unix
+    socket, with the two pipe ends of that program's runner; one that timed out or failed is never reused."""
+
+    def __init__(self, undumpable: bool):
+        ours, theirs = socket.socketpair()
+        self.log = tempfile.TemporaryFile(dir=_state_dir())
+        env = {k: os.environ[k] for k in _ENV_ALLOW if k in os.environ}
+        self.proc = subprocess.Popen(
+            [sys.executable, "-I", "-S", "-B", "-c", _source("sandbox_checker.py"), str(theirs.fileno()),
+             "1" if undumpable else "0"], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=self.log,
+            cwd=_state_dir(), env=env, pass_fds=(theirs.fileno(),), start_new_session=True)
+        theirs.close()
+        self.sock, self.jobs, self.undumpable = ours, 0, undumpable
+
+    def send(self, job: dict, fds: tuple[int, int]) -> None:
+        data = json.dumps(job).encode()
+        socket.send_fds(self.sock, [len(data).to_bytes(8, "big")], list(fds))
+        self.sock.sendall(data)
+        self.jobs += 1
+
+    def report(self, deadline: float) -> tuple[bytes, bool, bool]:
+        """(the report's lines, timed out, finished with its `done` line)."""
+        data = bytearray()
+        while not data.startswith(b'["done"') and b'\n["done"' not in data:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return bytes(data), True, False
+            self.sock.settimeout(left)
+            try:
+                chunk = self.sock.recv(65536)
+            except (socket.timeout, OSError):
+                continue
+            if not chunk or len(data) > _MAX_REPORT_BYTES:
+                return bytes(data), False, False
+            data += chunk
+        return bytes(data), False, True
+
+    def error(self) -> str:
+        try:
+            self.log.seek(0)
+            return self.log.read()[-500:].decode("utf-8", "replace")
+        except OSError:
+            return ""
+
+    def close(self) -> None:
+        _kill_group(self.proc)
+        self.proc.wait()
+        self.sock.close()
+        self.log.close()
+
+
+class _CheckerPool:
+    """Idle checkers of this process (a forked child starts its own pool)."""
+
+    MAX_JOBS = 200  # then a fresh one: whatever the tests' imports left behind does not pile up
+
+    def __init__(self):
+        self.lock, self.idle, self.pid = threading.Lock(), [], os.getpid()
+
+    def take(self, undumpable: bool) -> _Checker:
+        with self.lock:
+            if self.pid != os.getpid():
+                self.idle, self.pid = [], os.getpid()  # the parent's checkers are the parent's
+            for i, c in enumerate(self.idle):
+                if c.undumpable == undumpable and c.proc.poll() is None:
+                    return self.idle.pop(i)
+        return _Checker(undumpable)
+
+    def give_back(self, checker: _Checker, healthy: bool) -> None:
+        if healthy and checker.jobs < self.MAX_JOBS and checker.proc.poll() is None:
+            with self.lock:
+                if self.pid == os.getpid():
+                    self.idle.append(checker)
+                    return
+        checker.close()
+
+
+_checkers = _CheckerPool()
 
 
 def run_many(jobs: Sequence[dict], workers: int | None = None, limits: Limits = Limits()) -> list[Result]:
@@ -466,22 +553,6 @@ def _send(proc: subprocess.Popen, job: dict) -> None:
         proc.stdin.close()
     except (BrokenPipeError, OSError):
         pass
-
-
-def _read_until(fd: int, deadline: float) -> tuple[bytes, bool]:
-    """Read the checker's report until it closes it or the deadline passes."""
-    data = bytearray()
-    with selectors.DefaultSelector() as sel:
-        sel.register(fd, selectors.EVENT_READ)
-        while True:
-            left = deadline - time.monotonic()
-            if left <= 0:
-                return bytes(data), True
-            if sel.select(left):
-                chunk = os.read(fd, 65536)
-                if not chunk or len(data) > _MAX_REPORT_BYTES:
-                    return bytes(data), False
-                data += chunk
 
 
 def _clean_up(private: str, uid: int | None, writable: Sequence[str], slot: "_uid_slot") -> None:

@@ -1,8 +1,10 @@
 """The sandbox's trusted side: runs the tests and decides, calling into the untrusted runner only for values.
 
-kit/sandbox.py starts it as `python -I -S -B -c <kit/sandbox_wire.py + this file> <result_fd> <calls_fd>
-<replies_fd>` as the caller's own user (never inside the runner's user or namespaces) and writes the job to its
-stdin: the tests, the setup, the problem's own context code, the names of the functions under test, the limits.
+kit/sandbox.py starts it as `python -I -S -B -c <kit/sandbox_wire.py + this file> <socket_fd> <undumpable>` as
+the caller's own user (never inside the runner's user or namespaces) and keeps it for many programs, one at a
+time: each job (the tests, the setup, the problem's own context code, the names of the functions under test, the
+limits) comes over the socket with the two pipe ends of that program's fresh runner. Nothing of one job is kept
+for the next but the modules the tests imported; a checker that timed out or failed is never reused.
 
 In its namespace each function under test is a stub that sends the call's arguments to the runner and rebuilds
 the reply with the wire module's strict decoder, so the tests, the expected values and every comparison live here,
@@ -12,7 +14,7 @@ resource limit, or the runner ending or breaking the channel, marks the run as a
 runner that does not answer within its time limit (a long call in C takes no alarm; a program that ignores it)
 stops the tests too, but is a timeout: the tests before it keep their result, the rest fail.
 """
-import builtins, os, select, signal, sys, time
+import builtins, os, resource, select, signal, socket, sys, time
 
 _GRACE = 1.0  # seconds the runner has, past a call's budget, to reply "timeout" itself
 
@@ -63,6 +65,17 @@ class Runner:
             self.stop(f"refused: {message[1] if len(message) > 1 else '?'}")
         return message
 
+    def close_calls(self):
+        if self.calls_fd >= 0:
+            os.close(self.calls_fd)
+            self.calls_fd = -1
+
+    def close(self):
+        self.close_calls()
+        if self.replies_fd >= 0:
+            os.close(self.replies_fd)
+            self.replies_fd = -1
+
     def stop(self, why, violation=True):
         if violation:
             self.violation = self.violation or str(why)[:300]
@@ -72,7 +85,7 @@ class Runner:
     def drain(self):
         """After the last test: close the calls channel (the runner then exits) and read what it still sent, so a
         refused operation after its last answer (replies written ahead of the calls) is seen too."""
-        os.close(self.calls_fd)
+        self.close_calls()
         data, end = self.pending, time.monotonic() + 1.0
         while len(data) <= 8 << 20 and select.select([self.replies_fd], [], [], max(0.0, end - time.monotonic()))[0]:
             chunk = os.read(self.replies_fd, 1 << 16)
@@ -160,21 +173,37 @@ def _describe(e, test_timeout):
 
 
 def main():
-    result_fd, calls_fd, replies_fd = (int(a) for a in sys.argv[1:4])
-    job = loads(sys.stdin.buffer.read())
-    sys.stdin.close()
-    if job["undumpable"]:  # the runner is this user: no ptrace of this process, no /proc/<pid>/mem
+    """Serve jobs until the caller closes the socket: each comes as its length and the runner's two pipe ends
+    (SCM_RIGHTS), then the job; the report goes back on the socket, ending with a `done` line."""
+    sock = socket.socket(fileno=int(sys.argv[1]))
+    if sys.argv[2] == "1":  # the runner is this user: no ptrace of this process, no /proc/<pid>/mem
         import ctypes
         ctypes.CDLL(None).prctl(4, 0, 0, 0, 0)  # PR_SET_DUMPABLE, 0
-    limit = job["test_timeout"]
-    import resource  # what the program sends back is bounded on the wire; what the tests make of it, here
-    for res, value in ((resource.RLIMIT_AS, job["memory_mb"] << 20), (resource.RLIMIT_CPU, int(job["wall"]) + 1)):
-        resource.setrlimit(res, (value, value))
     signal.signal(signal.SIGALRM, _on_alarm)
-    runner = Runner(calls_fd, replies_fd)
+    while True:
+        head, fds, _, _ = socket.recv_fds(sock, 8, 2)
+        while head and len(head) < 8:
+            head += sock.recv(8 - len(head))
+        if len(head) < 8 or len(fds) != 2:
+            return  # the caller is gone
+        size, data = int.from_bytes(head, "big"), b""
+        while len(data) < size:
+            chunk = sock.recv(min(1 << 20, size - len(data)))
+            if not chunk:
+                return
+            data += chunk
+        runner = Runner(*fds)
+        try:
+            check(loads(data), runner, lambda *message: sock.sendall(dumps(list(message))))
+        finally:
+            runner.close()
 
-    def report(*message):
-        os.write(result_fd, dumps(list(message)))
+
+def check(job, runner, report):
+    """One program's tests, calling into `runner`; the report goes through `report`."""
+    limit = job["test_timeout"]
+    # what the program sends back is bounded on the wire; what the tests make of it, here
+    resource.setrlimit(resource.RLIMIT_AS, (job["memory_mb"] << 20, resource.getrlimit(resource.RLIMIT_AS)[1]))
 
     def stub(name):
         def call(*args, **kwargs):

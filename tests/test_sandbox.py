@@ -510,3 +510,15 @@ def test_honest_values_the_wire_must_carry():
     r = run(prog, tests, limits=limits)
     assert r.passed == [True, True, True, False, True] and r.violation == "", r.reasons
     assert "too large" in r.reasons[3]
+
+
+def test_a_checker_serves_many_programs_and_one_that_timed_out_is_not_reused():
+    first = run(ADD, TESTS, call_names=["add"])
+    idle = list(sandbox._checkers.idle)
+    second = run("def add(a, b):\n    return 0\n", TESTS, call_names=["add"])
+    assert first.passed == [True] * 3 and second.passed == [False, False, True]
+    assert idle and set(map(id, sandbox._checkers.idle)) >= set(map(id, idle))  # the same process, reused
+    # a test whose own code never ends: the wall clock kills its checker, which is not put back
+    stuck = run(ADD, ["while True:\n    pass"], limits=Limits(test_timeout=0.5, timeout=2.0))
+    assert stuck.timed_out and all(c.proc.poll() is None for c in sandbox._checkers.idle)
+    assert run(ADD, TESTS, call_names=["add"]).passed == [True] * 3
