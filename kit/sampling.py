@@ -74,10 +74,6 @@ class SeededSampling:
             ([TopKLogitsWarper(top_k)] if top_k > 0 else []) + ([TopPLogitsWarper(top_p)] if top_p < 1.0 else [])
         self.start: int | None = None  # the prompt width, seen at the first step
 
-    def rows(self, index) -> "SeededSampling":
-        """The same sampler for a re-ordered or padded batch (row r takes the seed of row index[r])."""
-        return SeededSampling(self.row_seeds[index], *self.settings)
-
     def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
         if self.start is None:  # the first step: a sampler serves one generate call, on one device
             self.start = input_ids.shape[1]

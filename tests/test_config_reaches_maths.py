@@ -145,7 +145,7 @@ def test_loss_fields(tmp_path, loss_type, beta):
     for adapter, (loss, kl) in hand.items():
         assert stats[f"loss/{adapter}"] == pytest.approx(loss, rel=1e-5), adapter
         if beta > 0:
-            assert kl > 1e-4 and stats[f"kl/{adapter}"] == pytest.approx(kl, rel=1e-5), adapter
+            assert kl > 1e-4 and stats[f"kl/{adapter}"] == pytest.approx(kl, rel=1e-4), adapter
 
 
 # ---- the optimizer step
