@@ -60,11 +60,11 @@ from __future__ import annotations
 import ast
 import dataclasses
 import fcntl
+import functools
 import hashlib
 import json
 import logging
 import os
-import selectors
 import shutil
 import signal
 import socket
@@ -154,7 +154,7 @@ def run(program: str, tests: Sequence[str] = (), *, setup: str = "", context: st
             os.chown(workdir, uid, uid)
         calls_r, calls_w = pipe()
         replies_r, replies_w = pipe()
-        env = {k: os.environ[k] for k in _ENV_ALLOW if k in os.environ}
+        env = _allowed_env()
         runner, checker, healthy, checker_err = None, _checkers.take(uid is None), False, ""
         try:
             with open(os.path.join(private, "out"), "wb") as out:
@@ -169,7 +169,7 @@ def run(program: str, tests: Sequence[str] = (), *, setup: str = "", context: st
             _send(runner, {"program": program, "wall": wall, "limits": limits.__dict__,
                            "workdir": "/tmp/work" if iso.namespaces else ""})
             job = {"tests": [_with_messages(t) for t in tests], "setup": setup, "context": context,
-                   "call_names": list(call_names), "free_names": _free_names([setup, *tests]),
+                   "call_names": list(call_names), "free_names": _free_names((setup, *tests)),
                    "test_timeout": limits.test_timeout, "memory_mb": max(2048, 2 * limits.memory_mb)}
             try:
                 checker.send(job, (calls_w, replies_r))
@@ -211,11 +211,10 @@ class _Checker:
     def __init__(self, undumpable: bool):
         ours, theirs = socket.socketpair()
         self.log = tempfile.TemporaryFile(dir=_state_dir())
-        env = {k: os.environ[k] for k in _ENV_ALLOW if k in os.environ}
         self.proc = subprocess.Popen(
             [sys.executable, "-I", "-S", "-B", "-c", _source("sandbox_checker.py"), str(theirs.fileno()),
              "1" if undumpable else "0"], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=self.log,
-            cwd=_state_dir(), env=env, pass_fds=(theirs.fileno(),), start_new_session=True)
+            cwd=_state_dir(), env=_allowed_env(), pass_fds=(theirs.fileno(),), start_new_session=True)
         theirs.close()
         self.sock, self.jobs, self.undumpable = ours, 0, undumpable
 
@@ -235,8 +234,10 @@ class _Checker:
             self.sock.settimeout(left)
             try:
                 chunk = self.sock.recv(65536)
-            except (socket.timeout, OSError):
-                continue
+            except socket.timeout:
+                continue  # the deadline check above ends it
+            except OSError:
+                return bytes(data), False, False
             if not chunk or len(data) > _MAX_REPORT_BYTES:
                 return bytes(data), False, False
             data += chunk
@@ -412,7 +413,7 @@ def _with_namespaces(iso: Isolation, uid: int | None) -> Isolation:
 def _run_probe(command: list[str]) -> dict | None:
     try:
         done = subprocess.run(command, capture_output=True, timeout=20, stdin=subprocess.DEVNULL,
-                              env={k: os.environ[k] for k in _ENV_ALLOW if k in os.environ}, cwd="/")
+                              env=_allowed_env(), cwd="/")
         return json.loads(done.stdout.decode().strip().splitlines()[-1]) if done.returncode == 0 else None
     except (OSError, subprocess.SubprocessError, ValueError, IndexError):
         return None
@@ -540,11 +541,15 @@ class _uid_slot:
 # --- parent side
 
 
-def _source(name: str, _cache: dict = {}) -> str:
+@functools.lru_cache(maxsize=None)
+def _source(name: str) -> str:
     """The wire module's source followed by the runner's or the checker's: neither side imports the kit."""
-    if name not in _cache:
-        _cache[name] = Path(sandbox_wire.__file__).read_text() + "\n\n" + (_HERE / name).read_text()
-    return _cache[name]
+    return Path(sandbox_wire.__file__).read_text() + "\n\n" + (_HERE / name).read_text()
+
+
+def _allowed_env() -> dict[str, str]:
+    """The part of this process's environment a sandbox process may see: PATH and locale, never a key."""
+    return {k: os.environ[k] for k in _ENV_ALLOW if k in os.environ}
 
 
 def _send(proc: subprocess.Popen, job: dict) -> None:
@@ -599,7 +604,7 @@ def _kill_group(proc: subprocess.Popen) -> None:
         pass
 
 
-def _kill_namespace(unshare_pid: int) -> None:
+def _kill_namespace(unshare_pid: int) -> bool:
     """SIGKILL the init of the runner's PID namespace, `unshare`'s only child: its death ends every process in the
     namespace, however detached. False when that cannot be known (no such /proc file): then kill by uid."""
     try:
@@ -681,7 +686,8 @@ class _EqMessages(ast.NodeTransformer):
         return node
 
 
-def _free_names(sources: Sequence[str]) -> list[str]:
+@functools.lru_cache(maxsize=4096)  # an item's tests come back for every joint action: parse them once
+def _free_names(sources: tuple[str, ...]) -> tuple[str, ...]:
     """Names the tests read that may be the program's functions: not a builtin, not a dunder."""
     import builtins
 
@@ -692,9 +698,10 @@ def _free_names(sources: Sequence[str]) -> list[str]:
         except SyntaxError:
             continue
         names |= {n.id for n in ast.walk(tree) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load)}
-    return sorted(n for n in names if not n.startswith("__") and not hasattr(builtins, n))
+    return tuple(sorted(n for n in names if not n.startswith("__") and not hasattr(builtins, n)))
 
 
+@functools.lru_cache(maxsize=4096)
 def _with_messages(test: str) -> str:
     """The test's source with got-vs-expected messages; a test that does not parse is left to fail."""
     try:

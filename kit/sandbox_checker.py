@@ -58,8 +58,9 @@ class Runner:
         line, self.pending = self.pending.split(b"\n", 1)
         try:
             message = loads(line)
-            assert type(message) is list and message and type(message[0]) is str
-        except BaseException:
+        except (ValueError, RecursionError):
+            message = None
+        if type(message) is not list or not message or type(message[0]) is not str:
             self.stop("the program wrote something that is not a reply on the result channel")
         if message[0] == "violation":
             self.stop(f"refused: {message[1] if len(message) > 1 else '?'}")
@@ -95,12 +96,11 @@ class Runner:
         for line in data.split(b"\n"):
             if line.startswith(b'["violation"'):
                 try:
-                    self.stop(f"refused: {loads(line)[1]}")
-                except _Stop:
-                    return
-                except BaseException:
-                    self.violation = "refused: ?"
-                    return
+                    why = loads(line)[1]
+                except (ValueError, RecursionError, IndexError):
+                    why = "?"
+                self.violation = self.violation or f"refused: {why}"[:300]
+                return
 
     def start(self, top_level_budget):
         """Wait for the program's top level: "" when it ran, else why not (a violation raises _Stop)."""

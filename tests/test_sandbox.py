@@ -8,7 +8,6 @@ the result holds (reasons, error, output).
 
 import os
 import secrets
-import sys
 import time
 
 import pytest
