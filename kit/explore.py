@@ -99,12 +99,17 @@ class RunLog:
                     return it
         raise KeyError(f"item {item_id!r} is not in task {self.cfg.task!r}")
 
-    def rescore(self, row: dict, agent: int, text: str):
-        """The task's reward for this joint action with agent `agent`'s completion replaced by `text`."""
-        completions = list(row["completions"])
-        if not 0 <= agent < len(completions):
-            raise ValueError(f"agent={agent}; this joint action has agents 0..{len(completions) - 1}")
-        completions[agent] = text
+    def rescore(self, row: dict, agent: int | None = None, text: str | None = None,
+                completions: list[str] | None = None):
+        """The task's reward for this joint action with agent `agent`'s completion replaced by `text`, or with
+        every completion replaced by `completions` (the browser's editors, one per agent)."""
+        if completions is None:
+            completions = list(row["completions"])
+            if agent is None or not 0 <= agent < len(completions):
+                raise ValueError(f"agent={agent}; this joint action has agents 0..{len(completions) - 1}")
+            completions[agent] = text
+        elif len(completions) != len(row["completions"]):
+            raise ValueError(f"{len(completions)} completions; this joint action has {len(row['completions'])}")
         from kit.rewards import as_reward
 
         return as_reward(self.task.reward(self.item(row["item"]), tuple(completions)))
@@ -132,9 +137,17 @@ def breakdown(row: dict) -> list[tuple[str, float]]:
     return out
 
 
+SCROLL = "max-height:16em;overflow:auto;white-space:pre-wrap"  # long text scrolls in its box instead of being cut
+
+
+def _scroll(text: str) -> str:
+    return f"<pre style='{SCROLL}'>{html.escape(text)}</pre>"
+
+
 def render_rows(rows: list[dict], roles: list[str], agent: int | None = None, limit: int = 20,
                 max_chars: int = 1500) -> str:
-    """An HTML table: one row per joint action, one column per agent (or only `agent`), parts at the end."""
+    """An HTML table: one row per joint action, one column per agent (or only `agent`), parts at the end.
+    Each agent's whole prompt is one click away (scrollable)."""
     if not rows:
         return "<p>No joint actions match these filters.</p>"
     agents = range(len(roles)) if agent is None else [agent]
@@ -143,10 +156,9 @@ def render_rows(rows: list[dict], roles: list[str], agent: int | None = None, li
     for r in rows[:limit]:
         cells = []
         for a in agents:
-            prompt = html.escape(r["prompts"][a][-300:])
             text = html.escape(r["completions"][a][:max_chars])
             adv = r.get("advantages", [None] * len(roles))[a]
-            cells.append(f"<td><details><summary>prompt</summary><pre>{prompt}</pre></details>"
+            cells.append(f"<td><details><summary>prompt</summary>{_scroll(r['prompts'][a])}</details>"
                          f"<pre>{text}</pre><small>advantage {adv if adv is None else f'{adv:+.3f}'}</small></td>")
         parts = "<br>".join(f"{html.escape(k)}: {v:.3f}" for k, v in breakdown(r) if not k.startswith("advantage"))
         if r.get("violation"):  # what the sandbox refused, and why the row earned no test credit
@@ -155,6 +167,47 @@ def render_rows(rows: list[dict], roles: list[str], agent: int | None = None, li
                     f"<td>{parts}</td></tr>")
     more = f"<p>{len(rows) - limit} more not shown.</p>" if len(rows) > limit else ""
     return (f"<table><tr><th>item</th>{head}<th>reward</th></tr>{''.join(body)}</table>{more}")
+
+
+def render_joint(row: dict, roles: list[str]) -> str:
+    """One joint action in full: its breakdown, then every agent's whole prompt side by side (scrollable)."""
+    parts = "".join(f"<tr><td>{html.escape(k)}</td><td>{v:.3f}</td></tr>" for k, v in breakdown(row))
+    if row.get("violation"):
+        parts += f"<tr><td><b>violation</b></td><td>{html.escape(str(row['violation']))}</td></tr>"
+    head = "".join(f"<th>{html.escape(role)}'s prompt</th>" for role in roles)
+    prompts = "".join(f"<td style='vertical-align:top'>{_scroll(p)}</td>" for p in row["prompts"])
+    return (f"<p>{html.escape(str(row['item']))} · step {row['step']} · turn {row.get('turn', 0)}</p>"
+            f"<table>{parts}</table><table style='width:100%'><tr>{head}</tr><tr>{prompts}</tr></table>")
+
+
+def render_details(details: dict) -> str:
+    """What a task found while scoring (Reward.details: failing asserts, errors, the level reached), as HTML;
+    multi-line values (the extracted code) fold away."""
+    lines = []
+    for key, value in (details or {}).items():
+        name = html.escape(str(key))
+        if value is None or value == "" or (isinstance(value, (list, tuple, dict)) and not value):
+            continue
+        if isinstance(value, str) and "\n" in value:
+            lines.append(f"<details><summary>{name}</summary>{_scroll(value)}</details>")
+        elif isinstance(value, (list, tuple)):
+            items = "".join("<li><code>" + " → ".join(html.escape(str(x)) for x in
+                                                       (v if isinstance(v, (list, tuple)) else [v])) + "</code></li>"
+                            for v in value)
+            lines.append(f"{name}:<ul>{items}</ul>")
+        elif isinstance(value, dict):
+            lines.append(f"{name}: " + ", ".join(f"{html.escape(str(k))}={html.escape(str(v))}"
+                                                 for k, v in value.items()))
+        else:
+            lines.append(f"{name}: {html.escape(str(value))}")
+    return "<br>".join(lines)
+
+
+def render_reward(reward) -> str:
+    """A re-score: the total, each part, and the task's diagnosis (its details), so a new reward comes with why."""
+    parts = ", ".join(f"{html.escape(k)} {v:.3f}" for k, v in reward.parts.items())
+    diagnosis = render_details(reward.details)
+    return f"<p><b>total {reward.total:.3f}</b>: {parts}</p>" + (f"<div>{diagnosis}</div>" if diagnosis else "")
 
 
 def reload_log(log: RunLog, step, reward, refresh) -> None:
@@ -175,16 +228,32 @@ def episode_label(row: dict) -> str:
             f"{row['length']} moves, {row['illegal']} illegal")
 
 
+def _answer(decision: dict, limit: int) -> str:
+    """The model's answer as it wrote it (escaped, cut to `limit`), or "(empty)"."""
+    text = decision["completion"].strip()
+    if not text:
+        return "(empty)"
+    return html.escape(text[:limit] + ("…" if len(text) > limit else ""))
+
+
+def _played(decision: dict) -> str:
+    """The move played: the move itself, or for an illegal answer what was played in its place."""
+    if decision["legal"]:
+        return html.escape(str(decision["move"]))
+    instead = "the game ended" if decision["move"] is None else html.escape(str(decision["move"]))
+    return (f"<span style='color:#c00' title='illegal answer: {_answer(decision, 200)}'>"
+            f"✗ {_answer(decision, 24)} → {instead}</span>")
+
+
 def render_episodes(rows: list[dict], roles: list[str], limit: int = 20) -> str:
-    """An HTML table of game episodes: deal, score, return, advantage, and the moves in order (illegal ones
-    struck through: a random legal move or the end of the game replaced them)."""
+    """An HTML table of game episodes: deal, score, return, advantage, and the moves played in order. An illegal
+    answer is shown in red beside what was played for it (a random legal move, or the end of the game)."""
     if not rows:
         return "<p>No episodes match these filters.</p>"
     body = []
     for r in rows[:limit]:
-        moves = " ".join(f"<span title='{html.escape(roles[d['player']])}'>"
-                         + (html.escape(str(d["move"])) if d["legal"] else f"<s>{html.escape(str(d['move']))}</s>")
-                         + "</span>" for d in r["decisions"])
+        moves = " ".join(f"<span title='{html.escape(roles[d['player']])}'>{_played(d)}</span>"
+                         for d in r["decisions"])
         body.append(f"<tr><td>{html.escape(str(r['item']))} #{r['episode']}</td><td>{r['score']:g}</td>"
                     f"<td>{r['reward']:g}</td><td>{r['advantage']:+.3f}</td><td>{moves}</td></tr>")
     more = f"<p>{len(rows) - limit} more not shown.</p>" if len(rows) > limit else ""
@@ -193,15 +262,22 @@ def render_episodes(rows: list[dict], roles: list[str], limit: int = 20) -> str:
 
 
 def render_frame(frame: dict, roles: list[str], max_chars: int = 3000) -> str:
-    """One decision of a replayed game: the whole table before it, who acts, what it saw and said, the move."""
+    """One decision of a replayed game: the whole table before it, who acts, what it saw and answered, and the
+    move played (for an illegal answer: the answer and its replacement, apart)."""
     who = "-" if frame["player"] is None else html.escape(roles[frame["player"]])
-    verdict = "" if frame["legal"] else " <b style='color:#c00'>(illegal: replaced)</b>"
-    prompt = f"<details><summary>prompt</summary><pre>{html.escape(frame['prompt'][-max_chars:])}</pre></details>" \
-        if frame["prompt"] else ""
+    prompt = f"<details><summary>prompt</summary>{_scroll(frame['prompt'])}</details>" if frame["prompt"] else ""
+    if frame["player"] is None:
+        outcome = f"<p><b>{html.escape(str(frame['move']))}</b></p>"
+    elif frame["legal"]:
+        outcome = (f"<p>answer: <code>{_answer(frame, max_chars)}</code> → move "
+                   f"<b>{html.escape(str(frame['move']))}</b></p>")
+    else:
+        instead = ("the game ended (illegal answers end it)" if frame["move"] is None else
+                   f"a random legal move was played instead: <b>{html.escape(str(frame['move']))}</b>")
+        outcome = (f"<p>answer: <code>{_answer(frame, max_chars)}</code> "
+                   f"<b style='color:#c00'>not a legal move</b></p><p>{instead}</p>")
     return (f"<p>decision {frame['decision']} · <b>{who}</b> · score so far {frame['score']:g}</p>"
-            f"<pre>{html.escape(frame['state'][:max_chars])}</pre>{prompt}"
-            f"<p>completion: <code>{html.escape(frame['completion'][:max_chars])}</code> → move "
-            f"<b>{html.escape(str(frame['move']))}</b>{verdict}</p>")
+            f"<pre>{html.escape(frame['state'][:max_chars])}</pre>{prompt}{outcome}")
 
 
 def game_browser(log: RunLog):
@@ -274,42 +350,63 @@ def browser(run_dir: str | Path):
     part_min = w.FloatText(value=0.0, description="part >=")
     reload = w.Button(description="reload")
     table = w.HTML()
-    pick = w.Dropdown(description="joint action")
+    pick = w.Dropdown(description="joint action", layout=w.Layout(width="60%"))
     detail = w.HTML()
-    which = w.Dropdown(options=[(r, i) for i, r in enumerate(log.roles)], description="replace")
-    editor = w.Textarea(layout=w.Layout(width="100%", height="160px"))
+    n = len(log.roles)  # one editor per agent, side by side: every agent's code can be changed at once
+    editors = [w.Textarea(layout=w.Layout(width="100%", height="220px")) for _ in range(n)]
+    edit_box = w.HBox([w.VBox([w.HTML(f"<b>{html.escape(role)}</b>"), ed], layout=w.Layout(width=f"{100 / n:.0f}%"))
+                       for role, ed in zip(log.roles, editors)])
     rescore = w.Button(description="re-score")
     result = w.HTML()
-    state = {"rows": []}
+    state = {"rows": [], "quiet": False}
+
+    def selected() -> dict | None:
+        i = pick.value
+        return state["rows"][i] if i is not None and 0 <= i < len(state["rows"]) else None
 
     def refresh(*_):
+        """New filters: the table, and the dropdown's joint actions. The picked joint action stays picked (with
+        its edits) while it still matches; otherwise the first one is picked and shown. Options are set
+        quietly: ipywidgets 7 and 8 move the value differently when options change, and neither may reach
+        `show` with a half-updated dropdown."""
+        before = selected()
         chosen = None if part.value == "(any)" else part.value
         state["rows"] = log.rows(step=step.value, min_reward=reward.value[0], max_reward=reward.value[1],
                                  part=chosen, part_min=part_min.value if chosen else None)
         table.value = render_rows(state["rows"], log.roles, None if agent.value < 0 else agent.value)
-        pick.options = [(f"{i}: {r['item']} (reward {r['reward']:.2f})", i) for i, r in enumerate(state["rows"])]
+        keep = next((i for i, r in enumerate(state["rows"]) if r is before), None)
+        state["quiet"] = True
+        try:
+            pick.options = [(f"{i}: {r['item']} (reward {r['reward']:.2f})", i) for i, r in enumerate(state["rows"])]
+            pick.value = keep if keep is not None else (0 if state["rows"] else None)
+        finally:
+            state["quiet"] = False
+        if keep is None:
+            show()
 
     def show(*_):
-        if pick.value is None or pick.value >= len(state["rows"]):
-            detail.value = ""
+        """Everything about one joint action follows the dropdown: breakdown, prompts, the editors."""
+        if state["quiet"]:
             return
-        row = state["rows"][pick.value]
-        detail.value = "<br>".join(f"{html.escape(k)}: {v:.3f}" for k, v in breakdown(row))
-        editor.value = row["completions"][which.value]
+        row = selected()
+        detail.value = "" if row is None else render_joint(row, log.roles)
+        for a, ed in enumerate(editors):
+            ed.value = "" if row is None else row["completions"][a]
+        result.value = ""
 
     def on_rescore(_):
-        if pick.value is None:
+        row = selected()
+        if row is None:
+            result.value = "<p>No joint action is picked.</p>"
             return
-        r = log.rescore(state["rows"][pick.value], which.value, editor.value)
-        result.value = f"total {r.total:.3f}: " + ", ".join(f"{k} {v:.3f}" for k, v in r.parts.items())
+        result.value = render_reward(log.rescore(row, completions=[ed.value for ed in editors]))
 
     for widget in (step, agent, reward, part, part_min):
         widget.observe(refresh, names="value")
-    for widget in (pick, which):
-        widget.observe(show, names="value")
+    pick.observe(show, names="value")
     reload.on_click(lambda _: reload_log(log, step, reward, refresh))
     rescore.on_click(on_rescore)
     refresh()
-    show()
     return w.VBox([w.HBox([step, reload]), w.HBox([agent, reward]), w.HBox([part, part_min]), table,
-                   w.HTML("<b>One joint action</b>"), pick, detail, which, editor, rescore, result])
+                   w.HTML("<b>One joint action</b> (edit any agent's code, then re-score)"), pick, detail, edit_box,
+                   rescore, result])
