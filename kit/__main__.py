@@ -2,6 +2,7 @@
 
     python -m kit train --preset tiny_cpu [--config F] [--set k=v ...] [--run-dir D] [--resume]
     python -m kit train --run-dir D --resume [--set num_steps=2000]    # continue with the run's own config
+    python -m kit train --run-dir D --from-scratch                     # start it over (old files kept aside)
     python -m kit eval --run-dir D [--steps all|newest|100,200] [--n 10] [--items 32]
     python -m kit baselines --run-dir D [--methods single,naive,sequential,discussion] [--n 10]
     python -m kit baselines --run-dir D                                 # a game run: random, rule, base, magrpo
@@ -73,6 +74,9 @@ def main(argv: list[str] | None = None) -> int:
                        help="override one field (repeatable), e.g. --set learning_rate=1e-4")
     train.add_argument("--run-dir", help="run directory (default: the preset's)")
     train.add_argument("--resume", action="store_true", help="continue the run in --run-dir from its newest checkpoint")
+    train.add_argument("--from-scratch", action="store_true",
+                       help="start the run in --run-dir over from step 0; its checkpoints and logs move to "
+                            "<run-dir>/previous_<time>/ (nothing is deleted)")
     ev = sub.add_parser("eval", help="pass@k and rewards of the base and a run's checkpoints on held-out items")
     ev.add_argument("--steps", type=steps_arg, default="all",
                     help="all, newest, or step numbers separated by commas (0: base)")
@@ -98,27 +102,38 @@ def main(argv: list[str] | None = None) -> int:
 
     from pathlib import Path
 
-    from kit.config import ConfigError, load_config
+    from kit.checkpoint import DamagedCheckpoints
+    from kit.config import ConfigError, load_config, load_file
+    from kit.env import GPUNeeded, require_gpu
     from kit.game_trainer import trainer_class
 
     overrides = list(args.overrides) + ([f"run_dir={args.run_dir}"] if args.run_dir else [])
-    saved = args.resume and args.run_dir and not (args.preset or args.config) and \
+    saved = (args.resume or args.from_scratch) and args.run_dir and not (args.preset or args.config) and \
         (Path(args.run_dir) / "config.json").exists()
     try:
-        if saved:  # --resume --run-dir D: the run's own config, with any --set on top
-            task = json.loads((Path(args.run_dir) / "config.json").read_text()).get("task")
-            trainer = trainer_class(task).from_run(args.run_dir, overrides)
+        if saved:  # --resume (or --from-scratch) --run-dir D: the run's own config, with any --set on top
+            task = load_file(Path(args.run_dir) / "config.json").get("task")
+            trainer = trainer_class(task).from_run(args.run_dir, overrides, from_scratch=args.from_scratch)
         else:
             cfg = load_config(args.preset, args.config, overrides)
-            trainer = trainer_class(cfg.task)(cfg, resume=args.resume)
+            if args.preset and cfg.device == "auto":  # as the notebooks: a GPU preset on a CPU would crawl
+                require_gpu(args.preset)
+            trainer = trainer_class(cfg.task)(cfg, resume=args.resume, from_scratch=args.from_scratch)
     except ConfigError as err:
         print(f"config error: {err}", file=sys.stderr)
         return 2
-    except (FileExistsError, ValueError) as err:
+    except (FileExistsError, ValueError, DamagedCheckpoints, GPUNeeded) as err:
         print(f"error: {err}", file=sys.stderr)
+        return 2
+    except RuntimeError as err:
+        if not isinstance(err.__cause__, OSError):  # only a model or tokenizer that cannot be loaded is the user's
+            raise
+        print("error: " + " ".join(str(err).split()), file=sys.stderr)
         return 2
     summary = trainer.train()
     trainer.close()
+    if trainer.mirror is not None:
+        summary["backup"] = trainer.mirror.status()
     if trainer.dist.is_main:  # several processes (accelerate launch, torchrun): one summary
         print(format_summary(summary))
         print(json.dumps(summary))
@@ -166,7 +181,7 @@ def format_summary(s: dict) -> str:
     return (f"trained {s['steps']} steps in {s['run_dir']}\n"
             f"  train reward (sampled): {num(s['reward_start'])} at the start -> {num(s['reward_end'])} at the end\n"
             f"  eval reward (greedy):   {num(s['eval_start'])} at the start -> {num(s['eval_end'])} at the end\n"
-            f"  newest checkpoint: {s['checkpoint']}")
+            f"  newest checkpoint: {s['checkpoint']}" + (f"\n  {s['backup']}" if s.get("backup") else ""))
 
 
 if __name__ == "__main__":

@@ -20,6 +20,9 @@ run grows), so evaluating "every checkpoint" shows the whole run, not only its e
 A folder that has COMPLETE but fails to load (a truncated file on a flaky Drive) is skipped with a
 warning and the next older one is tried. The RNG state is the exception: one that cannot be restored (saved on a
 machine with more GPUs, damaged) is only warned about, since every training step reseeds from (seed, step).
+When EVERY complete checkpoint fails to load, resuming stops with `DamagedCheckpoints`, naming each one and why:
+restarting from step 0 would cut the logs back and overwrite the checkpoints, losing the run. Starting over is
+then an explicit choice (`--from-scratch`, `from_scratch=True`), and `set_aside` keeps the old files.
 """
 
 from __future__ import annotations
@@ -199,14 +202,49 @@ def load_adapters(path: Path, team) -> int:
     return json.loads((path / "state.json").read_text())["step"]
 
 
-def resume_latest(run_dir: str | Path, team, optimizers: dict, schedulers: dict, log=print) -> dict | None:
-    """Load the newest checkpoint that loads; skip broken ones with a warning. None when there is none."""
+class DamagedCheckpoints(RuntimeError):
+    """Every complete checkpoint of a run failed to load; the message names them and what to do."""
+
+
+def resume_latest(run_dir: str | Path, team, optimizers: dict, schedulers: dict, log=print,
+                  mirror_dir: str | Path | None = None) -> dict | None:
+    """Load the newest checkpoint that loads; skip broken ones with a warning. None when there is none (a run
+    stopped before its first save). Raises DamagedCheckpoints when there are some and none loads."""
+    damaged = []
     for path in complete_checkpoints(run_dir):
         try:
             state = load_into(path, team, optimizers, schedulers)
         except Exception as err:  # a corrupt file on disk must not end the run: fall back to an older one
             warnings.warn(f"skipping unreadable checkpoint {path}: {type(err).__name__}: {err}", stacklevel=2)
+            damaged.append(f"{path.name} ({type(err).__name__}: {str(err)[:200]})")
             continue
         log(f"[kit] resumed from {path} (step {state['step']})")
         return state
+    if damaged:
+        backup = f"your Drive copy ({mirror_dir})" if mirror_dir else "a backup (e.g. the run's Drive folder)"
+        raise DamagedCheckpoints(
+            f"every checkpoint of the run in {run_dir} is unreadable, so it cannot resume: "
+            f"{'; '.join(damaged)}. Nothing was changed. Copy an undamaged checkpoint folder from {backup} into "
+            f"{ckpt_dir(run_dir)}/ and resume again, or start the run over with --from-scratch (Python: "
+            "from_scratch=True), which moves the old checkpoints and logs to a previous_<time>/ folder in the run")
     return None
+
+
+def set_aside(run_dir: str | Path) -> Path | None:
+    """Move a run's checkpoints, adapter history and logs into `<run_dir>/previous_<UTC time>/` (what starting
+    over does: nothing is deleted; the judge's ledger stays, since its spend is real). Returns that folder, or
+    None when there was nothing to move."""
+    import time
+
+    run_dir = Path(run_dir)
+    names = ("ckpt", HISTORY, "config.json", "metrics.jsonl", "rollouts.jsonl", "eval")
+    found = [run_dir / n for n in names if (run_dir / n).exists()]
+    if not found:
+        return None
+    aside = run_dir / time.strftime("previous_%Y%m%dT%H%M%SZ", time.gmtime())
+    while aside.exists():
+        aside = aside.with_name(aside.name + "_")
+    aside.mkdir(parents=True)
+    for path in found:
+        os.replace(path, aside / path.name)
+    return aside

@@ -13,6 +13,7 @@ from __future__ import annotations
 import dataclasses
 import importlib.util
 import json
+import math
 import re
 import types
 import typing
@@ -43,6 +44,10 @@ class TrainConfig:
     judge_budget_usd: float = 15.0  # hard cap on judge spend for the run (ledger in <run_dir>/budget.json)
     use_judge_reward: bool = False  # add the judge's rubric score as a reward function
     judge_feedback: bool = False  # multi-turn code: the judge's expert advice goes into the next-turn prompts
+    judge_timeout_s: float = 30.0  # seconds one judge request may take before it is abandoned (then retried)
+    judge_max_retries: int = 2  # retries of a request after a rate limit, 5xx or timeout (the SDK's backoff)
+    judge_max_failures: int = 3  # judge calls failing in a row (after retries) that switch the judge off ...
+    judge_cooldown_s: float = 300.0  # ... for this many seconds: those items are unscored, training goes on
     # --- task
     task: str = "toy"  # a module in kit/tasks (toy, code, writing, ...)
     task_args: dict = field(default_factory=dict)  # keyword arguments for the task's constructor
@@ -59,10 +64,16 @@ class TrainConfig:
     joint_mode: str = "aligned"  # aligned (G joint actions) or cross (G^N)
     num_turns: int = 1  # turns per episode; > 1 uses the task's feedback
     discount: float = 1.0  # weight of later turns in the return
-    advantage_mode: str = "mean"  # mean (paper Eq. 1), rloo, none
-    scale_rewards: bool = False  # divide advantages by the group's reward std
+    advantage_mode: str = "mean"  # mean (paper Eq. 1), rloo, max (MAReMax), raw (MAREINFORCE; "none" is the same)
+    scale_rewards: str = "none"  # divide advantages by a reward std: group, batch or none (true/false: group/none)
     advantage_clip: float | None = None  # clamp advantages to [-c, c] (None: off)
-    loss_type: str = "sum"  # sum (paper Eq. 2: sum of token log-probs per completion) or token_mean
+    loss_type: str = "sum"  # sum (paper Eq. 2), grpo, dr_grpo, token_mean = dapo = bnpo (kit/magrpo.py)
+    mask_truncated_completions: bool = False  # completions cut at max_new_tokens (no EOS) leave the loss
+    num_iterations: int = 1  # optimizer steps per batch of samples; > 1: the clipped-ratio loss (TRL's name)
+    epsilon: float = 0.2  # the ratio is clipped below at 1 - epsilon (num_iterations > 1)
+    epsilon_high: float | None = None  # ... and above at 1 + epsilon_high (DAPO's clip-higher; None: epsilon)
+    rollout_correction: str = "auto"  # sampler vs trainer: auto, none, token_truncate, sequence_mask (README)
+    rollout_is_cap: float = 2.0  # importance ratios above this are truncated (or their sequences masked)
     beta: float = 0.0  # KL weight to the base model (adapter off); 0 skips the reference pass
     reward_weights: list[float] | None = None  # weights of the reward functions (None: all 1)
     reward_processor: str = "identity"  # applied before advantages, e.g. "scale(0.25)|clamp(-1,1)"
@@ -97,13 +108,16 @@ CHOICES = {
     "generation_weights": ("auto", "copy", "4bit"),
     "dtype": ("auto", "float32", "bfloat16", "float16"),
     "joint_mode": ("aligned", "cross"),
-    "advantage_mode": ("mean", "rloo", "none"),
-    "loss_type": ("sum", "token_mean"),
+    "advantage_mode": ("mean", "rloo", "max", "raw", "none"),
+    "scale_rewards": ("group", "batch", "none"),
+    "loss_type": ("sum", "grpo", "dr_grpo", "token_mean", "dapo", "bnpo"),
+    "rollout_correction": ("auto", "none", "token_truncate", "sequence_mask"),
     "lr_scheduler": ("constant", "linear", "cosine"),
     "reward_pool": ("thread", "process"),
 }
 # Fields that do not change what is trained: a resumed run may differ in these.
-NON_TRAINING = {"run_dir", "mirror_dir", "judge_budget_usd", "eval_every", "save_every", "keep_last", "keep_history",
+NON_TRAINING = {"run_dir", "mirror_dir", "judge_budget_usd", "judge_timeout_s", "judge_max_retries",
+                "judge_max_failures", "judge_cooldown_s", "eval_every", "save_every", "keep_last", "keep_history",
                 "log_rollouts", "use_wandb", "wandb_project", "progress", "reward_workers", "reward_pool",
                 "num_eval_items", "device", "agent_devices", "num_steps",
                 "rollout_engine", "generation_weights"}
@@ -208,8 +222,32 @@ def _check_type(name: str, value, hint) -> object:
     raise ConfigError(f"{name}={value!r} has the wrong type; allowed: {_type_name(hint)}")
 
 
+def _float_types(hint) -> set:
+    """The plain types a field's hint admits, list items included: float for `float | None`, `list[float]`."""
+    args = typing.get_args(hint)
+    return {hint} if not args else set().union(*(_float_types(a) for a in args))
+
+
 def _type_name(hint) -> str:
     return str(hint).replace("typing.", "").replace("<class '", "").replace("'>", "")
+
+
+# What a run's config.json meant for a field it does not hold (written before the field existed), where that
+# differs from today's default: the run resumes and is analysed as it was trained.
+SAVED_DEFAULTS = {"rollout_correction": "none"}
+
+
+def _legacy(key: str, value):
+    """Values older configs hold for a field whose type has changed since."""
+    if key == "scale_rewards" and isinstance(value, bool):
+        return "group" if value else "none"
+    return value
+
+
+def saved_values(values: dict) -> dict:
+    """A saved run's config.json values, completed with what each missing field meant when it was written."""
+    defaults = to_dict(TrainConfig())
+    return {**{k: SAVED_DEFAULTS.get(k, v) for k, v in defaults.items()}, **values}
 
 
 def from_dict(values: dict, base: TrainConfig | None = None) -> TrainConfig:
@@ -217,6 +255,7 @@ def from_dict(values: dict, base: TrainConfig | None = None) -> TrainConfig:
     cfg = dataclasses.replace(base) if base is not None else TrainConfig()
     hints = _field_types()
     for key, value in values.items():
+        value = _legacy(key, value)
         if key not in hints:
             near = [f for f in hints if key.lower() in f or f in key.lower()]
             hint = f"; did you mean {', '.join(near)}?" if near else "; see kit/config.py for the fields"
@@ -249,22 +288,39 @@ def load_file(path: str | Path) -> dict:
         raise ConfigError(f"config file {str(path)!r} does not exist")
     text = path.read_text()
     if path.suffix == ".json":
-        data = json.loads(text)
+        try:
+            data = json.loads(text)
+        except json.JSONDecodeError as err:
+            raise ConfigError(f"config file {str(path)!r} is not valid JSON: {err.msg} at line {err.lineno} column "
+                              f"{err.colno}") from None
     else:
         import yaml
 
-        data = yaml.safe_load(text) or {}
+        try:
+            data = yaml.safe_load(text) or {}
+        except yaml.YAMLError as err:
+            raise ConfigError(f"config file {str(path)!r} is not valid YAML: {yaml_problem(err)}") from None
     if not isinstance(data, dict):
         raise ConfigError(f"config file {str(path)!r} must hold a mapping of field: value")
     return data
 
 
+def yaml_problem(err) -> str:
+    """A YAML error in one line: what is wrong and where (line and column, counted from 1)."""
+    mark = getattr(err, "problem_mark", None)
+    where = f" at line {mark.line + 1} column {mark.column + 1}" if mark is not None else ""
+    return f"{getattr(err, 'problem', None) or err}{where}"
+
+
 def load_config(preset_name: str | None = None, path: str | Path | None = None,
-                overrides: list[str] | None = None) -> TrainConfig:
-    """Preset, then file, then `key=value` overrides; validated."""
+                overrides: list[str] | None = None, saved: bool = False) -> TrainConfig:
+    """Preset, then file, then `key=value` overrides; validated. `saved`: the file is a run's config.json,
+    whose missing fields mean what they meant when it was written (`saved_values`)."""
     cfg = preset(preset_name) if preset_name else TrainConfig()
     if path:
         values = load_file(path)
+        if saved:
+            values = saved_values(values)
         if "preset" in values:  # a file may name its preset
             cfg = preset(values.pop("preset"))
         cfg = from_dict(values, cfg)
@@ -275,6 +331,11 @@ def load_config(preset_name: str | None = None, path: str | Path | None = None,
 def validate(cfg: TrainConfig) -> TrainConfig:
     """Raise ConfigError on the first bad value; return cfg unchanged otherwise."""
     from_dict(dataclasses.asdict(cfg))  # types
+    for name, hint in _field_types().items():  # inf and nan pass every range check below: refuse them first
+        value = getattr(cfg, name)
+        if float in _float_types(hint) and any(isinstance(v, float) and not math.isfinite(v)
+                                               for v in (value if isinstance(value, list) else [value])):
+            raise ConfigError(f"{name}={value!r} is not allowed; allowed: a finite number (not inf or nan)")
     for name, allowed in CHOICES.items():
         if getattr(cfg, name) not in allowed:
             raise ConfigError(f"{name}={getattr(cfg, name)!r} is not allowed; allowed: {', '.join(allowed)}")
@@ -293,6 +354,10 @@ def validate(cfg: TrainConfig) -> TrainConfig:
     need(0 <= cfg.discount <= 1, "discount", "a number in [0, 1]")
     need(cfg.advantage_clip is None or cfg.advantage_clip > 0, "advantage_clip", "null or a number > 0")
     need(cfg.beta >= 0, "beta", "a number >= 0")
+    need(cfg.num_iterations >= 1, "num_iterations", "an integer >= 1 (1: on-policy, the paper's setting)")
+    need(0 <= cfg.epsilon < 1, "epsilon", "a number in [0, 1)")
+    need(cfg.epsilon_high is None or cfg.epsilon_high >= 0, "epsilon_high", "null (= epsilon) or a number >= 0")
+    need(cfg.rollout_is_cap >= 1, "rollout_is_cap", "a number >= 1")
     need(cfg.num_steps >= 1, "num_steps", "an integer >= 1")
     need(cfg.batch_size >= 1, "batch_size", "an integer >= 1")
     need(cfg.micro_batch_size >= 0, "micro_batch_size", "an integer >= 0")
@@ -309,6 +374,10 @@ def validate(cfg: TrainConfig) -> TrainConfig:
     need(cfg.keep_history >= 0, "keep_history", "an integer >= 0")
     need(cfg.reward_workers >= 0, "reward_workers", "an integer >= 0")
     need(cfg.judge_budget_usd >= 0, "judge_budget_usd", "a dollar amount >= 0")
+    need(cfg.judge_timeout_s > 0, "judge_timeout_s", "a number of seconds > 0")
+    need(cfg.judge_max_retries >= 0, "judge_max_retries", "an integer >= 0")
+    need(cfg.judge_max_failures >= 1, "judge_max_failures", "an integer >= 1")
+    need(cfg.judge_cooldown_s >= 0, "judge_cooldown_s", "a number of seconds >= 0")
     if cfg.judge_model is not None:
         from kit.judge import PRICES, price_of
 
@@ -355,6 +424,7 @@ def save(cfg: TrainConfig, path: str | Path) -> None:
 def training_diff(old: dict, new: TrainConfig) -> list[str]:
     """Fields that change training and differ between a saved config and a new one, as 'field: old -> new'."""
     cur = to_dict(new)
+    old = {k: _legacy(k, v) for k, v in saved_values(old).items()}
     diff = []
     for key in sorted(set(old) | set(cur)):
         if key in NON_TRAINING and not (key == "num_steps" and cur.get("lr_scheduler") != "constant"):
@@ -366,7 +436,7 @@ def training_diff(old: dict, new: TrainConfig) -> list[str]:
 
 def check_resume(saved: str | Path, cfg: TrainConfig) -> None:
     """Refuse to continue the run whose config.json is `saved` with settings that change training."""
-    diff = training_diff(json.loads(Path(saved).read_text()), cfg)
+    diff = training_diff(load_file(saved), cfg)
     if diff:
         raise ValueError(f"cannot resume the run in {Path(saved).parent}: these fields change training and differ "
                          "from the saved run: " + "; ".join(diff) + ". Set them back, or start a new run in another "

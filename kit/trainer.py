@@ -24,7 +24,6 @@ early_termination_threshold).
 from __future__ import annotations
 
 import dataclasses
-import json
 import math
 import time
 from dataclasses import dataclass
@@ -39,7 +38,7 @@ from kit import config as config_mod
 from kit.config import TrainConfig, validate
 from kit.distributed import Dist
 from kit.rewards import Reward, Scorer, reward_model_for
-from kit.rollout import Rollout, Sampler, completion_logprobs
+from kit.rollout import Rollout, Sampler, completion_logprobs, rollout_correction
 from kit.tasks import describe, has
 
 PERF_PREFIX = "perf/"  # metrics that measure time; the only ones that differ between identical runs
@@ -74,7 +73,7 @@ def lr_schedule(optimizer, cfg: TrainConfig):
 
 class Trainer:
     def __init__(self, cfg: TrainConfig, task=None, reward_funcs=None, team=None, resume: bool = False,
-                 log=print, sampler=None):
+                 log=print, sampler=None, from_scratch: bool = False):
         self.cfg = validate(cfg)
         self.dist = Dist()  # one process, or this one's place among several (accelerate launch / torchrun)
         self.log = log if self.dist.is_main else (lambda *_: None)
@@ -82,6 +81,13 @@ class Trainer:
         self.run_dir = Path(cfg.run_dir)
         saved = self.run_dir / rundir.CONFIG
         exists = saved.exists()
+        if exists and from_scratch:  # asked to start over: the old run's files move aside, nothing is deleted
+            if self.dist.is_main:
+                for place in (self.run_dir, *([cfg.mirror_dir] if cfg.mirror_dir else [])):
+                    aside = checkpoint.set_aside(place)
+                    if aside is not None:
+                        log(f"[kit] starting over: the previous run's files in {place} moved to {aside}")
+            exists = False
         self.dist.barrier()  # every process has looked before the main one writes config.json
         if exists and not resume:
             raise FileExistsError(f"run_dir {str(self.run_dir)!r} already holds a run; resume it (resume=True, "
@@ -117,6 +123,7 @@ class Trainer:
             team = build_team(dataclasses.replace(cfg, device=self.dist.device(cfg.device)), log=log)
         self.team = team
         self.sampler = sampler or Sampler.from_config(team, cfg)  # anything with sample(requests, n, params)
+        self.correction = rollout_correction(cfg, team, log)  # none, token_truncate or sequence_mask
         self.team.roles = list(getattr(task, "roles", [])) or [f"agent_{i}" for i in range(cfg.num_agents)]
         self.optimizers, self.schedulers = {}, {}
         for adapter in team.adapters:
@@ -125,6 +132,8 @@ class Trainer:
             self.optimizers[adapter] = opt
             self.schedulers[adapter] = lr_schedule(opt, cfg)
         self.step = 0
+        self._torn_step = None  # the step whose update ran but whose log lines are not written yet
+        self._closed = False
         self.scorer = Scorer(self.reward_model, cfg.reward_workers, cfg.reward_pool)
         self.wandb = None
         self.use_wandb = cfg.use_wandb  # switched off (not the config) when wandb is missing
@@ -156,7 +165,8 @@ class Trainer:
     # ---- run directory
 
     def _resume(self) -> None:
-        state = checkpoint.resume_latest(self.run_dir, self.team, self.optimizers, self.schedulers, log=self.log)
+        state = checkpoint.resume_latest(self.run_dir, self.team, self.optimizers, self.schedulers, log=self.log,
+                                         mirror_dir=self.cfg.mirror_dir)  # all damaged: stops, logs untouched
         self.step = state["step"] if state else 0
         # Lines written after the checkpoint belong to steps that will be run again: drop them.
         if self.dist.is_main:
@@ -164,11 +174,25 @@ class Trainer:
                 rundir.truncate_jsonl(self.run_dir / name, self.step)
 
     def _append(self, name: str, rows: list[dict]) -> None:
-        if not self.dist.is_main:
-            return
-        with open(self.run_dir / name, "a") as f:
-            for row in rows:
-                f.write(json.dumps(row) + "\n")
+        if self.dist.is_main:
+            rundir.append_jsonl(self.run_dir / name, rows)  # in one write, whole even when stopped
+
+    def _logged(self, step: int) -> bool:
+        """Does metrics.jsonl hold a row of `step` (a restart before the first checkpoint keeps the step-0 eval)?"""
+        path = self.run_dir / rundir.METRICS
+        return path.exists() and any(r["step"] == step for r in rundir.read_jsonl(path))
+
+    def _back_to_checkpoint(self) -> None:
+        """The last train() was stopped between a step's update and its log lines: weights, optimizer state and
+        logs disagree, so continue from the newest checkpoint as a resume would (exactly)."""
+        step, self._torn_step = self._torn_step, None
+        if rundir.newest_step(self.run_dir) < 0:
+            raise RuntimeError(f"step {step + 1} was stopped halfway (during its update or its log lines) and the run "
+                               "has no checkpoint to go back to: start it again (run the resume cell, or train with "
+                               "--resume)")
+        self.log(f"[kit] step {step + 1} was stopped halfway (during its update or its log lines): going back to "
+                 "the newest checkpoint")
+        self._resume()
 
     # ---- data
 
@@ -237,13 +261,22 @@ class Trainer:
             level.returns = np.array(returns)  # (nodes, J)
             per_agent = np.stack([magrpo.per_agent_returns(R, joints, N, G) for R in level.returns])
             level.advantages = magrpo.advantages(per_agent, cfg.advantage_mode, cfg.scale_rewards,
-                                                 cfg.advantage_clip)  # (nodes, N, G)
+                                                 cfg.advantage_clip, batch_std=self.batch_std(per_agent))  # (nodes, N, G)
             child_returns = list(level.returns)
+
+    def batch_std(self, returns: np.ndarray) -> float | None:
+        """scale_rewards=batch: the std of the returns of the whole step, over every process (else None)."""
+        if magrpo.scale_mode(self.cfg.scale_rewards) != "batch":
+            return None
+        every = np.concatenate([np.ravel(part) for part in self.dist.gather(np.ravel(returns).tolist())])
+        return float(every.std())
 
     # ---- update
 
     def update(self, levels: list[Level]) -> dict:
-        """One optimizer step per adapter on its own rows; returns loss/grad-norm stats and the step's LR."""
+        """`num_iterations` optimizer steps per adapter on its own rows (kit/magrpo.py has the loss); returns the
+        loss/grad-norm/mismatch stats and the step's LR. Every iteration sees all of the adapter's rows,
+        micro-batched, each micro-batch weighted by its share of all rows (or tokens) over every process."""
         cfg, team = self.cfg, self.team
         stats = {"lr": self.optimizers[team.adapters[0]].param_groups[0]["lr"]}  # the rate this step uses
         for adapter in team.adapters:
@@ -252,44 +285,87 @@ class Trainer:
             model.set_adapter(adapter)
             model.train()
             opt = self.optimizers[adapter]
-            opt.zero_grad(set_to_none=True)
-            chunks = self._chunks(agents, levels)
-            # each chunk's loss is weighted by its share of ALL rows (or tokens), over every process
-            total_rows, total_tokens = self.dist.sum([sum(hi - lo for _, _, lo, hi in chunks),
-                                                      sum(int(s.completion_mask[lo:hi].sum()) for s, _, lo, hi in chunks)])
-            loss_sum, kl_sum = 0.0, 0.0
-            for seg, adv, lo, hi in chunks:
-                sub = seg.slice(lo, hi)
-                logp = completion_logprobs(model, sub)  # (R, T)
-                ref = None
-                if cfg.beta > 0:
-                    with torch.no_grad(), model.disable_adapter():
-                        ref = completion_logprobs(model, sub)
-                loss, st = magrpo.policy_loss(logp, sub.completion_mask, adv[lo:hi], cfg.loss_type, ref, cfg.beta)
-                # each chunk's mean is weighted so the sum over chunks is the mean over all rows (or tokens)
-                weight = ((hi - lo) / total_rows if cfg.loss_type == "sum"
-                          else int(sub.completion_mask.sum()) / max(total_tokens, 1))
-                (loss * weight).backward()
-                loss_sum += float(loss.detach()) * weight
-                kl_sum += st.get("kl", 0.0) * weight
-            params = team.parameters_of(adapter)
-            # No rows on any process (a game's player who never acted): every grad stays None and opt.step() leaves
-            # the adapter alone, as with one process; zeros would still move it (AdamW's momentum, weight decay).
-            if self.dist.world > 1 and total_rows > 0:  # the global loss's gradient: the sum of every process's part
-                for q in params:
-                    if q.grad is None:  # this process has none of the rows: its part is zero
-                        q.grad = torch.zeros_like(q)
-                self.dist.sum_([q.grad for q in params])
-                loss_sum, kl_sum = self.dist.sum([loss_sum, kl_sum])
-            norm = torch.nn.utils.clip_grad_norm_(params, cfg.max_grad_norm if cfg.max_grad_norm > 0 else math.inf)
-            opt.step()
-            self.schedulers[adapter].step()
+            chunks = [(seg.slice(lo, hi), adv[lo:hi]) for seg, adv, lo, hi in self._chunks(agents, levels)]
+            masks = [self.loss_mask(sub) for sub, _ in chunks]
+            total_rows, total_tokens = self.dist.sum([sum(len(adv) for _, adv in chunks),
+                                                      sum(int(m.sum()) for m in masks)])
+            per_row = cfg.loss_type in magrpo.PER_ROW_LOSSES
+            shares = [len(adv) / max(total_rows, 1) if per_row else int(m.sum()) / max(total_tokens, 1)
+                      for (_, adv), m in zip(chunks, masks)]
+            old, weights, refs = [None] * len(chunks), [None] * len(chunks), [None] * len(chunks)
+            mismatch = {"tokens": 0.0, "k3": 0.0, "rho": 0.0, "past_cap": 0.0}
+            rho_max = 0.0
+            first: dict = {}
+            clip_sum = 0.0
+            for iteration in range(cfg.num_iterations):
+                opt.zero_grad(set_to_none=True)
+                loss_sum, kl_sum = 0.0, 0.0
+                for c, ((sub, adv), mask, share) in enumerate(zip(chunks, masks, shares)):
+                    logp = completion_logprobs(model, sub, cfg.temperature)  # (R, T), at the sampling temperature
+                    if iteration == 0:  # before any step on this batch: the policy that sampled, as trained
+                        old[c] = logp.detach()
+                        weights[c], sums = magrpo.rollout_weights(old[c], sub.sampler_logprobs, sub.completion_mask,
+                                                                  self.correction, cfg.rollout_is_cap)
+                        for key in mismatch:
+                            mismatch[key] += sums[key]
+                        rho_max = max(rho_max, sums["rho_max"])
+                        if cfg.beta > 0:
+                            with torch.no_grad(), model.disable_adapter():
+                                refs[c] = completion_logprobs(model, sub, cfg.temperature)
+                    loss, st = magrpo.policy_loss(
+                        logp, mask, adv, cfg.loss_type, refs[c], cfg.beta,
+                        weights=None if self.correction == "none" else weights[c],
+                        old_logp=old[c] if cfg.num_iterations > 1 else None, epsilon=cfg.epsilon,
+                        epsilon_high=cfg.epsilon_high, max_tokens=cfg.max_new_tokens)
+                    (loss * share).backward()  # the sum over chunks is the loss over all rows (or tokens)
+                    loss_sum += float(loss.detach()) * share
+                    kl_sum += st.get("kl", 0.0) * share
+                    clip_sum += st.get("clip_fraction", 0.0) * share
+                norm = self._step(adapter, opt, total_rows)
+                if iteration == 0:
+                    first = {"loss": loss_sum, "kl": kl_sum, "norm": norm}
+            self.schedulers[adapter].step()  # the schedule counts training steps, not iterations
             model.eval()
-            stats[f"loss/{adapter}"] = loss_sum
-            stats[f"grad_norm/{adapter}"] = float(norm)
+            if self.dist.world > 1:
+                first["loss"], first["kl"], clip_sum, *sums = self.dist.sum(
+                    [first["loss"], first["kl"], clip_sum, *mismatch.values()])
+                mismatch = dict(zip(mismatch, sums))
+                rho_max = max(self.dist.gather(rho_max))
+            stats[f"loss/{adapter}"] = first["loss"]  # the first iteration's: the loss of the samples as drawn
+            stats[f"grad_norm/{adapter}"] = first["norm"]
             if cfg.beta > 0:
-                stats[f"kl/{adapter}"] = kl_sum
+                stats[f"kl/{adapter}"] = first["kl"]
+            if cfg.num_iterations > 1:
+                stats[f"clip_fraction/{adapter}"] = clip_sum / (cfg.num_iterations - 1)
+            if mismatch["tokens"]:
+                n = mismatch["tokens"]
+                stats.update({f"mismatch/kl/{adapter}": mismatch["k3"] / n,
+                              f"mismatch/ratio_mean/{adapter}": mismatch["rho"] / n,
+                              f"mismatch/ratio_max/{adapter}": rho_max,
+                              f"mismatch/past_cap/{adapter}": mismatch["past_cap"] / n})
         return stats
+
+    def _step(self, adapter: str, opt, total_rows: int) -> float:
+        """Sum the gradient over processes, clip it, step the adapter's optimizer; the gradient norm."""
+        params = self.team.parameters_of(adapter)
+        # No rows on any process (a game's player who never acted): every grad stays None and opt.step() leaves
+        # the adapter alone, as with one process; zeros would still move it (AdamW's momentum, weight decay).
+        if self.dist.world > 1 and total_rows > 0:  # the global loss's gradient: the sum of every process's part
+            for q in params:
+                if q.grad is None:  # this process has none of the rows: its part is zero
+                    q.grad = torch.zeros_like(q)
+            self.dist.sum_([q.grad for q in params])
+        clip = self.cfg.max_grad_norm if self.cfg.max_grad_norm > 0 else math.inf
+        norm = torch.nn.utils.clip_grad_norm_(params, clip)
+        opt.step()
+        return float(norm)
+
+    def loss_mask(self, seg) -> torch.Tensor:
+        """The tokens that enter the loss: the completion's, without truncated completions when
+        `mask_truncated_completions` (a completion cut at max_new_tokens has no EOS)."""
+        if self.cfg.mask_truncated_completions:
+            return seg.completion_mask * seg.finished[:, None].to(seg.completion_mask.dtype)
+        return seg.completion_mask
 
     def _chunks(self, agents: list[int], levels: list[Level]) -> list[tuple]:
         """The rows of `agents` (one adapter's) over all levels, as (segment, advantages, lo, hi) micro-batches."""
@@ -395,8 +471,14 @@ class Trainer:
         from tqdm.auto import tqdm
 
         cfg = self.cfg
+        if self._torn_step is not None:
+            self._back_to_checkpoint()
+        if self.step >= cfg.num_steps:  # e.g. the training cell run again after the end
+            self.log(f"[kit] the run is complete ({self.step} of {cfg.num_steps} steps): nothing to train. To train "
+                     "longer, raise num_steps and resume the run")
+            return self.summary()
         end = cfg.num_steps if max_steps is None else min(cfg.num_steps, self.step + max_steps)
-        if self.step == 0 and cfg.eval_every and self.eval_items and self.dist.is_main:
+        if self.step == 0 and cfg.eval_every and self.eval_items and self.dist.is_main and not self._logged(0):
             self._append("metrics.jsonl", [{"step": 0, **self.evaluate()}])
         bar = tqdm(total=cfg.num_steps, initial=self.step, desc="MAGRPO", disable=not (cfg.progress and self.dist.is_main))
         while self.step < end:
@@ -407,6 +489,7 @@ class Trainer:
             seed_everything(step_seed(cfg.seed, self.step))
             levels = self.sample(items, positions)
             t1 = time.perf_counter()
+            self._torn_step = self.step  # until the step is logged and saved (see _back_to_checkpoint)
             stats = self.update(levels)
             t2 = time.perf_counter()
             rollouts = self.rollout_rows(levels, items) if cfg.log_rollouts else []
@@ -419,8 +502,9 @@ class Trainer:
                 row.update(self.evaluate())  # held-out check on the main process (the others go on)
             for r in rollouts:
                 r["step"] = self.step
-            self._append("metrics.jsonl", [row])
-            self._append("rollouts.jsonl", rollouts)
+            with rundir.interrupt_deferred():  # a stop (Ctrl-C, Colab's stop) waits until the step is logged whole
+                self._append("metrics.jsonl", [row])
+                self._append("rollouts.jsonl", rollouts)
             self._wandb(row)
             bar.set_postfix(reward=f"{row['reward/mean']:.3f}", refresh=False)
             bar.update(1)
@@ -429,6 +513,9 @@ class Trainer:
                 self.save()
                 if self.mirror is not None:
                     self.mirror.push()  # copied in the background; the next step starts now
+            self._torn_step = None  # logged and (when due) saved: a stop from here on loses nothing
+            if self.mirror is not None:
+                self.mirror.check()  # a failed copy is said in this cell as soon as it is known, not at the end
             if on_step is not None:
                 on_step(row)
         bar.close()
@@ -455,9 +542,13 @@ class Trainer:
                 "checkpoint": str(ckpts[0]) if ckpts else None, "run_dir": str(self.run_dir)}
 
     def close(self):
+        """Stop the reward workers and make the last Drive copy. Closing twice (a cell run again) is harmless."""
+        if self._closed:
+            return
+        self._closed = True
         self.scorer.close()
         if self.mirror is not None:
             self.mirror.push()  # files written since the last checkpoint (figures, late log lines) reach Drive too
-            self.mirror.close()  # waits for the last copy
+            self.mirror.close()  # waits for the last copy; a failed one is said, never raised (the run is done)
         if self.wandb is not None:
             self.wandb.finish()

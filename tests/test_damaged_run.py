@@ -1,0 +1,55 @@
+"""A run whose checkpoints are all unreadable stops with a message and touches nothing; --from-scratch starts over.
+
+Run: python -m pytest tests/test_damaged_run.py
+"""
+
+import pytest
+
+from kit.__main__ import main as cli
+from kit.checkpoint import DamagedCheckpoints
+from kit.config import load_config
+from kit.trainer import Trainer
+
+STEPS = ["num_steps=2", "save_every=1", "keep_last=2", "keep_history=0", "eval_every=0", "batch_size=2",
+         "num_generations=2", "progress=false"]
+
+
+def snapshot(run_dir):
+    return {str(p.relative_to(run_dir)): p.read_bytes() for p in sorted(run_dir.rglob("*")) if p.is_file()}
+
+
+@pytest.fixture
+def damaged_run(tmp_path):
+    run = tmp_path / "run"
+    cfg = load_config("tiny_cpu", overrides=[f"run_dir={run}", *STEPS])
+    trainer = Trainer(cfg, log=lambda *_: None)
+    trainer.train()
+    trainer.close()
+    for adapters in run.glob("ckpt/step_*/adapters/*/adapter_model.safetensors"):
+        adapters.write_bytes(adapters.read_bytes()[:100])  # truncated on a flaky Drive
+    return cfg, run
+
+
+def test_all_checkpoints_unreadable_stops_naming_them_and_leaves_every_file_as_it_was(damaged_run):
+    cfg, run = damaged_run
+    before = snapshot(run)
+    with pytest.warns(UserWarning, match="unreadable"), pytest.raises(DamagedCheckpoints) as err:
+        Trainer(cfg, resume=True, log=lambda *_: None)
+    message = str(err.value)
+    assert "step_000002" in message and "step_000001" in message and "--from-scratch" in message
+    assert snapshot(run) == before  # metrics, rollouts, checkpoints and config: not a byte changed
+
+
+def test_the_cli_says_it_in_one_line_and_from_scratch_starts_over_keeping_the_old_files(damaged_run, capsys):
+    _, run = damaged_run
+    old_metrics = (run / "metrics.jsonl").read_bytes()
+    with pytest.warns(UserWarning):
+        assert cli(["train", "--run-dir", str(run), "--resume"]) == 2
+    said = capsys.readouterr().err
+    assert said.startswith("error: every checkpoint") and "Traceback" not in said
+    assert (run / "metrics.jsonl").read_bytes() == old_metrics
+    assert cli(["train", "--run-dir", str(run), "--from-scratch"]) == 0
+    (aside,) = run.glob("previous_*")
+    assert (aside / "metrics.jsonl").read_bytes() == old_metrics and (aside / "ckpt" / "step_000002").is_dir()
+    assert sorted(p.name for p in (run / "ckpt").iterdir()) == ["step_000001", "step_000002"]
+    Trainer(load_config(path=run / "config.json"), resume=True, log=lambda *_: None)  # the new run resumes
