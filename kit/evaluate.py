@@ -45,8 +45,12 @@ def summarize(task, rewards: list[list], *, ks=KS, num_tokens: int = 0, seconds:
         out[f"reward/{key}"] = float(np.mean([r.parts.get(key, 0.0) for r in flat]))
     if any("cooperation" in r.parts for r in flat):
         out["cooperation_rate"] = float(np.mean([r.parts.get("cooperation", 0.0) > 0 for r in flat]))
+    # per item, so a report can put bootstrap intervals over items on every mean (kit/stats.py)
+    out["per_item"] = {"reward": [float(np.mean([r.total for r in per_item[:n]])) if n else 0.0
+                                  for per_item in rewards]}
     if has(task, "is_pass") and n:
         correct = [sum(bool(task.is_pass(r)) for r in per_item[:n]) for per_item in rewards]
+        out["per_item"]["correct"] = correct
         for k in ks:
             if k <= n:
                 out[f"pass@{k}"] = float(np.mean([pass_at_k(n, c, k) for c in correct]))

@@ -126,8 +126,12 @@ def summary_metrics(summaries: list[dict]) -> dict:
 
 def episode_metrics(task, episodes: list, n: int) -> dict:
     """`summary_metrics` of n episodes per deal, with the counts."""
-    return {"num_items": len(episodes) // max(n, 1), "num_samples": n,
-            **summary_metrics([episode_summary(task, ep) for ep in episodes])}
+    summaries = [episode_summary(task, ep) for ep in episodes]
+    deals = [summaries[i:i + n] for i in range(0, len(summaries), max(n, 1))]  # episodes are deal-major
+    per_item = {key: [float(np.mean([e[name] for e in deal])) for deal in deals]  # for kit/stats.py intervals
+                for key, name in (("reward", "return"), ("score", "score"))}
+    return {"num_items": len(episodes) // max(n, 1), "num_samples": n, **summary_metrics(summaries),
+            "per_item": per_item}
 
 
 def greedy_eval(sampler, task, items: list[dict]) -> dict:
