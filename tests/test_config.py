@@ -99,3 +99,42 @@ def test_training_diff_ignores_logging_fields_and_lists_training_ones():
     old = to_dict(TrainConfig())
     new = TrainConfig(save_every=1, eval_every=3, learning_rate=0.5, seed=3)
     assert training_diff(old, new) == ["learning_rate: 0.0001 -> 0.5", "seed: 0 -> 3"]
+
+
+@pytest.mark.parametrize("override", ["learning_rate=.inf", "learning_rate=.nan", "weight_decay=-.inf",
+                                      "judge_budget_usd=.inf", "advantage_clip=.nan", "reward_weights=[1, .inf]"])
+def test_infinite_and_nan_floats_are_refused_by_name(override):
+    name = override.split("=")[0]
+    with pytest.raises(ConfigError, match=rf"^{name}=.*allowed: a finite number"):
+        load_config("tiny_cpu", overrides=[override])
+
+
+@pytest.mark.parametrize("override, allowed", [("judge_timeout_s=0", "> 0"), ("judge_max_retries=-1", ">= 0"),
+                                               ("judge_max_failures=0", ">= 1"), ("judge_cooldown_s=-5", ">= 0")])
+def test_the_judge_failure_policy_fields_are_validated(override, allowed):
+    with pytest.raises(ConfigError, match=rf"^{override.split('=')[0]}=.*allowed: .*{allowed}"):
+        load_config("tiny_cpu", overrides=[override])
+
+
+def test_a_yaml_syntax_error_in_the_config_file_names_the_file_and_line(tmp_path, capsys):
+    from kit.__main__ import main as cli
+
+    path = tmp_path / "my.yaml"
+    path.write_text("learning_rate: 1e-4\ntask_args: {dataset: coop\n")
+    assert cli(["train", "--preset", "tiny_cpu", "--config", str(path)]) == 2
+    said = capsys.readouterr().err
+    assert said.startswith("config error:") and str(path) in said and "line 3" in said and "Traceback" not in said
+
+
+def test_a_json_error_in_a_runs_config_names_the_file(tmp_path, capsys):
+    from kit.__main__ import main as cli
+
+    (tmp_path / "run").mkdir()
+    (tmp_path / "run" / "config.json").write_text('{"task": "toy",\n')
+    assert cli(["train", "--run-dir", str(tmp_path / "run"), "--resume"]) == 2
+    said = capsys.readouterr().err
+    assert str(tmp_path / "run" / "config.json") in said and "not valid JSON" in said
+    from kit.config import check_resume
+
+    with pytest.raises(ConfigError, match="config.json' is not valid JSON"):  # what 01_train's resume calls
+        check_resume(tmp_path / "run" / "config.json", preset("tiny_cpu"))
