@@ -12,10 +12,18 @@
     strategy_filter  aux's result decides which branch main takes (an if/while/ternary/comprehension test)
     wrapper          main's body only returns aux's result, its arguments passed straight through
     no_use           main never reaches a helper function (or shadows the name locally)
-    unparseable      main's code does not parse
+    unparseable      main's code or the helper's code does not parse (the joint program never runs, so no scheme
+                     is exercised; the reward's syntax level agrees)
 A program can show several schemes; `primary` is the first of fallback, coordinator, strategy_filter, decorator
 in that order (the most specific first). Helper functions are every function the helper defines (`aux`,
 `aux1`, `aux2`, ...), followed through aliases (`h = aux`) and lambdas; comments and docstrings are never read.
+
+Rules for the cases in between:
+- A local function of main that calls a helper (`def each(w): return aux(w)`, or `f = lambda v: aux(v)`) relays
+  it: the relay's call sites count as uses of the helper, so `[each(w) for w in words]` is a coordinator. What
+  happens to aux's result inside the relay still counts too (`return aux(w).upper()` there adds decorator).
+- Collecting aux's result into a container (`out.append(aux(v))`, `.add`, `.extend`, `.insert`, `.appendleft`)
+  is storage, not a transformation: in a loop it is how a coordinator aggregates, and it adds no decorator.
 """
 
 from __future__ import annotations
@@ -32,6 +40,7 @@ from kit.rundir import ROLLOUTS, read_jsonl
 SCHEMES = ("fallback", "decorator", "coordinator", "strategy_filter", "wrapper", "no_use", "unparseable")
 PRIORITY = ("fallback", "coordinator", "strategy_filter", "decorator")
 _HIGHER_ORDER = {"map", "filter", "sorted", "min", "max", "sum", "any", "all", "reduce"}
+_COLLECT = {"append", "add", "extend", "insert", "appendleft"}  # storing a result in a container
 
 
 @dataclass
@@ -54,8 +63,9 @@ def helper_names(helper_code: str, entry_point: str) -> set[str]:
 
 def classify(helper_code: str, main_code: str, entry_point: str) -> Schemes:
     try:
+        ast.parse(helper_code)
         tree = ast.parse(main_code)
-    except (SyntaxError, ValueError):
+    except (SyntaxError, ValueError, RecursionError):
         return Schemes({"unparseable"}, "unparseable")
     fn = None
     for node in tree.body:
@@ -73,9 +83,11 @@ def classify(helper_code: str, main_code: str, entry_point: str) -> Schemes:
     body = body_without_docstring(fn)
     if is_wrapper(body, names):
         return Schemes({"wrapper"}, "wrapper")
-    results = _result_names(fn, names)
+    relays, inside = _relays(fn, names, uses)
+    sites = [u for u in uses if id(u) not in inside] + helper_uses(fn, relays)  # where main reaches a helper
+    results = _result_names(fn, names | relays)
     found = set()
-    for use in uses:
+    for use in uses + [s for s in sites if s.id in relays]:
         chain = _ancestors(use, parents, fn)
         call = parents.get(id(use)) if isinstance(parents.get(id(use)), ast.Call) and \
             parents[id(use)].func is use else None
@@ -90,7 +102,7 @@ def classify(helper_code: str, main_code: str, entry_point: str) -> Schemes:
         if call is not None and _transformed(call, parents):
             found.add("decorator")
     found |= _result_checks(fn, results, parents)
-    if _guards_before_first_use(body, uses, parents, fn):
+    if _guards_before_first_use(body, sites, parents, fn):
         found.add("decorator")
     if not found:
         found.add("decorator")  # aux does the core; main prepares its arguments or adds steps around it
@@ -99,6 +111,30 @@ def classify(helper_code: str, main_code: str, entry_point: str) -> Schemes:
 
 
 # --- helpers over the AST
+
+
+def _relays(fn, names, uses) -> tuple[set[str], set[int]]:
+    """(main's local functions that reach a helper, followed to a fixed point; the ids of the nodes inside them).
+    A relay is a nested def, or a name assigned a lambda, whose body uses a helper or another relay."""
+    local = {}
+    for node in ast.walk(fn):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node is not fn:
+            local[node.name] = node
+        elif isinstance(node, ast.Assign) and isinstance(node.value, ast.Lambda):
+            local.update({t.id: node.value for t in node.targets if isinstance(t, ast.Name)})
+    local = {name: node for name, node in local.items() if name not in names}
+    relays: set[str] = set()
+    reached = {id(u) for u in uses}
+    changed = True
+    while changed:
+        changed = False
+        for name, node in local.items():
+            if name not in relays and any(id(n) in reached or (isinstance(n, ast.Name) and n.id in relays)
+                                          for n in ast.walk(node)):
+                relays.add(name)
+                changed = True
+    inside = {id(n) for name in relays for n in ast.walk(local[name])}
+    return relays, inside
 
 
 def _ancestors(node, parents, stop) -> list[ast.AST]:
@@ -176,7 +212,8 @@ def _transformed(call, parents) -> bool:
     if isinstance(parent, (ast.BinOp, ast.UnaryOp, ast.Subscript, ast.Attribute, ast.FormattedValue)):
         return True
     return isinstance(parent, ast.Call) and call in parent.args and not (
-        isinstance(parent.func, ast.Name) and parent.func.id in _HIGHER_ORDER | {"list", "tuple", "set"})
+        isinstance(parent.func, ast.Name) and parent.func.id in _HIGHER_ORDER | {"list", "tuple", "set"}) and not (
+        isinstance(parent.func, ast.Attribute) and parent.func.attr in _COLLECT)
 
 
 def _result_names(fn, names) -> set[str]:

@@ -88,7 +88,43 @@ CASES = [
     ("stored result in test", AUX, main("ok = aux(x)\nif ok:\n    return 1\nreturn 2"), "strategy_filter",
      set()),
     ("compare in test", AUX, main("if aux(x) > 3:\n    return 'big'\nreturn 'small'"), "strategy_filter", set()),
+    # the rules for cases in between (kit/schemes.py's docstring); EXACT below pins their whole label sets
+    ("unparseable helper, main only calls it", "def aux(x)\n    return x\n", main("return aux(x)"),
+     "unparseable", set()),
+    ("unparseable helper, main loops over it", "def aux(x):\nreturn x\n", main("return [aux(v) for v in x]"),
+     "unparseable", set()),
+    ("nested def relays aux, called in a comprehension", AUX,
+     main("def each(w):\n    return aux(w)\nreturn [each(w) for w in x]"), "coordinator", set()),
+    ("lambda relays aux, called in a loop", AUX,
+     main("f = lambda v: aux(v)\nout = []\nfor v in x:\n    out.append(f(v))\nreturn out"), "coordinator", set()),
+    ("nested def relays aux into a test", AUX, main("def ok(v):\n    return aux(v)\nif ok(x):\n    return 1\nreturn 2"),
+     "strategy_filter", set()),
+    ("relay transforms inside, called in a loop", AUX,
+     main("def each(w):\n    return aux(w).upper()\nreturn [each(w) for w in x]"), "coordinator", {"decorator"}),
+    ("relay of a relay", AUX,
+     main("def one(w):\n    return aux(w)\ndef two(w):\n    return one(w)\nreturn list(map(two, x))"),
+     "coordinator", set()),
+    ("append in a for loop", AUX, main("out = []\nfor i in x:\n    out.append(aux(i))\nreturn out"),
+     "coordinator", set()),
+    ("add to a set in a loop", AUX, main("seen = set()\nfor i in x:\n    seen.add(aux(i))\nreturn seen"),
+     "coordinator", set()),
 ]
+
+# label sets that must be exactly these (nothing extra): the mislabels of issue 23
+EXACT = [
+    ("unparseable helper, main only calls it", "def aux(x)\n    return x\n", main("return aux(x)"), {"unparseable"}),
+    ("nested def relays aux, called in a comprehension", AUX,
+     main("def each(w):\n    return aux(w)\nreturn [each(w) for w in x]"), {"coordinator"}),
+    ("append in a for loop", AUX, main("out = []\nfor i in x:\n    out.append(aux(i))\nreturn out"),
+     {"coordinator"}),
+    ("append then transform in a loop", AUX,
+     main("out = []\nfor i in x:\n    out.append(aux(i) + 1)\nreturn out"), {"coordinator", "decorator"}),
+]
+
+
+@pytest.mark.parametrize("name, helper, code, found", EXACT, ids=[c[0] for c in EXACT])
+def test_the_whole_label_set_of_cases_in_between(name, helper, code, found):
+    assert classify(helper, code, "solve").found == found
 
 
 @pytest.mark.parametrize("name, helper, code, primary, also", CASES, ids=[c[0] for c in CASES])
