@@ -7,6 +7,8 @@
     python -m kit baselines --run-dir D [--methods single,naive,sequential,discussion] [--n 10]
     python -m kit baselines --run-dir D                                 # a game run: random, rule, base, magrpo
     python -m kit schemes --run-dir D [--turn 0]
+    python -m kit report --run-dir D [--out F]                          # D/report/RESULTS.md with its figures
+    python -m kit compare D1 D2 ... [--labels A B ...] [--out F]        # F/COMPARE.md: runs and seeds side by side
 
 `train` ends with a summary (the reward at the start and the end, the newest checkpoint). The others print a
 markdown table and write JSON and a PNG under <run_dir>/eval/.
@@ -92,6 +94,13 @@ def main(argv: list[str] | None = None) -> int:
     sc = sub.add_parser("schemes", help="cooperation-scheme shares per step from a run's rollouts.jsonl")
     sc.add_argument("--run-dir", required=True)
     sc.add_argument("--turn", type=int, default=0)
+    rp = sub.add_parser("report", help="write <run_dir>/report/RESULTS.md (figures, tables with intervals) from a run's files")
+    rp.add_argument("--run-dir", required=True)
+    rp.add_argument("--out", default=None, help="folder for RESULTS.md and its figures (default: <run_dir>/report)")
+    cp = sub.add_parser("compare", help="several runs on one axis (seeds as mean and band) and a table of final metrics")
+    cp.add_argument("run_dirs", nargs="+", metavar="RUN_DIR")
+    cp.add_argument("--labels", nargs="+", default=None, help="one label per run (default: the folder names)")
+    cp.add_argument("--out", default="comparison", help="folder for COMPARE.md and its figure (default: comparison)")
     args = parser.parse_args(argv)
     if args.command != "train":
         try:
@@ -143,6 +152,15 @@ def main(argv: list[str] | None = None) -> int:
 def _analyse(args) -> int:
     from pathlib import Path
 
+    if args.command in ("report", "compare"):  # they read files only: no model, no eval/ folder of their own
+        from kit.compare import compare_runs
+        from kit.report import write_report
+
+        path = write_report(args.run_dir, args.out) if args.command == "report" else \
+            compare_runs(args.run_dirs, args.labels, args.out)
+        if args.command == "compare":
+            print(path.read_text())  # short: the table is the point
+        return 0
     from kit import plots
     from kit.evaluate import format_table
 

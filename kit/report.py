@@ -107,11 +107,22 @@ def raw_and_smoothed(ax, steps, values, label: str, window: int, color=None):
     return line
 
 
+def normalized(config: dict) -> dict:
+    """A saved config read through kit.config, so an older kit's spelling of a value compares equal; as saved when
+    it names a field this kit no longer knows."""
+    from kit.config import from_dict, to_dict
+
+    try:
+        return to_dict(from_dict(config))
+    except ValueError:
+        return config
+
+
 def nearest_preset(config: dict) -> tuple[str, list[str]]:
     """The preset the run's config differs least from, and the training fields that differ (`name=value`)."""
     from kit.config import NON_TRAINING, PRESETS, to_dict
 
-    best = None
+    config, best = normalized(config), None
     for name, make in PRESETS.items():
         base = to_dict(make())
         diff = [f"{k}={config[k]!r}" for k in config

@@ -1,0 +1,179 @@
+"""Several runs side by side: how ablations are read (shared vs separate adapters, one vs two turns, 4-bit vs bf16).
+
+    python -m kit compare checkpoints/a_s0 checkpoints/a_s1 checkpoints/b_s0 --labels A A B --out comparison
+    compare_runs([...], labels=[...], out_dir=...) -> Path          # COMPARE.md, the same from a notebook
+
+Runs whose configs are equal except for the seed (and the fields that do not change training: run_dir, logging,
+evaluation cadence) are one group: their curves are drawn as the mean over seeds with a band from the lowest to
+the highest seed, and the table adds a row with the mean over seeds and that range. Every run's final held-out
+numbers come from its newest eval/step_*.json with a bootstrap interval over items (kit/stats.py); a run
+evaluated on the same items as the first run also gets a paired bootstrap of the difference. Like the report, it
+only reads files: it runs no model.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+from kit import stats
+from kit.report import figure, headline, normalized, read_run, smooth, window_for
+
+SAME_RUN_FIELDS = {"seed", "run_dir", "mirror_dir", "eval_every", "save_every", "keep_last", "keep_history",
+                   "log_rollouts", "use_wandb", "wandb_project", "progress", "reward_workers", "reward_pool",
+                   "device", "agent_devices", "judge_budget_usd"}
+
+
+def group_key(config: dict) -> str:
+    """What makes two runs the same experiment: every field but the seed and the bookkeeping ones. The config is
+    read through kit.config first, so a run saved by an older kit (an old spelling of a value) still matches."""
+    import json
+
+    config = normalized(config)
+    return json.dumps({k: v for k, v in sorted(config.items()) if k not in SAME_RUN_FIELDS}, sort_keys=True,
+                      default=str)
+
+
+def groups_of(runs: list[dict], labels: list[str]) -> list[dict]:
+    """Runs grouped by config (seeds of one experiment together), in the order first seen."""
+    groups: dict[str, dict] = {}
+    for run, label in zip(runs, labels):
+        key = group_key(run["config"])
+        if key not in groups:
+            groups[key] = {"label": label, "runs": []}
+        groups[key]["runs"].append(run)
+    return list(groups.values())
+
+
+def final_train_reward(run: dict) -> float | None:
+    rewards = [r["reward/mean"] for r in run["train"]]
+    if not rewards:
+        return None
+    k = max(1, len(rewards) // 10)
+    return float(np.mean(rewards[-k:]))
+
+
+def curve_by_step(rows: list[dict], key: str) -> dict[int, float]:
+    return {r["step"]: float(r[key]) for r in rows if key in r}
+
+
+def draw_group(ax, group: dict, rows_of, key: str, smoothed: bool):
+    """One line per group: a single run as is (raw points faint when smoothed); several seeds as the mean over
+    the steps they all have, with a band from the lowest to the highest seed."""
+    curves = [curve_by_step(rows_of(run), key) for run in group["runs"]]
+    curves = [c for c in curves if c]
+    if not curves:
+        return
+    steps = sorted(set.intersection(*(set(c) for c in curves)))
+    if not steps:
+        return
+    values = np.array([[c[s] for s in steps] for c in curves])  # (seeds, steps)
+    window = window_for(len(steps)) if smoothed else 1
+    each = np.array([smooth(v, window) for v in values])
+    label = group["label"] + (f" ({len(curves)} seeds)" if len(curves) > 1 else "")
+    marker = "-" if smoothed else "o-"
+    line, = ax.plot(steps, each.mean(axis=0), marker, label=label)
+    if len(curves) > 1:
+        ax.fill_between(steps, each.min(axis=0), each.max(axis=0), color=line.get_color(), alpha=0.2, linewidth=0)
+    elif smoothed:
+        ax.plot(steps, values[0], ".", color=line.get_color(), alpha=0.25, markersize=3)
+
+
+def compare_runs(run_dirs: list[str | Path], labels: list[str] | None = None, out_dir: str | Path | None = None,
+                 log=print) -> Path:
+    """Write COMPARE.md and compare_curves.png under `out_dir` (default: ./comparison); returns the Markdown path."""
+    if not run_dirs:
+        raise ValueError("compare needs at least one run directory")
+    if labels is not None and len(labels) != len(run_dirs):
+        raise ValueError(f"{len(labels)} labels for {len(run_dirs)} runs: give one label per run (runs that share "
+                         "a config and differ in seed are grouped whatever their labels)")
+    runs = [read_run(d) for d in run_dirs]
+    labels = list(labels) if labels else [r["path"].name for r in runs]
+    out = Path(out_dir or "comparison")
+    out.mkdir(parents=True, exist_ok=True)
+    groups = groups_of(runs, labels)
+    held_key = headline([r for run in runs for r in run["evals"]])
+    fig, (ax_train, ax_held) = figure(2)
+    for group in groups:
+        draw_group(ax_train, group, lambda run: run["train"], "reward/mean", smoothed=True)
+        draw_group(ax_held, group, lambda run: run["evals"], held_key, smoothed=False)
+    ax_train.set_title("training reward (sampled; band: range over seeds)", fontsize="medium")
+    ax_held.set_title(f"held-out {held_key} by checkpoint (band: range over seeds)", fontsize="medium")
+    for ax in (ax_train, ax_held):
+        ax.set_xlabel("step")
+        ax.grid(alpha=0.3)
+        if ax.get_legend_handles_labels()[0]:
+            ax.legend(fontsize="small")
+    fig.savefig(out / "compare_curves.png", dpi=110)
+    text = [f"# Comparison of {len(runs)} runs\n\nMade by `python -m kit compare` from: " +
+            ", ".join(f"`{r['path']}` ({lab})" for r, lab in zip(runs, labels)) + ".",
+            "![training and held-out curves](compare_curves.png)", final_table(runs, labels, groups, held_key)]
+    path = out / "COMPARE.md"
+    path.write_text("\n\n".join(text) + "\n")
+    log(f"[kit] comparison written: {path}")
+    return path
+
+
+def final_table(runs: list[dict], labels: list[str], groups: list[dict], key: str) -> str:
+    reward = "reward/mean"
+    head = ["run", "seed", "steps", "final train reward", f"held-out {key}"] + \
+        ([f"held-out {reward}"] if key != reward else []) + [f"Δ {key} vs {labels[0]}"]
+    lines = ["| " + " | ".join(head) + " |", "|---|" + "---|" * (len(head) - 1)]
+    first = runs[0]["evals"][-1] if runs[0]["evals"] else None
+    for run, label in zip(runs, labels):
+        last = run["evals"][-1] if run["evals"] else None
+        train = final_train_reward(run)
+        row = [label, str(run["config"].get("seed")), str(run["train"][-1]["step"]) if run["train"] else "0",
+               stats.fmt(train) if train is not None else "n/a", held(last, key)]
+        if key != reward:
+            row.append(held(last, reward))
+        row.append("–" if run is runs[0] else paired(last, first, key) if same_items(run, runs[0]) else
+                   "n/a (different items)")
+        lines.append("| " + " | ".join(row) + " |")
+    for group in groups:
+        if len(group["runs"]) < 2:
+            continue
+        finals = [r["evals"][-1][key] for r in group["runs"] if r["evals"] and key in r["evals"][-1]]
+        trains = [t for t in (final_train_reward(r) for r in group["runs"]) if t is not None]
+        row = [f"**{group['label']}: mean of {len(group['runs'])} seeds**", "all", "",
+               seeds_cell(trains), seeds_cell(finals)] + ([""] if key != reward else []) + [""]
+        lines.append("| " + " | ".join(row) + " |")
+    note = ("Per run: the newest held-out evaluation (eval/step_*.json). " + stats.method_line() +
+            " Δ: paired bootstrap of the per-item difference with the first run, shown only when both were "
+            "evaluated on the same items. Seed rows: the mean over seeds and, in brackets, the lowest and highest "
+            "seed (a range, not a confidence interval: a few seeds cannot give one). Final train reward: the mean "
+            "of the last 10% of steps.")
+    return "\n".join(lines) + "\n\n" + note
+
+
+def held(row: dict | None, key: str) -> str:
+    if row is None:
+        return "not evaluated"
+    if key not in row:
+        return "–"
+    ci = stats.interval(row, key)
+    return stats.fmt(*ci) if ci else stats.fmt(row[key]) + " (no per-item data)"
+
+
+def same_items(run: dict, other: dict) -> bool:
+    """Whether two runs' evaluations scored the same held-out items: the same task, task arguments and count."""
+    a, b = run["config"], other["config"]
+    rows_a, rows_b = run["evals"], other["evals"]
+    return bool(rows_a and rows_b) and all(a.get(k) == b.get(k) for k in ("task", "task_args")) and \
+        rows_a[-1].get("num_items") == rows_b[-1].get("num_items") and rows_a[-1].get("split") == rows_b[-1].get("split")
+
+
+def paired(row: dict | None, first: dict | None, key: str) -> str:
+    if row is None or first is None:
+        return "n/a"
+    a, b = stats.per_item(row, key), stats.per_item(first, key)
+    if not a or not b or len(a) != len(b):
+        return "n/a (no per-item data)"
+    return stats.fmt(*stats.paired_bootstrap(a, b))
+
+
+def seeds_cell(values: list[float]) -> str:
+    if not values:
+        return "n/a"
+    return stats.fmt(float(np.mean(values)), min(values), max(values))
