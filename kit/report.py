@@ -41,6 +41,48 @@ PAPER_MODEL_SIZE = "3B"
 PAPER_TABLE1: dict[tuple[str, str], list[dict]] = {}
 
 
+# --- what a run ran on (written by the trainer, read by the report)
+
+PACKAGES = ("torch", "transformers", "peft", "bitsandbytes", "accelerate", "numpy")
+
+
+def record_environment(run_dir: str | Path) -> dict:
+    """Write <run_dir>/environment.json: kit version and commit, package versions, Python, GPU and the peak GPU
+    memory (the largest over every train() call of the run, so a resume keeps the highest). Never raises: a
+    missing package or git is recorded as absent."""
+    import platform
+    import subprocess
+    import sys
+    from importlib import metadata
+
+    import kit
+
+    path = Path(run_dir) / ENVIRONMENT
+    old = _json_or_none(path) or {}
+    packages = {}
+    for name in PACKAGES:
+        try:
+            packages[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            pass
+    try:
+        commit = subprocess.run(["git", "-C", str(Path(kit.__file__).parent), "rev-parse", "--short", "HEAD"],
+                                capture_output=True, text=True, timeout=5).stdout.strip() or None
+    except (OSError, subprocess.SubprocessError):
+        commit = None
+    gpu, peak = None, None
+    torch = sys.modules.get("torch")
+    if torch is not None and torch.cuda.is_available():
+        gpu = torch.cuda.get_device_name(0)
+        peak = max(torch.cuda.max_memory_allocated(d) for d in range(torch.cuda.device_count())) / 2**30
+    env = {"kit_version": kit.__version__, "kit_commit": commit, "python": platform.python_version(),
+           "packages": packages, "gpu": gpu,
+           "peak_memory_gib": max(p for p in (peak, old.get("peak_memory_gib")) if p is not None)
+           if peak is not None or old.get("peak_memory_gib") is not None else None}
+    path.write_text(json.dumps(env, indent=1))
+    return env
+
+
 # --- reading a run (shared with kit.compare)
 
 def read_run(run_dir: str | Path) -> dict:
