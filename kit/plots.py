@@ -1,11 +1,13 @@
 """Figures from a run directory's files (matplotlib). Each returns a Figure; `path=` also saves a PNG.
 
     learning_curves(run_dir)            reward total and per part over steps, smoothed, with a +-1 std band
+                                        (a game run: score sampled and greedy, illegal-move rate, episode length)
     eval_curves(rows)                   pass@k and mean reward over checkpoints (kit.evaluate rows)
-    baseline_bars(rows)                 pass@k by method (kit.baselines rows)
+    baseline_bars(rows)                 pass@k by method (kit.baselines rows; games: score, illegal rate, length)
     scheme_area(shares)                 scheme shares over training, stacked (kit.schemes.scheme_shares)
     LiveCurve(every=5)                  trainer.train(on_step=LiveCurve()) redraws the reward curve in a notebook
-Everything is rebuilt from files, so the figures work after a Colab reconnect and on a finished run.
+Everything is rebuilt from files, so the figures work after a Colab reconnect and on a finished run. Step axes
+have whole-number ticks; legends sit beside their axes, never over the data.
 """
 
 from __future__ import annotations
@@ -21,6 +23,22 @@ def _figure(ncols: int = 1, width: float = 6.0, height: float = 3.6):
     # a bare Figure, not pyplot: no global state, no backend to pick; notebooks display it when returned
     fig = Figure(figsize=(width * ncols, height), layout="constrained")
     return fig, [fig.add_subplot(1, ncols, i + 1) for i in range(ncols)]
+
+
+def _steps_axis(ax) -> None:
+    """An x axis of training steps: whole-number ticks only (a 2-step run gets 1 and 2, not 1.25, 1.5 ...)."""
+    from matplotlib.ticker import MaxNLocator
+
+    ax.set_xlabel("step")
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    ax.grid(alpha=0.3)
+
+
+def _legend(ax, handles=None, labels=None, right: float = 1.02):
+    """The axes' legend beside it, outside the data area (constrained layout makes room for it). `right` moves it
+    further out past a twin axis's labels."""
+    args = () if handles is None else (handles, labels)
+    return ax.legend(*args, loc="upper left", bbox_to_anchor=(right, 1.0), borderaxespad=0.0, fontsize="small")
 
 
 def _save(fig, path):
@@ -55,10 +73,13 @@ def _band(ax, steps, values, window: int, label: str):
 
 
 def learning_curves(run_dir: str | Path, parts: list[str] | None = None, window: int = 10, path=None):
-    """Left: total training reward (and the greedy eval reward when logged). Right: each reward part."""
+    """Left: total training reward (and the greedy eval reward when logged). Right: each reward part.
+    A game run (kit/games.py): `game_curves` instead."""
     rows = [r for r in read_metrics(run_dir) if "reward/mean" in r]
     if not rows:
         raise ValueError(f"{run_dir}/metrics.jsonl has no training steps yet")
+    if any("score/mean" in r for r in rows):
+        return game_curves(run_dir, window, path)
     steps = np.array([r["step"] for r in rows])
     skip = {"reward/mean", "reward/std"}
     parts = parts or sorted({k for r in rows for k in r if k.startswith("reward/") and k not in skip
@@ -67,17 +88,42 @@ def learning_curves(run_dir: str | Path, parts: list[str] | None = None, window:
     for ax, keys in ((ax_total, ["reward/mean"]), (ax_parts, parts)):
         for key in keys:
             _band(ax, steps, [r.get(key, np.nan) for r in rows], window, key.removeprefix("reward/"))
-        ax.set_xlabel("step")
-        ax.grid(alpha=0.3)
+        _steps_axis(ax)
     evals = [r for r in read_metrics(run_dir) if "eval/reward_mean" in r]
     if evals:
         ax_total.plot([r["step"] for r in evals], [r["eval/reward_mean"] for r in evals], "o--", label="eval (greedy)")
     ax_total.set_ylabel("reward")
     ax_total.set_title(f"reward (mean over {window} steps, band: +-1 std)")
+    ax_parts.set_ylabel("reward part (mean per joint action)")
     ax_parts.set_title("reward parts")
-    ax_total.legend()
+    _legend(ax_total)
     if parts:
-        ax_parts.legend(fontsize="small")
+        _legend(ax_parts)
+    return _save(fig, path)
+
+
+def game_curves(run_dir: str | Path, window: int = 10, path=None):
+    """A game run over training: the score (sampled episodes, smoothed with a +-1 std band; greedy held-out
+    episodes as points, when logged), the illegal-move rate and the episode length (decisions per episode)."""
+    metrics = read_metrics(run_dir)
+    rows = [r for r in metrics if "score/mean" in r]
+    if not rows:
+        raise ValueError(f"{run_dir}/metrics.jsonl has no game training steps yet")
+    steps = np.array([r["step"] for r in rows])
+    fig, (ax_score, ax_illegal, ax_length) = _figure(3, width=4.6)
+    panels = ((ax_score, "score/mean", "eval/score_mean", "game score", "score"),
+              (ax_illegal, "illegal/rate", "eval/illegal_rate", "illegal moves / decisions", "illegal-move rate"),
+              (ax_length, "episode/length", None, "decisions per episode", "episode length"))
+    for ax, key, greedy, ylabel, title in panels:
+        _band(ax, steps, [r.get(key, np.nan) for r in rows], window, "sampled (training)")
+        evals = [r for r in metrics if greedy and greedy in r]
+        if evals:
+            ax.plot([r["step"] for r in evals], [r[greedy] for r in evals], "o--", label="greedy (held-out)")
+        ax.set_ylabel(ylabel)
+        ax.set_title(f"{title} (mean over {window} steps)", fontsize="medium")
+        _steps_axis(ax)
+    ax_illegal.set_ylim(-0.02, 1.02)
+    _legend(ax_score)
     return _save(fig, path)
 
 
@@ -113,21 +159,22 @@ def eval_curves(rows: list[dict], path=None):
     ax_reward.set_ylabel("mean reward")
     ax_reward.set_title("held-out reward")
     for ax in (ax_pass, ax_reward):
-        ax.set_xlabel("step")
-        ax.grid(alpha=0.3)
-    ax_pass.legend(loc="upper left")
+        _steps_axis(ax)
+    _legend(ax_pass)
     handles, labels = ax_reward.get_legend_handles_labels()
     if twin is not None:  # one legend for both axes: the twin's line would otherwise be unnamed
         more = twin.get_legend_handles_labels()
         handles, labels = handles + more[0], labels + more[1]
-    ax_reward.legend(handles, labels, loc="upper left")
+    _legend(ax_reward, handles, labels, right=1.02 if twin is None else 1.22)  # past the twin's ticks and label
     return _save(fig, path)
 
 
 def baseline_bars(rows: list[dict], path=None):
-    """Grouped bars: pass@k of every method on the same items."""
+    """Grouped bars: pass@k of every method on the same items (a game: `game_bars`)."""
     if not rows:
         raise ValueError("no baseline rows: run kit.baselines.compare first")
+    if any("score/mean" in r for r in rows):
+        return game_bars(rows, path)
     ks = sorted({k for r in rows for k in r if k.startswith("pass@")}, key=lambda k: int(k[5:]))
     metric_keys = ks or (["score/mean"] if any("score/mean" in r for r in rows) else ["reward/mean"])
     fig, (ax,) = _figure(1, width=max(6.0, 1.2 * len(rows) * max(1, len(metric_keys)) / 2))
@@ -142,8 +189,41 @@ def baseline_bars(rows: list[dict], path=None):
     if ks:  # a probability: never below 0 (all-zero bars would centre the axis on 0), room for the labels
         ax.set_ylim(0, 1.1)
     ax.set_title("baselines vs the MAGRPO team (same items, sampling, scoring)")
-    ax.legend()
+    _legend(ax)
     ax.grid(axis="y", alpha=0.3)
+    return _save(fig, path)
+
+
+def _bars(ax, rows: list[dict], keys: dict[str, str], fmt: str = "%.2f") -> None:
+    """Grouped bars of `keys` (key: label) by method; a method without a key (random and rule players have no
+    greedy play) gets no bar rather than a false 0."""
+    width = 0.8 / len(keys)
+    for i, (key, label) in enumerate(keys.items()):
+        at = [(x, r[key]) for x, r in enumerate(rows) if r.get(key) is not None]
+        if at:
+            x, values = zip(*at)
+            bars = ax.bar(np.array(x) + (i - (len(keys) - 1) / 2) * width, values, width, label=label)
+            ax.bar_label(bars, fmt=fmt, fontsize="x-small")
+    ax.set_xticks(np.arange(len(rows)), [r.get("method", str(i)) for i, r in enumerate(rows)])
+    ax.grid(axis="y", alpha=0.3)
+
+
+def game_bars(rows: list[dict], path=None):
+    """The game baselines (kit.games.compare rows) side by side: score sampled and greedy, illegal-move rate
+    (sampled and greedy) and episode length, each method on the same held-out deals."""
+    fig, (ax_score, ax_illegal, ax_length) = _figure(3, width=max(4.2, 0.9 * len(rows)))
+    _bars(ax_score, rows, {"score/mean": "sampled", "greedy/score_mean": "greedy"})
+    _bars(ax_illegal, rows, {"illegal/rate": "sampled", "greedy/illegal_rate": "greedy"})
+    _bars(ax_length, rows, {"episode/length": "sampled"}, fmt="%.1f")
+    for ax, ylabel, title in ((ax_score, "game score", "score"),
+                              (ax_illegal, "illegal moves / decisions", "illegal-move rate"),
+                              (ax_length, "decisions per episode", "episode length")):
+        ax.set_ylabel(ylabel)
+        ax.set_title(title, fontsize="medium")
+        ax.set_ylim(bottom=0)
+    ax_illegal.set_ylim(0, 1.1)
+    _legend(ax_score)
+    fig.suptitle("game baselines vs the MAGRPO team (same held-out deals)")
     return _save(fig, path)
 
 
@@ -158,10 +238,10 @@ def scheme_area(shares: list[dict], path=None):
     fig, (ax,) = _figure(1, width=7.0)
     ax.stackplot(steps, *[[s.get(k, 0.0) for s in shares] for k in present], labels=present, alpha=0.85)
     ax.set_ylim(0, 1)
-    ax.set_xlabel("step")
+    _steps_axis(ax)
     ax.set_ylabel("share of joint actions")
     ax.set_title("cooperation schemes over training")
-    ax.legend(loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize="small")
+    _legend(ax)
     return _save(fig, path)
 
 
@@ -179,14 +259,31 @@ class LiveCurve:
 
     def figure(self):
         steps = np.array([r["step"] for r in self.rows])
+        if "score/mean" in self.rows[-1]:
+            return self._game_figure(steps)
         fig, (ax,) = _figure(1, width=7.0, height=3.0)
         for key in ("reward/mean",) + tuple(k for k in ("reward/tests", "reward/cooperation") if k in self.rows[-1]):
             _band(ax, steps, [r.get(key, np.nan) for r in self.rows], self.window, key.removeprefix("reward/"))
-        ax.set_xlabel("step")
+        _steps_axis(ax)
         ax.set_ylabel("reward (sampled)")
         ax.set_title(f"training reward, step {self.rows[-1]['step']}")
-        ax.legend(loc="upper left")
-        ax.grid(alpha=0.3)
+        _legend(ax)
+        return fig
+
+    def _game_figure(self, steps):
+        """A game run: the score (sampled; greedy held-out points when logged) and the illegal-move rate."""
+        fig, (ax_score, ax_illegal) = _figure(2, width=4.6, height=3.0)
+        for ax, key, greedy, ylabel in ((ax_score, "score/mean", "eval/score_mean", "game score"),
+                                        (ax_illegal, "illegal/rate", "eval/illegal_rate", "illegal-move rate")):
+            _band(ax, steps, [r.get(key, np.nan) for r in self.rows], self.window, "sampled")
+            evals = [r for r in self.rows if greedy in r]
+            if evals:
+                ax.plot([r["step"] for r in evals], [r[greedy] for r in evals], "o--", label="greedy (held-out)")
+            ax.set_ylabel(ylabel)
+            _steps_axis(ax)
+        ax_illegal.set_ylim(-0.02, 1.02)
+        ax_score.set_title(f"training, step {self.rows[-1]['step']}", fontsize="medium")
+        _legend(ax_illegal)
         return fig
 
     def __call__(self, row: dict) -> None:
