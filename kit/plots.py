@@ -128,34 +128,27 @@ def game_curves(run_dir: str | Path, window: int = 10, path=None):
 
 
 def eval_curves(rows: list[dict], path=None):
-    """pass@k and the mean reward of held-out evaluations over checkpoints."""
+    """pass@k and the mean reward of held-out evaluations over checkpoints (a game run: `game_eval_curves`)."""
     if not rows:
         raise ValueError("no evaluation rows: run kit.evaluate.evaluate_run first")
     rows = sorted(rows, key=lambda r: r["step"])
+    if any("score/mean" in r for r in rows):  # a game run (kit/games.py): scores, not pass@k
+        return game_eval_curves(rows, path)
     steps = [r["step"] for r in rows]
     fig, (ax_pass, ax_reward) = _figure(2)
-    game = any("score/mean" in r for r in rows)  # a game run (kit/games.py): scores, not pass@k
-    rates = {"illegal/rate": "illegal-move rate"} if game else {"cooperation_rate": "cooperation rate"}
-    if game:
-        for key, label in (("score/mean", "sampled"), ("greedy/score_mean", "greedy")):
-            ax_pass.plot(steps, [r.get(key, np.nan) for r in rows], "o-", label=label)
     for key in sorted({k for r in rows for k in r if k.startswith("pass@")}, key=lambda k: int(k[5:])):
         ax_pass.plot(steps, [r.get(key, np.nan) for r in rows], "o-", label=key)
     ax_reward.plot(steps, [r["reward/mean"] for r in rows], "o-", color="black", label="mean reward")
     twin = None
-    for key, label in rates.items():
-        if any(key in r for r in rows):
-            twin = ax_reward.twinx()
-            twin.plot(steps, [r.get(key, np.nan) for r in rows], "s--", color="tab:green", label=label)
-            twin.set_ylim(0, 1)
-            twin.set_ylabel(label)
-    if game:
-        ax_pass.set_ylabel("game score")
-        ax_pass.set_title("held-out game score by checkpoint (step 0: base)")
-    else:
-        ax_pass.set_ylim(0, 1)
-        ax_pass.set_ylabel("pass@k")
-        ax_pass.set_title("held-out pass@k by checkpoint (step 0: base)")
+    if any("cooperation_rate" in r for r in rows):
+        twin = ax_reward.twinx()
+        twin.plot(steps, [r.get("cooperation_rate", np.nan) for r in rows], "s--", color="tab:green",
+                  label="cooperation rate")
+        twin.set_ylim(0, 1)
+        twin.set_ylabel("cooperation rate")
+    ax_pass.set_ylim(0, 1)
+    ax_pass.set_ylabel("pass@k")
+    ax_pass.set_title("held-out pass@k by checkpoint (step 0: base)")
     ax_reward.set_ylabel("mean reward")
     ax_reward.set_title("held-out reward")
     for ax in (ax_pass, ax_reward):
@@ -165,7 +158,27 @@ def eval_curves(rows: list[dict], path=None):
     if twin is not None:  # one legend for both axes: the twin's line would otherwise be unnamed
         more = twin.get_legend_handles_labels()
         handles, labels = handles + more[0], labels + more[1]
-    _legend(ax_reward, handles, labels, right=1.02 if twin is None else 1.22)  # past the twin's ticks and label
+    _legend(ax_reward, handles, labels, right=1.02 if twin is None else 1.18)  # past the twin's ticks and label
+    return _save(fig, path)
+
+
+def game_eval_curves(rows: list[dict], path=None):
+    """A game run's held-out evaluations over checkpoints (kit.games.evaluate_team rows): score and illegal-move
+    rate, sampled and greedy, and the episode length."""
+    steps = [r["step"] for r in rows]
+    fig, (ax_score, ax_illegal, ax_length) = _figure(3, width=4.6)
+    panels = ((ax_score, {"score/mean": "sampled", "greedy/score_mean": "greedy"}, "game score", "score"),
+              (ax_illegal, {"illegal/rate": "sampled", "greedy/illegal_rate": "greedy"}, "illegal moves / decisions",
+               "illegal-move rate"),
+              (ax_length, {"episode/length": "sampled"}, "decisions per episode", "episode length"))
+    for ax, keys, ylabel, title in panels:
+        for key, label in keys.items():
+            ax.plot(steps, [r.get(key, np.nan) for r in rows], "o-", label=label)
+        ax.set_ylabel(ylabel)
+        ax.set_title(f"held-out {title} (step 0: base)", fontsize="medium")
+        _steps_axis(ax)
+    ax_illegal.set_ylim(-0.02, 1.02)
+    _legend(ax_score)
     return _save(fig, path)
 
 

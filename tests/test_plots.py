@@ -110,3 +110,11 @@ def test_every_panel_has_a_y_label(figures):
     for name, fig in figures.items():
         for ax in fig.axes:
             assert ax.get_ylabel(), (name, ax.get_title())
+
+
+def test_a_game_runs_evaluation_over_checkpoints_plots_score_illegal_rate_and_length():
+    rows = [{"step": s, "score/mean": 4.0 + s, "greedy/score_mean": 1.5 + s, "illegal/rate": 0.3 / (s + 1),
+             "greedy/illegal_rate": 0.5 / (s + 1), "episode/length": 2.0, "reward/mean": 3.0 + s} for s in (0, 4)]
+    score, illegal, length = plots.eval_curves(rows).axes
+    assert [line.get_label() for line in score.get_lines()] == ["sampled", "greedy"]
+    assert list(illegal.get_lines()[1].get_ydata()) == [0.5, 0.1] and length.get_ylabel() == "decisions per episode"
