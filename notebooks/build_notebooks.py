@@ -229,8 +229,9 @@ display(Markdown(schemes.examples_markdown(RUN_DIR)))  # one example program per
     notebook("05_explore.ipynb", "05 · Explore rewards and trajectories",
              "Browse every joint action the team produced: a step slider and filters (agent, reward range, "
              "reward part) show the prompts, each agent's completion, the reward parts and the advantages side "
-             "by side; pick one for its reward breakdown, edit a completion and re-score it with the task's own "
-             "reward. The widgets read the run's files, so they work after a reconnect and on a finished run.", [
+             "by side; pick one for its whole prompts and reward breakdown, edit any agent's completion and "
+             "re-score it with the task's own reward, which says why (failing asserts, errors). The widgets read "
+             "the run's files, so they work after a reconnect and on a finished run.", [
                  *run_cells(),
                  code("""
 from kit import explore
@@ -264,8 +265,14 @@ cfg = colab.notebook_config(PRESET, "game", TASK_ARGS, RUN_NAME, globals().get("
                             smoke=SMOKE)
 print(f"run: {cfg.run_dir}  mirror: {cfg.mirror_dir}  model: {cfg.model_name}  game: {cfg.task_args}")
 """),
-                 *train_cells("# Live curve of the mean return (score minus illegal-move penalties); score, illegal-move rate,\n"
-                             "# episode length and decisions per player are in metrics.jsonl."),
+                 *train_cells("# Live curves of the sampled score (greedy held-out points) and the illegal-move rate; writes\n"
+                             "# eval/learning_curves.png. Decisions per player and the return are in metrics.jsonl."),
+                 code("""
+# Training: the score (sampled, and greedy on held-out deals), the illegal-move rate, the episode length
+from kit import plots
+
+plots.learning_curves(cfg.run_dir)
+"""),
                  code("""
 # Held-out deals, every checkpoint: sampled and greedy score, illegal-move rate, episode length
 N = 2 if SMOKE else 8  # sampled episodes per deal

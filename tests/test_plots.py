@@ -118,3 +118,18 @@ def test_a_game_runs_evaluation_over_checkpoints_plots_score_illegal_rate_and_le
     score, illegal, length = plots.eval_curves(rows).axes
     assert [line.get_label() for line in score.get_lines()] == ["sampled", "greedy"]
     assert list(illegal.get_lines()[1].get_ydata()) == [0.5, 0.1] and length.get_ylabel() == "decisions per episode"
+
+
+def test_notebook_06_draws_the_game_figures_of_its_run(tmp_path):
+    import types
+    from pathlib import Path
+
+    import nbformat
+
+    nb = nbformat.read(Path(__file__).resolve().parent.parent / "notebooks" / "06_hanabi.ipynb", as_version=4)
+    (cell,) = [c.source for c in nb.cells if c.cell_type == "code" and "plots.learning_curves(" in c.source]
+    *body, last = cell.strip().splitlines()
+    space = {"cfg": types.SimpleNamespace(run_dir=game_run(tmp_path))}
+    exec("\n".join(body), space)
+    fig = eval(last, space)  # the figure the cell shows
+    assert [ax.get_ylabel() for ax in fig.axes] == ["game score", "illegal moves / decisions", "decisions per episode"]
