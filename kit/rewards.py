@@ -117,14 +117,19 @@ class RewardModel:
         """Combined raw reward; parts hold the task's parts and each function's value by name."""
         sources = ([self.task.reward] if self._has_task_reward() else []) + list(self.funcs)
         weights = self.weights or [1.0] * len(sources)
-        total, parts, details = 0.0, {}, {}
+        total, parts, details, unscored = 0.0, {}, {}, {}
         for i, (fn, w) in enumerate(zip(sources, weights)):
             r = as_reward(fn(item, tuple(completions)))
             total += w * r.total
             parts.update(r.parts)
-            details.update(r.details)
-            if len(sources) > 1 or not r.parts:
+            own = dict(r.details)
+            if own.pop("unscored", False):  # left out of the group's comparison: see impute_unscored
+                unscored[_name(fn, i)] = w
+            details.update(own)
+            if len(sources) > 1 or not r.parts or _name(fn, i) in unscored:
                 parts[_name(fn, i)] = r.total
+        if unscored:
+            details["unscored"] = unscored
         return Reward(total, parts, details)
 
     def _has_task_reward(self) -> bool:
@@ -185,10 +190,14 @@ class Scorer:
 
 
 class JudgeReward:
-    """`reward_funcs=[JudgeReward(judge, rubric)]`: the judge's score of the joint output, 0 when unscored.
+    """`reward_funcs=[JudgeReward(judge, rubric)]`: the judge's score of the joint output, in [0, 1].
 
-    Unscored items (judge off, over budget, failed call) get 0.0; their share is visible as the `judge_unscored`
-    metric, since the trainer logs each reward function by name."""
+    An unscored joint action (judge off, over budget, breaker open, failed call, no score in the reply) is not a
+    bad one: it returns 0.0 marked `unscored` (details), and `impute_unscored`, applied by the trainer to each
+    group before advantages, replaces its judge term by the mean of the scored ones in the group, so the judge
+    term gives it no advantage either way (a group with none scored keeps 0.0 everywhere: a constant, no
+    advantage). The `judge_unscored` part (1.0 or 0.0) says which; its metric `reward/judge_unscored` is the share
+    of a step's joint actions left unscored."""
 
     def __init__(self, judge, rubric: str, render=None):  # judge: a kit.judge.Judge
         self.judge, self.rubric = judge, rubric
@@ -197,7 +206,32 @@ class JudgeReward:
 
     def __call__(self, item: dict, completions: tuple[str, ...]):
         score = self.judge.score(self.rubric, self.render(item, completions)) if self.judge.enabled else None
-        return Reward(score or 0.0, {"judge": score or 0.0, "judge_unscored": float(score is None)})
+        return Reward(score or 0.0, {"judge": score or 0.0, "judge_unscored": float(score is None)},
+                      {"unscored": score is None})
+
+
+def impute_unscored(group: list[Reward]) -> list[Reward]:
+    """The rewards of one group (the joint actions whose returns one advantage baseline compares), with every
+    unscored term (`details["unscored"]`: {part name: weight}, set by RewardModel) replaced by the mean of that
+    term over the group's scored joint actions; the total moves by weight x (mean - 0). The group's mean of the
+    term is then that of the scored ones and an unscored joint action sits exactly on it: the term contributes
+    no advantage to it, and the scored ones are compared among themselves. Where none is scored the term stays
+    0.0 for all (a constant). A joint action with nothing unscored is returned as it is."""
+    names = {name for r in group for name in (r.details or {}).get("unscored", {})}
+    if not names:
+        return group
+    out = list(group)
+    for name in names:
+        scored = [r.parts.get(name, 0.0) for r in group if name not in (r.details or {}).get("unscored", {})]
+        if not scored:
+            continue
+        mean = sum(scored) / len(scored)
+        for i, r in enumerate(out):
+            weight = (r.details or {}).get("unscored", {}).get(name)
+            if weight is not None:
+                out[i] = Reward(r.total + weight * (mean - r.parts.get(name, 0.0)), {**r.parts, name: mean},
+                                r.details)
+    return out
 
 
 DEFAULT_RUBRIC = "How well do the agents' outputs fit together and solve the task? 10: excellent, 0: useless."
@@ -213,7 +247,9 @@ def reward_model_for(cfg, task, reward_funcs=(), log=print) -> RewardModel:
     if cfg.judge_model and (cfg.use_judge_reward or cfg.judge_feedback):
         from kit.judge import Judge
 
-        judge = Judge(cfg.run_dir, cfg.judge_model, cfg.judge_budget_usd, log=log)
+        judge = Judge(cfg.run_dir, cfg.judge_model, cfg.judge_budget_usd, timeout=cfg.judge_timeout_s,
+                      max_retries=cfg.judge_max_retries, max_failures=cfg.judge_max_failures,
+                      cooldown_s=cfg.judge_cooldown_s, log=log)
         if cfg.use_judge_reward:
             funcs.append(JudgeReward(judge, getattr(task, "judge_rubric", None) or DEFAULT_RUBRIC))
         if cfg.judge_feedback:

@@ -37,7 +37,7 @@ from kit.checkpoint import seed_everything, step_seed
 from kit import config as config_mod
 from kit.config import TrainConfig, validate
 from kit.distributed import Dist
-from kit.rewards import Reward, Scorer, reward_model_for
+from kit.rewards import Reward, Scorer, impute_unscored, reward_model_for
 from kit.rollout import Rollout, Sampler, completion_logprobs, rollout_correction
 from kit.tasks import describe, has
 
@@ -232,7 +232,8 @@ class Trainer:
             ro = self.sampler.sample(requests, G, keys=keys)
             jobs = [(items[node["item"]], self.joint(ro, n, idx)) for n, node in enumerate(nodes) for idx in joints]
             rewards = [f.result() for f in self.scorer.submit(jobs)]
-            per_node = [rewards[n * len(joints):(n + 1) * len(joints)] for n in range(len(nodes))]
+            # a node's joint actions are one group: an unscored judge term takes its scored peers' mean there
+            per_node = [impute_unscored(rewards[n * len(joints):(n + 1) * len(joints)]) for n in range(len(nodes))]
             levels.append(Level(turn, nodes, ro, joints, per_node))
             if turn + 1 < cfg.num_turns:
                 nodes = [{"item": node["item"], "parent": (n, j), "path": node["path"] + (j,),

@@ -14,7 +14,7 @@ import pytest
 
 pytest.importorskip("anthropic")
 
-from kit.judge import PRICES, Budget, Judge, parse_score, price_of  # noqa: E402
+from kit.judge import PRICES, SCORE_SYSTEM, Budget, Judge, parse_score, price_of  # noqa: E402
 from kit.rewards import JudgeReward  # noqa: E402
 
 KEY = "test-key-" + secrets.token_hex(16)  # made per run: no key-shaped literal in the repository
@@ -228,3 +228,59 @@ def test_the_cap_holds_for_a_run_spread_over_two_processes(tmp_path):
     ledger = json.loads((tmp_path / "budget.json").read_text())
     assert ledger["calls"] == sum(calls) and ledger["spent_usd"] == pytest.approx(sum(calls) * 0.001)
     assert ledger["reserved_usd"] == {}
+
+
+def test_after_failures_in_a_row_the_judge_is_off_for_the_cooldown_with_one_line(tmp_path, server):
+    said = []
+    judge = make_judge(tmp_path, server, log=said.append, max_retries=0, max_failures=2, cooldown_s=0.3)
+    assert [judge.score("r", f"[500] {i}") for i in range(6)] == [None] * 6
+    assert len(server.requests) == 2  # the third call and later ones never went out
+    assert sum("off for 0.3 s" in line for line in said) == 1
+    time.sleep(0.4)  # the cooldown is over: the next call tries again
+    assert judge.score("r", "fine now") == pytest.approx(0.7) and len(server.requests) == 3
+    assert judge.score("r", "[500] once more") is None and len(server.requests) == 4  # one failure: still on
+
+
+def test_the_ledger_counts_http_requests_and_billed_calls_apart(tmp_path, server):
+    judge = make_judge(tmp_path, server, max_retries=1)
+    judge.score("r", "[429] retried once")  # 2 requests, 1 billed call
+    judge.score("r", "[500] always")  # 2 requests, an error status: not billed
+    judge.score("r", "plain")  # 1 request, billed
+    ledger = json.loads((tmp_path / "budget.json").read_text())
+    assert (ledger["calls"], ledger["requests"], ledger["billed_calls"], ledger["failed_calls"]) == (3, 5, 2, 1)
+    assert len(server.requests) == 5
+
+
+def _score_then_hang(run_dir, url):
+    Judge(run_dir, MODEL, budget_usd=1.0, max_tokens=64, timeout=30, max_retries=0, api_key=KEY, base_url=url,
+          log=lambda *_: None).score("r", "[slow] in flight when the process dies")
+
+
+def test_a_process_killed_with_a_call_in_flight_is_charged_its_worst_case(tmp_path, server):
+    import multiprocessing
+
+    proc = multiprocessing.get_context("fork").Process(target=_score_then_hang, args=(tmp_path, server.url))
+    proc.start()
+    for _ in range(600):  # until the request has reached the API
+        if server.requests:
+            break
+        time.sleep(0.01)
+    proc.kill()
+    proc.join()
+    judge = make_judge(tmp_path, server)
+    worst = judge.worst_case_usd(SCORE_SYSTEM, server.requests[0]["prompt"])
+    assert judge.budget.spent == pytest.approx(worst) and judge.budget.reservations == {}
+    ledger = json.loads((tmp_path / "budget.json").read_text())  # charged on disk, once
+    assert ledger["spent_usd"] == pytest.approx(worst) and ledger["crashed_usd"] == pytest.approx(worst)
+    assert make_judge(tmp_path, server).budget.spent == pytest.approx(worst)
+
+
+def test_a_reservation_of_a_reused_pid_on_another_boot_is_not_mistaken_for_a_live_one(tmp_path):
+    import os
+
+    from kit.judge import _me
+
+    (tmp_path / "budget.json").write_text(json.dumps({"spent_usd": 0.0, "reserved_usd": {
+        _me(): 0.001, f"{os.getpid()}:deadbeef:1": 0.002}}))
+    budget = Budget(tmp_path / "budget.json", 1.0)
+    assert budget.spent == pytest.approx(0.002) and list(budget.reservations) == [_me()]
