@@ -1,0 +1,226 @@
+"""The results report and the run comparison: intervals against hand computations, then reports and comparisons
+of tiny real runs (toy with two seeds, code with the tiny model, tiny_hanabi) that render with every image present.
+
+Run: python -m pytest tests/test_report.py
+"""
+
+import json
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+from markdown_it import MarkdownIt
+
+from kit import stats
+from kit.evaluate import pass_at_k
+
+QUIET = {"log": lambda *_: None}
+
+
+# --- kit/stats.py by hand
+
+def test_percentile_interval_interpolates_between_order_statistics():
+    # sorted [1, 5/3, 2, 3]: the 25% quantile sits 3/4 of the way from 1 to 5/3, the 75% a quarter from 2 to 3
+    assert stats.percentile_interval([3, 1, 2, 5 / 3], confidence=0.5) == pytest.approx((1.5, 2.25))
+
+
+def test_resample_means_take_the_mean_of_the_picked_items():
+    indices = np.array([[0, 0, 0], [0, 1, 2], [2, 2, 1]])
+    assert stats.resample_means([1.0, 2.0, 3.0], indices) == pytest.approx([1.0, 2.0, 8 / 3])
+
+
+def test_bootstrap_of_two_items_matches_the_exact_resampling_distribution():
+    # resamples of [0, 1] have mean 0, 1/2, 1 with chances 1/4, 1/2, 1/4: a 95% interval reaches both ends,
+    # a 40% one (quantiles 0.3 and 0.7) holds only 1/2
+    assert stats.bootstrap([0.0, 1.0]) == (0.5, 0.0, 1.0)
+    assert stats.bootstrap([0.0, 1.0], confidence=0.4) == (0.5, 0.5, 0.5)
+
+
+def test_bootstrap_is_reproducible_and_collapses_on_constant_values():
+    values = np.random.default_rng(3).random(20)
+    assert stats.bootstrap(values) == stats.bootstrap(values)
+    assert stats.bootstrap(values, seed=1) != stats.bootstrap(values)
+    assert stats.bootstrap([0.25] * 7) == (0.25, 0.25, 0.25)
+
+
+def test_paired_bootstrap_removes_the_spread_the_items_share():
+    a = np.arange(10, dtype=float)  # items of very different difficulty ...
+    b = a - 0.5  # ... on which method a is always exactly 0.5 better
+    assert stats.paired_bootstrap(a, b) == (0.5, 0.5, 0.5)
+    _, low_a, high_a = stats.bootstrap(a)
+    _, low_b, high_b = stats.bootstrap(b)
+    assert low_a < high_b and low_b < high_a  # unpaired, the two intervals overlap: no difference seen
+    with pytest.raises(ValueError, match="same items"):
+        stats.paired_bootstrap([1.0, 2.0], [1.0])
+
+
+def test_per_item_pass_at_k_uses_the_unbiased_estimator_per_item():
+    row = {"num_samples": 3, "pass@1": 4 / 9, "per_item": {"correct": [1, 0, 3], "reward": [0.2, 0.0, 1.0]}}
+    assert stats.per_item(row, "pass@1") == pytest.approx([1 / 3, 0.0, 1.0])
+    assert stats.per_item(row, "pass@2") == pytest.approx([2 / 3, 0.0, 1.0])  # 1 - C(2,2)/C(3,2)
+    assert stats.per_item(row, "pass@5") is None  # k > n
+    assert stats.per_item(row, "reward/mean") == [0.2, 0.0, 1.0]
+    assert stats.per_item({"pass@1": 0.5}, "pass@1") is None  # an older kit's row: no per-item data
+    assert stats.interval(row, "pass@1")[0] == pytest.approx(row["pass@1"])
+
+
+def test_summarize_keeps_per_item_counts_that_give_back_its_pass_at_k():
+    from kit.evaluate import summarize
+    from kit.rewards import Reward
+
+    class Passing:
+        def is_pass(self, r):
+            return r.total >= 1.0
+
+    rewards = [[Reward(1.0, {}), Reward(0.0, {}), Reward(1.0, {})], [Reward(0.0, {})] * 3]
+    out = summarize(Passing(), rewards, ks=(1, 3))
+    assert out["per_item"] == {"reward": [pytest.approx(2 / 3), 0.0], "correct": [2, 0]}
+    assert np.mean(stats.per_item(out, "pass@1")) == pytest.approx(out["pass@1"])
+    assert np.mean([pass_at_k(3, c, 3) for c in out["per_item"]["correct"]]) == pytest.approx(out["pass@3"])
+
+
+# --- reports and comparisons of tiny real runs
+
+STEPS = ["progress=false", "num_steps=2", "save_every=2", "eval_every=2", "batch_size=1", "num_generations=2",
+         "num_eval_items=3"]
+RUNS = {"toy": [], "toy_seed1": ["seed=1"],
+        "code": ["task=code", "task_args={dataset: coop}", "max_new_tokens=6", "num_eval_items=2"],
+        "hanabi": ["task=game", "task_args={game: tiny_hanabi, prompt_style: compact}"]}
+METHODS = {"toy": ["single", "naive"], "toy_seed1": ["naive"], "code": ["naive"], "hanabi": ["random", "base"]}
+
+
+@pytest.fixture(scope="session")
+def runs(tmp_path_factory):
+    """Each tiny run trained (2 steps, one checkpoint), evaluated at every checkpoint and compared with baselines."""
+    from kit.baselines import compare
+    from kit.config import load_config
+    from kit.evaluate import RunContext, evaluate_run
+    from kit.game_trainer import trainer_class
+
+    root = tmp_path_factory.mktemp("report_runs")
+    for name, extra in RUNS.items():
+        cfg = load_config("tiny_cpu", overrides=[f"run_dir={root / name}", *STEPS, *extra])
+        trainer = trainer_class(cfg.task)(cfg, **QUIET)
+        trainer.train()
+        trainer.close()
+        ctx = RunContext(root / name, **QUIET)
+        evaluate_run(root / name, "all", n=2, ctx=ctx, **QUIET)
+        compare(root / name, METHODS[name], n=2, ctx=ctx, **QUIET)
+        ctx.close()
+    return {name: root / name for name in RUNS}
+
+
+@pytest.fixture(scope="session")
+def reports(runs):
+    from kit.report import write_report
+
+    return {name: write_report(path, **QUIET) for name, path in runs.items()}
+
+
+def sections(path: Path) -> list[str]:
+    return [line[3:] for line in path.read_text().splitlines() if line.startswith("## ")]
+
+
+def images_render(path: Path) -> list[str]:
+    """Parse the Markdown (tables on) and return its image sources; fails on a missing image file."""
+    tokens = MarkdownIt("commonmark").enable("table").parse(path.read_text())
+    assert any(t.type == "table_open" for t in tokens), "no table rendered"
+    sources = [child.attrs["src"] for t in tokens if t.type == "inline" for child in t.children or []
+               if child.type == "image"]
+    for src in sources:
+        assert (path.parent / src).is_file(), src
+    return sources
+
+
+@pytest.mark.slow
+def test_reports_have_every_section_their_run_has_data_for(reports):
+    common = ["The run", "Learning", "Held-out evaluation over checkpoints"]
+    assert sections(reports["toy"]) == common + ["Table 1: baselines vs the trained team",
+                                                 "Best and worst joint actions"]
+    assert sections(reports["code"]) == common + ["Table 1: baselines vs the trained team", "Cooperation schemes",
+                                                  "Best and worst joint actions"]
+    assert sections(reports["hanabi"]) == common + [
+        "Games: the trained team vs random, rule-based and the untrained team", "Best and worst joint actions"]
+    for path in reports.values():
+        text = path.read_text()
+        assert "Not available" not in text and "| magrpo (step 2) |" in text
+        assert "Intervals: 95% percentile bootstrap" in text and "paired bootstrap" in text
+        assert "| kit | 0." in text and "not recorded" not in text  # environment.json from the trainer
+
+
+@pytest.mark.slow
+def test_reports_render_with_every_image_beside_them(reports):
+    for name, path in reports.items():
+        assert {"learning.png", "eval.png"} <= set(images_render(path)), name
+    assert "schemes.png" in images_render(reports["code"])
+
+
+@pytest.mark.slow
+def test_report_intervals_are_the_bootstrap_of_the_saved_per_item_results(runs, reports):
+    rows = json.loads((runs["toy"] / "eval" / "baselines.json").read_text())
+    single, team = rows[0], rows[-1]
+    items = [c / 2 for c in single["per_item"]["correct"]]  # pass@1 of c correct of n=2 samples, by hand
+    point, low, high = stats.bootstrap(items)
+    assert point == pytest.approx(single["pass@1"])
+    table = reports["toy"].read_text()
+    assert f"| single | {point:.3f} [{low:.3f}, {high:.3f}] |" in table
+    diff = stats.paired_bootstrap([c / 2 for c in team["per_item"]["correct"]], items)
+    assert f"| {diff[0]:.3f} [{diff[1]:.3f}, {diff[2]:.3f}] |" in table
+    scores = json.loads((runs["hanabi"] / "eval" / "baselines.json").read_text())[0]["per_item"]["score"]
+    assert "| random | " + stats.fmt(*stats.bootstrap(scores)) in reports["hanabi"].read_text()
+
+
+@pytest.mark.slow
+def test_an_older_run_directory_still_reports_and_says_what_it_lacks(runs, tmp_path):
+    from kit.report import write_report
+
+    old = tmp_path / "old"
+    shutil.copytree(runs["toy"], old, ignore=shutil.ignore_patterns("report", "ckpt", "rollouts.jsonl",
+                                                                    "environment.json"))
+    for path in (old / "eval").glob("*.json"):  # no per-item results before this kit
+        data = json.loads(path.read_text())
+        for row in data if isinstance(data, list) else [data]:
+            row.pop("per_item", None)
+        path.write_text(json.dumps(data))
+    text = write_report(old, **QUIET).read_text()
+    assert "No intervals: these results have no per-item data" in text
+    assert "not recorded: this run has no environment.json" in text
+    assert "## Best and worst joint actions\n\n_Not available: no rollouts.jsonl" in text
+    shutil.rmtree(old / "eval")
+    text = write_report(old, **QUIET).read_text()
+    assert "_Not available: no eval/step_*.json; run `python -m kit eval" in text
+    assert "_Not available: no eval/baselines.json; run `python -m kit baselines" in text
+    images_render(old / "report" / "RESULTS.md")  # the learning figure only, and it exists
+
+
+@pytest.mark.slow
+def test_compare_groups_seeds_and_pairs_runs_on_the_same_items(runs, tmp_path):
+    from kit.__main__ import main
+
+    assert main(["compare", str(runs["toy"]), str(runs["toy_seed1"]), str(runs["code"]), "--labels", "toy", "toy",
+                 "code", "--out", str(tmp_path / "cmp")]) == 0
+    path = tmp_path / "cmp" / "COMPARE.md"
+    assert images_render(path) == ["compare_curves.png"]
+    lines = path.read_text().splitlines()
+    finals = [json.loads(sorted((runs[n] / "eval").glob("step_*.json"))[-1].read_text()) for n in ("toy", "toy_seed1")]
+    mean_row = next(line for line in lines if "mean of 2 seeds" in line)
+    pass1 = [r["pass@1"] for r in finals]
+    assert stats.fmt(float(np.mean(pass1)), min(pass1), max(pass1)) in mean_row  # the range over seeds
+    seed1 = next(line for line in lines if line.startswith("| toy | 1 |"))
+    a, b = (stats.per_item(r, "pass@1") for r in finals[::-1])
+    assert seed1.endswith(f"| {stats.fmt(*stats.paired_bootstrap(a, b))} |")  # same items: paired difference
+    assert next(line for line in lines if line.startswith("| code |")).endswith("| n/a (different items) |")
+    with pytest.raises(ValueError, match="one label per run"):
+        from kit.compare import compare_runs
+
+        compare_runs([runs["toy"]], ["a", "b"], tmp_path)
+
+
+@pytest.mark.slow
+def test_report_subcommand_writes_results_md(runs, capsys):
+    from kit.__main__ import main
+
+    assert main(["report", "--run-dir", str(runs["hanabi"])]) == 0
+    assert "report written" in capsys.readouterr().out and (runs["hanabi"] / "report" / "RESULTS.md").exists()
+    assert main(["report", "--run-dir", str(runs["hanabi"] / "nothing")]) == 2
