@@ -5,7 +5,12 @@
     html = render_rows(rows, log.roles)               # prompts, each agent's completion, parts, advantages
     breakdown(rows[0])                                # the reward of one joint action, part by part
     log.rescore(rows[0], agent=1, text=edited_code)   # the task's reward with one completion replaced
+    log.rescore(rows[0], completions=[helper, main])  # ... or all of them; render_reward(...) adds its diagnosis
     browser("checkpoints/colab_a100")                 # the widget (05_explore.ipynb)
+
+The browser's breakdown, prompts and editors always show the joint action picked in its dropdown (a filter or the
+step slider that changes the list picks the first row again unless the picked one still matches); each agent has
+its own editor, and "re-score" scores them together.
 
 A game run (kit/games.py) logs one row per episode; `log.replay(row)` rebuilds it move by move (the whole table
 before each decision, who acted, the prompt, the completion and the move), and `browser` then steps through games
