@@ -490,3 +490,17 @@ def render_joint(row: dict, roles: list[str]) -> str:
         else:
             text.append(f"{name}:\n\n```\n{clip(completion, lines=15, chars=800)}\n```")
     return "\n\n".join(text)
+
+
+def show(markdown_path: str | Path) -> None:
+    """Display a RESULTS.md or COMPARE.md in a notebook with its figures inline. Jupyter and Colab do not load
+    images by a path relative to a Markdown file, so the text goes out as Markdown and each figure as an image."""
+    from IPython.display import Image, Markdown, display
+
+    path = Path(markdown_path)
+    chunks = re.split(r"!\[[^\]]*\]\(([^)]+)\)", path.read_text())  # text, image, text, image, ...
+    for i, chunk in enumerate(chunks):
+        if i % 2:
+            display(Image(filename=str(path.parent / chunk)))
+        elif chunk.strip():
+            display(Markdown(chunk))

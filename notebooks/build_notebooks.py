@@ -304,6 +304,58 @@ colab.flush_drive()  # make sure Drive has every file before the runtime goes aw
 """, tags=["colab"]),
              ])
 
+    notebook("07_report.ipynb", "07 · Results report and comparison",
+             "The write-up of a run: what was trained and at what cost, the learning curves, held-out pass@k over "
+             "checkpoints, Table 1 (baselines vs the trained team) or the game baselines, cooperation schemes and "
+             "the best and worst joint actions, with a bootstrap interval over items on every compared number. It "
+             "is written to `<run>/report/RESULTS.md` with its figures (`python -m kit report --run-dir D` does the "
+             "same). The last cells compare runs: seeds of one config as a mean with a band, ablations side by side.", [
+                 *run_cells(),
+                 code("""
+# The report reads what the run holds. Without held-out results its evaluation and Table 1 sections say so;
+# EVALUATE_MISSING runs `kit eval` (every checkpoint) and `kit baselines` first when their files are missing.
+EVALUATE_MISSING = True
+N = 2 if SMOKE else 10  # samples per agent per item
+RUNS_TO_COMPARE = []  # other run folders to put beside this one, e.g. ["checkpoints/seed1", "checkpoints/separate"]
+LABELS = None  # one label per run (this one first), or None for the folder names
+""", tags=["parameters"]),
+                 code("""
+from pathlib import Path
+from kit import report
+
+if EVALUATE_MISSING and not list(Path(RUN_DIR, "eval").glob("step_*.json")):
+    from kit.evaluate import evaluate_run
+    evaluate_run(RUN_DIR, "newest" if SMOKE else "all", n=N)
+if EVALUATE_MISSING and not Path(RUN_DIR, "eval", "baselines.json").exists():
+    from kit.baselines import compare
+    compare(RUN_DIR, ["naive"] if SMOKE else None, n=N)
+results = report.write_report(RUN_DIR)
+report.show(results)
+"""),
+                 code("""
+# Colab: the report beside the run on Drive (the mirror copies checkpoints and logs, not the report)
+import shutil
+if globals().get("drive") is not None:
+    target = Path(drive) / DRIVE_FOLDER / Path(RUN_DIR).name / "report"
+    if Path(RUN_DIR).resolve() != target.parent.resolve():
+        shutil.copytree(results.parent, target, dirs_exist_ok=True)
+    print("report on Drive:", target)
+""", tags=["colab"]),
+                 md("""
+## Compare runs
+
+Runs with the same config and different seeds are drawn as one line (the mean) with a band (lowest to highest
+seed); the table gives each run's newest held-out numbers with intervals, and the paired difference with the
+first run where both were scored on the same items.
+"""),
+                 code("""
+from kit.compare import compare_runs
+
+compared = compare_runs([RUN_DIR, *RUNS_TO_COMPARE], LABELS, out_dir=Path(RUN_DIR) / "report" / "compare")
+report.show(compared)
+"""),
+             ])
+
 
 if __name__ == "__main__":
     build()

@@ -14,8 +14,8 @@ ROOT = Path(__file__).resolve().parent.parent
 NOTEBOOKS = sorted((ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb"))
 
 
-def test_the_seven_notebooks_exist_and_are_committed_without_outputs():
-    assert [p.name[:2] for p in NOTEBOOKS] == ["00", "01", "02", "03", "04", "05", "06"]
+def test_the_eight_notebooks_exist_and_are_committed_without_outputs():
+    assert [p.name[:2] for p in NOTEBOOKS] == ["00", "01", "02", "03", "04", "05", "06", "07"]
     for path in NOTEBOOKS:
         nb = nbformat.read(path, as_version=4)
         assert "colab-badge.svg" in nb.cells[0].source, path.name
@@ -65,6 +65,9 @@ def test_notebook_runs_top_to_bottom_in_smoke_mode(path, tmp_path_factory, monke
         assert "PASS: tiny_cpu" in text
     if path.name.startswith("06"):  # the game's own baselines, and the trained team, on the same deals
         assert "| random |" in text or "baseline random" in text
-    if path.name[:2] in ("01", "02", "03", "04", "06"):  # figures render as images, not "<Figure ...>"
+    if path.name.startswith("07"):  # the report's sections, shown with its figures
+        assert "## The run" in text or any("## The run" in o.get("data", {}).get("text/markdown", "")
+                                           for c in nb.cells if c.cell_type == "code" for o in c.outputs)
+    if path.name[:2] in ("01", "02", "03", "04", "06", "07"):  # figures render as images, not "<Figure ...>"
         assert any("image/png" in o.get("data", {}) for c in nb.cells if c.cell_type == "code" for o in c.outputs)
     assert os.environ["KIT_SMOKE"] == "1"
