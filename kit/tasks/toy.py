@@ -18,6 +18,7 @@ generalisation, which is what a toy can honestly show).
 from __future__ import annotations
 
 from kit.rewards import Reward
+from kit.tasks import check_arg, is_int, is_number
 
 
 class DigitSum:
@@ -25,6 +26,12 @@ class DigitSum:
 
     def __init__(self, num_agents: int = 2, copies: int = 1, tolerance: float = 6.0, format_weight: float = 0.2,
                  max_target: int | None = None):
+        check_arg(is_int(copies) and copies >= 1, "copies", copies, "an integer >= 1")
+        check_arg(is_number(tolerance) and tolerance > 0, "tolerance", tolerance, "a number > 0")
+        check_arg(is_number(format_weight) and 0 <= format_weight <= 1, "format_weight", format_weight,
+                  "a number in [0, 1]")
+        check_arg(max_target is None or (is_int(max_target) and max_target >= 0), "max_target", max_target,
+                  "null or an integer >= 0")
         self.num_agents = num_agents
         self.roles = [f"digit_{i}" for i in range(num_agents)]
         self.copies = copies

@@ -19,8 +19,9 @@ TLDR: lengths 8-256, ratio best [1.6, 3.2] with zeros at 1.1 and 5.0, unique rat
 Jaccard cap 0.03. arXiv: lengths 128-256, ratio best [1.0, 1.3] with zeros at 0.8 and 1.5, unique ratio best
 [0.7, 1.3] with zeros at 0.5 and 1.7, Jaccard cap 0.23.
 
-Data: 30 bundled items per kind in data/ (written for this kit; eval is the first 8), or the hub datasets by name
-for Colab (`source=hub`): trl-lib/tldr and OpenMLRL/arXiv_abstract.
+Data: 30 bundled items per kind in data/ (written for this kit; eval is the first 8), your own in the same format
+(`data_file=my.yaml`: tldr items have id, subreddit, title, post; arxiv items id, title, abstract), or the hub
+datasets by name for Colab (`source=hub`): trl-lib/tldr and OpenMLRL/arXiv_abstract.
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ import re
 from dataclasses import dataclass
 
 from kit.rewards import Reward
+from kit.tasks import check_arg, is_id, is_int, is_number, is_text, read_items
 
 DATA_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "data")
 INF = math.inf
@@ -176,22 +178,31 @@ class WritingTask:
     name = "writing"
 
     def __init__(self, num_agents: int = 2, kind: str = "tldr", source: str = "bundled", num_eval: int = 8,
-                 max_items: int | None = None, pass_threshold: float = 2.5, bands: dict | None = None):
+                 max_items: int | None = None, pass_threshold: float = 2.5, bands: dict | None = None,
+                 data_file: str | None = None):
         if num_agents != 2:
             raise ValueError(f"the writing tasks have two agents; got num_agents={num_agents}")
-        if kind not in BANDS:
-            raise ValueError(f"kind={kind!r}; allowed: {', '.join(BANDS)}")
-        if source not in ("bundled", "hub"):
-            raise ValueError(f"source={source!r}; allowed: bundled (data/), hub ({HUB[kind]})")
+        check_arg(kind in BANDS, "kind", kind, ", ".join(BANDS))
+        check_arg(source in ("bundled", "hub"), "source", source, f"bundled (data/), hub ({HUB[kind]})")
+        check_arg(is_int(num_eval) and num_eval >= 0, "num_eval", num_eval, "an integer >= 0")
+        check_arg(max_items is None or (is_int(max_items) and max_items >= 1), "max_items", max_items,
+                  "null or an integer >= 1")
+        check_arg(is_number(pass_threshold), "pass_threshold", pass_threshold, "a number (a finite reward)")
+        check_arg(data_file is None or (isinstance(data_file, str) and source == "bundled"), "data_file", data_file,
+                  f"null, or the path of a YAML file of {kind} items in the format of data/{kind}_samples.yaml "
+                  "(with source=bundled)")
         self.num_agents, self.kind, self.source = num_agents, kind, source
+        self.data_file = data_file or os.path.join(DATA_DIR, f"{kind}_samples.yaml")
         self.bands = BANDS[kind]
         if bands:  # task_args={kind: tldr, bands: {ratio_best: [1.5, 3.0]}}
+            check_arg(isinstance(bands, dict), "bands", bands, "a mapping of band names to values")
             unknown = set(bands) - set(Bands.__dataclass_fields__)
             if unknown:
                 raise ValueError(f"bands has unknown fields {sorted(unknown)}; allowed: "
                                  f"{', '.join(Bands.__dataclass_fields__)}")
             fields = {k: tuple(v) if isinstance(v, list) else v for k, v in bands.items()}
             self.bands = dataclasses.replace(self.bands, **fields)
+        check_bands(self.bands)
         self.roles = ["concise", "detailed"] if kind == "tldr" else ["background", "method"]
         self.num_eval, self.max_items, self.pass_threshold = num_eval, max_items, pass_threshold
         self.judge_rubric = RUBRIC[kind]
@@ -201,7 +212,7 @@ class WritingTask:
             raise ValueError(f"split={split!r}; allowed: train, eval")
         if self.source == "hub":
             return hub_items(self.kind, split)[: self.max_items]
-        items = bundled_items(self.kind)
+        items = bundled_items(self.kind, self.data_file)
         chosen = items[: self.num_eval] if split == "eval" else items[self.num_eval:]
         return list(chosen[: self.max_items])
 
@@ -224,12 +235,32 @@ class WritingTask:
         return (parts[0].strip(), parts[1].strip()) if len(parts) == 2 else (text.strip(), "")
 
 
-@functools.lru_cache(maxsize=None)
-def bundled_items(kind: str) -> tuple[dict, ...]:
-    import yaml
+def check_bands(bands: Bands) -> None:
+    """Each band a pair low <= high (numbers; an end may be .inf), the cap > 0, the transitions count >= 1."""
+    def pair(v):
+        return isinstance(v, tuple) and len(v) == 2 and all(isinstance(x, (int, float)) and not isinstance(x, bool)
+                                                            and not math.isnan(x) for x in v) and v[0] <= v[1]
 
-    with open(os.path.join(DATA_DIR, f"{kind}_samples.yaml")) as f:
-        rows = yaml.safe_load(f)
+    for name in ("length", "ratio_best", "ratio_zero", "unique_best", "unique_zero"):
+        check_arg(pair(getattr(bands, name)), f"bands.{name}", getattr(bands, name), "[low, high] numbers, low <= high")
+    check_arg(is_number(bands.jaccard_cap) and bands.jaccard_cap > 0, "bands.jaccard_cap", bands.jaccard_cap,
+              "a number > 0")
+    check_arg(is_int(bands.transitions_for_full) and bands.transitions_for_full >= 1, "bands.transitions_for_full",
+              bands.transitions_for_full, "an integer >= 1")
+
+
+FIELDS = {
+    "tldr": {"id": (is_id, "a name or number, unique in the file"), "subreddit": (is_text, "the subreddit's name"),
+             "title": (is_text, "the post's title"), "post": (is_text, "the post's text")},
+    "arxiv": {"id": (is_id, "a name or number, unique in the file"), "title": (is_text, "the paper's title"),
+              "abstract": (is_text, "the abstract's text")},
+}
+
+
+@functools.lru_cache(maxsize=None)
+def bundled_items(kind: str, path: str | None = None) -> tuple[dict, ...]:
+    """The items of data/<kind>_samples.yaml, or of `path` in the same format."""
+    rows = read_items(path or os.path.join(DATA_DIR, f"{kind}_samples.yaml"), FIELDS[kind])
     if kind == "tldr":
         return tuple({"id": r["id"], "text": f"SUBREDDIT: r/{r['subreddit']}\nTITLE: {r['title']}\nPOST: {r['post']}"}
                      for r in rows)
