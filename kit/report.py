@@ -100,7 +100,7 @@ def read_run(run_dir: str | Path) -> dict:
             "train": [r for r in metrics if "reward/mean" in r],
             "evals": load_eval_rows(run_dir) if (run_dir / "eval").is_dir() else [],
             "baselines": json.loads(baselines.read_text()) if baselines.exists() else [],
-            "budget": json.loads((run_dir / BUDGET).read_text()) if (run_dir / BUDGET).exists() else None,
+            "budget": _json_or_none(run_dir / BUDGET),
             "environment": _json_or_none(run_dir / ENVIRONMENT)}
 
 
@@ -229,7 +229,8 @@ def run_section(run: dict) -> str:
                       "older kit)"))
     budget = run["budget"]
     if budget:
-        facts.append(("judge", f"{budget.get('calls', 0)} calls, ${budget.get('spent_usd', 0.0):.2f} spent"))
+        cap = f" of a ${budget['cap_usd']:.2f} cap" if "cap_usd" in budget else ""
+        facts.append(("judge", f"{budget.get('calls', 0)} calls, ${budget.get('spent_usd', 0.0):.2f} spent{cap}"))
     elif cfg.get("judge_model"):
         facts.append(("judge", "configured, but no budget.json: no calls were made"))
     rows = "\n".join(f"| {k} | {v} |" for k, v in facts)
@@ -276,7 +277,7 @@ def learning_section(run: dict, out: Path) -> str:
 def metric_keys(rows: list[dict]) -> list[str]:
     """The compared metrics of evaluation rows: pass@1 and the largest pass@k, or the game score; the reward."""
     ks = sorted({int(k[5:]) for r in rows for k in r if k.startswith("pass@")})
-    keys = [f"pass@{k}" for k in ks[:1] + ks[-1:][:len(ks) - 1]]
+    keys = [f"pass@{k}" for k in ks[:1] + (ks[-1:] if len(ks) > 1 else [])]
     if any("score/mean" in r for r in rows):
         keys.append("score/mean")
     return keys + ["reward/mean"]

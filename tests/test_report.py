@@ -183,7 +183,9 @@ def test_an_older_run_directory_still_reports_and_says_what_it_lacks(runs, tmp_p
         for row in data if isinstance(data, list) else [data]:
             row.pop("per_item", None)
         path.write_text(json.dumps(data))
+    (old / "budget.json").write_text(json.dumps({"cap_usd": 15.0, "spent_usd": 0.123, "calls": 3}))
     text = write_report(old, **QUIET).read_text()
+    assert "| judge | 3 calls, $0.12 spent of a $15.00 cap |" in text
     assert "No intervals: these results have no per-item data" in text
     assert "not recorded: this run has no environment.json" in text
     assert "## Best and worst joint actions\n\n_Not available: no rollouts.jsonl" in text
