@@ -215,6 +215,12 @@ def render_reward(reward) -> str:
     return f"<p><b>total {reward.total:.3f}</b>: {parts}</p>" + (f"<div>{diagnosis}</div>" if diagnosis else "")
 
 
+def _key(row: dict) -> tuple:
+    """What names a joint action across reloads of the log (a reload makes new row objects)."""
+    return (row["step"], row["item"], row.get("turn", 0), row.get("node"), tuple(row.get("joint", ())),
+            tuple(row["completions"]))
+
+
 def reload_log(log: RunLog, step, reward, refresh) -> None:
     """A browser's reload button: read the log again, offer its new steps, widen the reward slider to the new
     rewards (a slider over the whole range stays whole), and redraw."""
@@ -371,7 +377,7 @@ def browser(run_dir: str | Path):
 
     def refresh(*_):
         """New filters: the table, and the dropdown's joint actions. The picked joint action stays picked (with
-        its edits) while it still matches; otherwise the first one is picked and shown. Options are set
+        its edits) while it still matches, a reload included; otherwise the first one is picked and shown. Options are set
         quietly: ipywidgets 7 and 8 move the value differently when options change, and neither may reach
         `show` with a half-updated dropdown."""
         before = selected()
@@ -379,7 +385,7 @@ def browser(run_dir: str | Path):
         state["rows"] = log.rows(step=step.value, min_reward=reward.value[0], max_reward=reward.value[1],
                                  part=chosen, part_min=part_min.value if chosen else None)
         table.value = render_rows(state["rows"], log.roles, None if agent.value < 0 else agent.value)
-        keep = next((i for i, r in enumerate(state["rows"]) if r is before), None)
+        keep = next((i for i, r in enumerate(state["rows"]) if before and _key(r) == _key(before)), None)
         state["quiet"] = True
         try:
             pick.options = [(f"{i}: {r['item']} (reward {r['reward']:.2f})", i) for i, r in enumerate(state["rows"])]

@@ -96,6 +96,7 @@ def test_both_agents_are_edited_at_once_and_a_filter_that_keeps_the_row_keeps_th
     helper.value = "# edited\n" + item["reference_pair"][0]
     main.value = item["reference_pair"][1]
     the(box, "Dropdown", "agent").value = 1  # the table shows only main; the picked joint action is unchanged
+    the(box, "Button", "reload").click()  # so is the log (a reload reads new row objects)
     assert helper.value.startswith("# edited") and main.value == item["reference_pair"][1]
     the(box, "Button", "re-score").click()
     assert "total 4.000" in result(box)
