@@ -115,6 +115,7 @@ def main(argv: list[str] | None = None) -> int:
     from kit.config import ConfigError, load_config, load_file
     from kit.env import GPUNeeded, require_gpu
     from kit.game_trainer import trainer_class
+    from kit.tasks import TaskArgError
 
     overrides = list(args.overrides) + ([f"run_dir={args.run_dir}"] if args.run_dir else [])
     saved = (args.resume or args.from_scratch) and args.run_dir and not (args.preset or args.config) and \
@@ -128,7 +129,7 @@ def main(argv: list[str] | None = None) -> int:
             if args.preset and cfg.device == "auto":  # as the notebooks: a GPU preset on a CPU would crawl
                 require_gpu(args.preset)
             trainer = trainer_class(cfg.task)(cfg, resume=args.resume, from_scratch=args.from_scratch)
-    except ConfigError as err:
+    except (ConfigError, TaskArgError) as err:
         print(f"config error: {err}", file=sys.stderr)
         return 2
     except (FileExistsError, ValueError, DamagedCheckpoints, GPUNeeded) as err:

@@ -296,6 +296,8 @@ def load_file(path: str | Path) -> dict:
     else:
         import yaml
 
+        from kit.tasks import yaml_problem
+
         try:
             data = yaml.safe_load(text) or {}
         except yaml.YAMLError as err:
@@ -303,13 +305,6 @@ def load_file(path: str | Path) -> dict:
     if not isinstance(data, dict):
         raise ConfigError(f"config file {str(path)!r} must hold a mapping of field: value")
     return data
-
-
-def yaml_problem(err) -> str:
-    """A YAML error in one line: what is wrong and where (line and column, counted from 1)."""
-    mark = getattr(err, "problem_mark", None)
-    where = f" at line {mark.line + 1} column {mark.column + 1}" if mark is not None else ""
-    return f"{getattr(err, 'problem', None) or err}{where}"
 
 
 def load_config(preset_name: str | None = None, path: str | Path | None = None,

@@ -6,8 +6,7 @@ Run: python -m pytest tests/test_bad_input.py
 import pytest
 
 from kit.__main__ import main as cli
-from kit.config import ConfigError
-from kit.tasks import DataError
+from kit.tasks import DataError, TaskArgError
 from kit.tasks.code import CodeTask
 from kit.tasks.toy import DigitSum
 from kit.tasks.writing import WritingTask
@@ -38,7 +37,7 @@ def test_code_task_arguments_are_refused_like_config_fields(tmp_path, capsys, ar
     (WritingTask, {"pass_threshold": float("nan")}, "pass_threshold"),
 ])
 def test_other_task_arguments_name_the_argument(task, kwargs, name):
-    with pytest.raises(ConfigError, match=rf"^task_args\.{name}=.*allowed: "):
+    with pytest.raises(TaskArgError, match=rf"^task_args\.{name}=.*allowed: "):
         task(**kwargs)
 
 

@@ -6,8 +6,8 @@ member is an optional hook listed in `HOOKS` with what it turns on; `has(task, h
 and `describe(task)` says which are on. `from_functions` builds a task from plain functions for a notebook cell.
 
 Bad input is refused the way config fields are: `check_arg` for task arguments (`task_args.name=value is not
-allowed; allowed: ...`, a ConfigError), `read_items` for data files (the file, the item's index and id, the field,
-and what was expected, a DataError).
+allowed; allowed: ...`, a TaskArgError), `read_items` for data files (the file, the item's index and id, the
+field, and what was expected, a DataError).
 """
 
 from __future__ import annotations
@@ -98,12 +98,14 @@ def check_task(task, num_agents: int) -> None:
 # --- bad input: task arguments and data files
 
 
+class TaskArgError(ValueError):
+    """A bad task argument; the message names it, its value and what is allowed (as kit.config.ConfigError)."""
+
+
 def check_arg(ok: bool, name: str, value, allowed: str) -> None:
     """Refuse task argument `name` unless `ok`, as config fields are refused (field, value, what is allowed)."""
     if not ok:
-        from kit.config import ConfigError
-
-        raise ConfigError(f"task_args.{name}={value!r} is not allowed; allowed: {allowed}")
+        raise TaskArgError(f"task_args.{name}={value!r} is not allowed; allowed: {allowed}")
 
 
 def is_number(value) -> bool:
@@ -138,8 +140,6 @@ def read_items(path: str | Path, fields: dict[str, tuple[Callable, str]], option
     naming the file, the item (index from 0, and id), the field and what was expected."""
     import yaml
 
-    from kit.config import yaml_problem
-
     path = Path(path)
     shape = "a list of items, each a mapping with " + ", ".join(fields)
     if not path.is_file():
@@ -173,6 +173,13 @@ def read_items(path: str | Path, fields: dict[str, tuple[Callable, str]], option
             raise DataError(f"{where}: id {row['id']!r} is also the id of item {seen[row['id']]}; ids must be unique")
         seen[row["id"]] = i
     return rows
+
+
+def yaml_problem(err) -> str:
+    """A YAML error in one line: what is wrong and where (line and column, counted from 1)."""
+    mark = getattr(err, "problem_mark", None)
+    where = f" at line {mark.line + 1} column {mark.column + 1}" if mark is not None else ""
+    return f"{getattr(err, 'problem', None) or err}{where}"
 
 
 @dataclass
