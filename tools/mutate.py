@@ -300,6 +300,22 @@ MUTATIONS = [
              'sum(int(s.completion_mask[lo:hi].sum()) for s, _, lo, hi in chunks)',
              'sum(int(s.completion_mask.sum()) for s, _, lo, hi in chunks)',
              ('tests/test_trainer.py::test_a_micro_batched_update_equals_the_one_batch_update', 'tests/test_config_reaches_maths.py', 'tests/test_injected_bugs.py')),
+    # issue 23: bad input, a hung judge, unreadable checkpoints
+    Mutation("all checkpoints unreadable: a silent restart from step 0", "kit/checkpoint.py",
+             "    if damaged:\n", "    if False:\n", ("tests/test_damaged_run.py",)),
+    Mutation("a dead process's reservations dropped uncharged", "kit/judge.py",
+             "        self.spent += charged\n", "",
+             ("tests/test_judge.py::test_a_process_killed_with_a_call_in_flight_is_charged_its_worst_case",)),
+    Mutation("the judge's breaker never opens", "kit/judge.py",
+             "opens = self._failures >= self.max_failures and now >= self._off_until",
+             "opens = False",
+             ("tests/test_judge.py::test_after_failures_in_a_row_the_judge_is_off_for_the_cooldown_with_one_line",)),
+    Mutation("an unscored judge term enters the advantages as 0.0", "kit/rewards.py",
+             "            if own.pop(\"unscored\", False):", "            if own.pop(\"unscored\", False) and False:",
+             ("tests/test_judge_unscored.py::test_unscored_judge_terms_take_the_scored_mean_of_their_group",)),
+    Mutation("inf passes the config's range checks", "kit/config.py",
+             "raise ConfigError(f\"{name}={value!r} is not allowed; allowed: a finite number (not inf or nan)\")",
+             "pass", ("tests/test_config.py::test_infinite_and_nan_floats_are_refused_by_name",)),
 ]
 
 
