@@ -284,3 +284,16 @@ def test_a_reservation_of_a_reused_pid_on_another_boot_is_not_mistaken_for_a_liv
         _me(): 0.001, f"{os.getpid()}:deadbeef:1": 0.002}}))
     budget = Budget(tmp_path / "budget.json", 1.0)
     assert budget.spent == pytest.approx(0.002) and list(budget.reservations) == [_me()]
+
+
+def test_the_failure_policy_config_fields_reach_the_judge(tmp_path, monkeypatch):
+    from kit.config import load_config
+    from kit.rewards import reward_model_for
+    from kit.tasks.toy import DigitSum
+
+    monkeypatch.setenv("ANTHROPIC_API_KEY", KEY)
+    cfg = load_config("tiny_cpu", overrides=[f"run_dir={tmp_path}", f"judge_model={MODEL}", "use_judge_reward=true",
+                                             "judge_timeout_s=7", "judge_max_retries=1", "judge_max_failures=4",
+                                             "judge_cooldown_s=9"])
+    judge = reward_model_for(cfg, DigitSum(), log=lambda *_: None).funcs[-1].judge
+    assert (judge.client.timeout, judge.client.max_retries, judge.max_failures, judge.cooldown_s) == (7, 1, 4, 9)
