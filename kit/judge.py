@@ -314,7 +314,8 @@ class Judge:
                 self.log(f"[kit] judge budget cap reached (${self.budget.spent:.2f} spent of "
                          f"${self.budget.cap:.2f}): the judge stops, training continues without it")
             return None
-        actual, usage_in, usage_out, text, billed = 0.0, 0, 0, None, True
+        # until a reply says otherwise the call costs its worst case (a Ctrl-C mid-call included)
+        actual, usage_in, usage_out, text, billed = worst, 0, 0, None, True
         self._sent.n = 0
         try:
             reply = self.client.messages.create(model=self.model, max_tokens=self.max_tokens, system=system,
