@@ -39,7 +39,7 @@ import torch
 from torch import nn
 from transformers import StoppingCriteria
 
-from kit.sampling import seeded_config
+from kit.sampling import sampled_logprobs, seeded_config
 
 CACHE_BUCKET = 256  # static cache lengths are multiples of this
 MAX_CACHES = 4  # static caches kept per engine (one per (rows, length) shape in use)
@@ -205,9 +205,9 @@ def build_generation_model(peft_model, adapters: list[str], weights: str, dtype)
         if weights != "copy":
             return base
         if _is_4bit(base):
-            from peft.utils.integrations import dequantize_module_weight
+            from kit.models import dequantize_4bit  # also reads bitsandbytes' CPU kernel layout (peft's does not)
 
-            w = dequantize_module_weight(base)
+            w = dequantize_4bit(base)
         else:
             w = base.weight.detach()
         lin = nn.Linear(base.in_features, base.out_features, bias=base.bias is not None, device="meta")
@@ -296,8 +296,9 @@ class CompiledEngine:
 
     @torch.no_grad()
     def generate(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, adapters: list[str],
-                 generation_config, row_seeds: torch.Tensor | None = None) -> torch.Tensor:
-        """Left-padded prompts (R, P), rows grouped by adapter -> completion ids (R, T), EOS then padding."""
+                 generation_config, row_seeds: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """Left-padded prompts (R, P), rows grouped by adapter -> completion ids (R, T), EOS then padding, and the
+        sampler's log-probs of those tokens (R, T) (kit.rollout.Engine)."""
         index = [self.adapters.index(a) for a in adapters]
         if index != sorted(index):
             raise ValueError("rows must be grouped by adapter (each adapter's rows in one contiguous block)")
@@ -332,7 +333,8 @@ class CompiledEngine:
         config.disable_compile = not self.compile
         seq = self.gen.generate(input_ids=ids, attention_mask=att, past_key_values=self._cache(len(rows), length),
                                 generation_config=config, stopping_criteria=stopping, logits_processor=processors)
-        return seq[real, ids.shape[1]:]
+        completion = seq[:, ids.shape[1]:]
+        return completion[real], sampled_logprobs(generation_config, processors, completion)[real]
 
 
 class _StopRows(StoppingCriteria):

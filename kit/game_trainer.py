@@ -44,7 +44,8 @@ class GameTrainer(Trainer):
         self.episodes, rounds = play(self.sampler, self.task, [it["seed"] for it in items], G, keys)
         # (deals, 1, G): each deal's G episodes are one group, so a deal's baseline is its own mean, never the batch's
         returns = np.array([self.task.score(ep) for ep in self.episodes]).reshape(len(items), 1, G)
-        adv = magrpo.advantages(returns, cfg.advantage_mode, cfg.scale_rewards, cfg.advantage_clip).reshape(-1)
+        adv = magrpo.advantages(returns, cfg.advantage_mode, cfg.scale_rewards, cfg.advantage_clip,
+                                batch_std=self.batch_std(returns)).reshape(-1)
         self.returns = returns.reshape(-1)
         for r in rounds:
             r.advantages = adv[r.episodes]

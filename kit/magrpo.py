@@ -1,23 +1,43 @@
 """MAGRPO maths: joint actions, returns, group-relative advantages and the policy loss.
 
-Pure functions, no model and no state; each one carries the equation it implements (arXiv 2508.04652).
+Pure functions, no model and no state; each one carries the equation it implements (arXiv 2508.04652). Names
+follow TRL's GRPOConfig and CoMLRL where they exist (README: "The update's options").
 
     joint actions   aligned: the g-th completion of every agent, G joint actions
                     cross:   the Cartesian product, G^N joint actions
     return          R_t = r_t + discount * mean over children of R_{t+1}   (one turn: R = r)
-    advantage       mean (Eq. 1): A_g = R_g - mean_h R_h
-                    rloo:         A_g = R_g - mean_{h != g} R_h
-                    none:         A_g = R_g
-                    optional std scaling A / (std_h R_h + eps) and clamping to [-c, c]
-    loss (Eq. 2)    L_i = -mean over rows of [A * sum_t log pi_i(a_t | prompt, a_<t)]
-                    token_mean: L_i = -sum_rows,t [A * log pi_i] / number of completion tokens
+    advantage       mean (Eq. 1, CoMLRL MAGRPO): A_g = R_g - mean_h R_h
+                    rloo (MARLOO):               A_g = R_g - mean_{h != g} R_h
+                    max  (MAReMax):              A_g = R_g - max_h R_h
+                    raw  (MAREINFORCE; "none"):  A_g = R_g
+                    scale_rewards: group divides by the group's std, batch by the std over the whole batch
+                    (both population std, + eps); then optional clamping to [-c, c]
+    per token       on-policy (num_iterations = 1):  l_t = -A * log pi(a_t)                   (Eq. 2)
+                    num_iterations > 1 (PPO/TRL):    l_t = -min(r_t A, clip(r_t, 1 - eps, 1 + eps_high) A),
+                                                     r_t = pi(a_t) / pi_old(a_t), pi_old = the policy that sampled
+                    times the rollout correction w_t (below), the padding masked out
+    loss_type       sum (the paper's):   mean over rows of sum_t l_t
+                    grpo:                mean over rows of (sum_t l_t / |o|)
+                    dr_grpo:             sum_{rows,t} l_t / (rows * max_new_tokens)
+                    token_mean = dapo = bnpo: sum_{rows,t} l_t / (completion tokens of the step)
     KL (optional)   beta * k3, k3 = exp(ref - logp) - (ref - logp) - 1 per completion token, reduced like the loss
 
-What is left out on purpose: on-policy updates need no importance ratio and no clipping (one gradient step per
-batch of fresh samples), and the KL term is off unless `beta > 0`.
+Sampler vs trainer. The engine returns the log-prob of every sampled token under the distribution it sampled from
+(temperature, then top-k/top-p, renormalised; kit/sampling.py), and the update scores the same tokens with the
+trainer's forward at the sampling temperature (rollout.completion_logprobs). Exact: the temperature. Corrected:
+everything else that separates the two, i.e. top-k/top-p truncation (the trainer's full softmax gives a sampled
+token less mass than the truncated one did) and numerics (a bf16 copy or another kernel for the 4-bit base, the
+KV cache against a full forward). With rho_t = pi_old(a_t) / pi_sampler(a_t):
 
-In `cross` mode each completion of agent i sits in G^(N-1) joint actions; its return is the *mean* of theirs
-(CoMLRL sums them instead, which only rescales the advantage by G^(N-1)).
+    rollout_correction  token_truncate (TIS): w_t = min(rho_t, cap)
+                        sequence_mask (MIS):  w_t = rho_seq if rho_seq <= cap else 0, rho_seq = prod_t rho_t
+                        none:                 w_t = 1
+    mismatch metrics    k3 = rho - log rho - 1 per token (an estimate of KL(sampler || trainer)), mean and max
+                        rho, the share of tokens with rho > cap
+
+On-policy with num_iterations = 1: pi_old is the current policy (its log-probs detached), r_t = 1, and the loss is
+Eq. 2 itself, unchanged. In `cross` mode each completion of agent i sits in G^(N-1) joint actions; its return is
+the *mean* of theirs (CoMLRL sums them instead, which only rescales the advantage by G^(N-1)).
 """
 
 from __future__ import annotations
@@ -28,8 +48,11 @@ import numpy as np
 import torch
 
 JOINT_MODES = ("aligned", "cross")
-ADVANTAGE_MODES = ("mean", "rloo", "none")
-LOSS_TYPES = ("sum", "token_mean")
+ADVANTAGE_MODES = ("mean", "rloo", "max", "raw", "none")  # none: raw, the name older configs use
+SCALE_REWARDS = ("group", "batch", "none")
+LOSS_TYPES = ("sum", "grpo", "dr_grpo", "token_mean", "dapo", "bnpo")
+PER_ROW_LOSSES = ("sum", "grpo", "dr_grpo")  # a mean over rows; the others are a mean over completion tokens
+ROLLOUT_CORRECTIONS = ("none", "token_truncate", "sequence_mask")
 
 
 def joint_actions(num_agents: int, num_generations: int, mode: str = "aligned") -> list[tuple[int, ...]]:
@@ -71,9 +94,21 @@ def node_returns(rewards, child_returns=None, discount: float = 1.0) -> np.ndarr
     return rewards + discount * future
 
 
-def advantages(returns, mode: str = "mean", scale: bool = False, clip: float | None = None,
-               eps: float = 1e-6) -> np.ndarray:
-    """Group-relative advantages over the last axis (the group of G completions)."""
+def scale_mode(scale) -> str:
+    """scale_rewards as a name; True/False are what configs before the named modes held (group / none)."""
+    if scale is True or scale is False:
+        return "group" if scale else "none"
+    if scale not in SCALE_REWARDS:
+        raise ValueError(f"scale_rewards={scale!r}; allowed: {SCALE_REWARDS}")
+    return scale
+
+
+def advantages(returns, mode: str = "mean", scale: str | bool = "none", clip: float | None = None,
+               eps: float = 1e-6, batch_std: float | None = None) -> np.ndarray:
+    """Group-relative advantages over the last axis (the group of G completions).
+
+    scale "batch" divides by `batch_std` (the std of every return of the step, over all processes) or, when it is
+    not given, by the std of all of `returns`."""
     r = np.asarray(returns, dtype=np.float64)
     g = r.shape[-1]
     if mode == "mean":
@@ -82,43 +117,50 @@ def advantages(returns, mode: str = "mean", scale: bool = False, clip: float | N
         if g < 2:
             raise ValueError("rloo needs a group of at least 2")
         a = r - (r.sum(-1, keepdims=True) - r) / (g - 1)
-    elif mode == "none":
+    elif mode == "max":
+        a = r - r.max(-1, keepdims=True)
+    elif mode in ("raw", "none"):
         a = r.copy()
     else:
         raise ValueError(f"advantage_mode={mode!r}; allowed: {ADVANTAGE_MODES}")
-    if scale:
+    scale = scale_mode(scale)
+    if scale == "group":
         a = a / (r.std(-1, keepdims=True) + eps)  # population std of the group's returns
+    elif scale == "batch":
+        a = a / ((r.std() if batch_std is None else batch_std) + eps)
     if clip is not None:
         a = np.clip(a, -clip, clip)
     return a
 
 
-def token_logprobs(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-    """log softmax(logits)[target] per position without materialising the full log-softmax twice.
+def token_logprobs(logits: torch.Tensor, targets: torch.Tensor, temperature: float = 1.0) -> torch.Tensor:
+    """log softmax(logits / temperature)[target] per position without materialising the full log-softmax twice.
 
     logits: (R, T, V), targets: (R, T) -> (R, T)
     """
     logits = logits.float()
+    if temperature != 1.0:
+        logits = logits / temperature  # in fp32, as the sampler's TemperatureLogitsWarper divides
     picked = logits.gather(-1, targets.unsqueeze(-1)).squeeze(-1)  # (R, T)
     return picked - torch.logsumexp(logits, dim=-1)
 
 
 class _HeadLogProbs(torch.autograd.Function):
-    """log softmax(h W^T)[target] for N positions, CHUNK positions at a time, recomputed in backward.
+    """log softmax(h W^T / tau)[target] for N positions, CHUNK positions at a time, recomputed in backward.
 
-    d logp_n / d h_n = W[target_n] - sum_v p_nv W[v],  p_n = softmax(h_n W^T)   (W frozen: no grad for it)
+    d logp_n / d h_n = (W[target_n] - sum_v p_nv W[v]) / tau,  p_n = softmax(h_n W^T / tau)   (W frozen)
     Only one (CHUNK, V) block of logits is alive at a time, in the forward and in the backward; with a
     151,936-token vocabulary the full fp32 logits of a step's rows are gigabytes.
     """
 
     @staticmethod
-    def forward(ctx, hidden, weight, targets, chunk):  # (N, H), (V, H), (N,) -> (N,) float32
+    def forward(ctx, hidden, weight, targets, chunk, temperature):  # (N, H), (V, H), (N,) -> (N,) float32
         out = torch.empty(hidden.shape[0], dtype=torch.float32, device=hidden.device)
         for i in range(0, hidden.shape[0], chunk):
-            logits = (hidden[i:i + chunk].to(weight.dtype) @ weight.t()).float()  # (c, V)
+            logits = _logits(hidden[i:i + chunk], weight, temperature)  # (c, V)
             out[i:i + chunk] = logits.gather(-1, targets[i:i + chunk, None])[:, 0] - logits.logsumexp(-1)
         ctx.save_for_backward(hidden, weight, targets)
-        ctx.chunk = chunk
+        ctx.chunk, ctx.temperature = chunk, temperature
         return out
 
     @staticmethod
@@ -126,47 +168,107 @@ class _HeadLogProbs(torch.autograd.Function):
         hidden, weight, targets = ctx.saved_tensors
         grad_hidden = torch.empty_like(hidden)
         for i in range(0, hidden.shape[0], ctx.chunk):
-            logits = (hidden[i:i + ctx.chunk].to(weight.dtype) @ weight.t()).float()  # (c, V)
+            logits = _logits(hidden[i:i + ctx.chunk], weight, ctx.temperature)  # (c, V)
             g = torch.softmax(logits, -1).mul_(-grad[i:i + ctx.chunk, None])  # -grad * p
             g.scatter_add_(-1, targets[i:i + ctx.chunk, None], grad[i:i + ctx.chunk, None].float())  # + grad * onehot
+            if ctx.temperature != 1.0:
+                g.div_(ctx.temperature)
             grad_hidden[i:i + ctx.chunk] = (g.to(weight.dtype) @ weight).to(hidden.dtype)
-        return grad_hidden, None, None, None
+        return grad_hidden, None, None, None, None
+
+
+def _logits(hidden: torch.Tensor, weight: torch.Tensor, temperature: float) -> torch.Tensor:
+    """(c, H) -> (c, V) float32 logits / temperature, the division in fp32 as the sampler's."""
+    logits = (hidden.to(weight.dtype) @ weight.t()).float()
+    return logits.div_(temperature) if temperature != 1.0 else logits
 
 
 def head_logprobs(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor,
-                  chunk: int = 1024) -> torch.Tensor:
-    """token_logprobs(hidden @ weight^T, targets) without materialising the logits of all positions.
+                  chunk: int = 1024, temperature: float = 1.0) -> torch.Tensor:
+    """token_logprobs(hidden @ weight^T, targets, temperature) without materialising the logits of all positions.
 
     hidden: (R, T, H) final hidden states, weight: (V, H) the frozen output layer, targets: (R, T) -> (R, T)
     """
     R, T, H = hidden.shape
-    out = _HeadLogProbs.apply(hidden.reshape(R * T, H), weight, targets.reshape(R * T), chunk)
+    out = _HeadLogProbs.apply(hidden.reshape(R * T, H), weight, targets.reshape(R * T), chunk, float(temperature))
     return out.view(R, T)
 
 
+def rollout_weights(old_logp: torch.Tensor, sampler_logp: torch.Tensor, mask: torch.Tensor,
+                    correction: str = "token_truncate", cap: float = 2.0) -> tuple[torch.Tensor, dict]:
+    """Importance weights w (R, T) for tokens sampled by the sampler and scored by the trainer, and the
+    mismatch's sums (for metrics over many micro-batches: divide by "tokens").
+
+    old_logp: the trainer's log-probs of the sampled tokens (before any step on this batch), sampler_logp: the
+    sampler's, mask: 1 on completion tokens. rho = exp(old - sampler); see the module docstring for each mode.
+    """
+    m = mask.bool()
+    log_rho = torch.where(m, old_logp.detach().double() - sampler_logp.double(), 0.0)  # (R, T); 0 off the mask
+    rho = log_rho.exp()
+    if correction == "none":
+        w = torch.ones_like(rho)
+    elif correction == "token_truncate":
+        w = rho.clamp(max=cap)
+    elif correction == "sequence_mask":
+        seq = log_rho.sum(-1).exp()  # (R,)
+        w = torch.where(seq <= cap, seq, 0.0)[:, None].expand_as(rho)
+    else:
+        raise ValueError(f"rollout_correction={correction!r}; allowed: {ROLLOUT_CORRECTIONS}")
+    k3 = rho - log_rho - 1  # 0 off the mask (rho = 1 there)
+    sums = {"tokens": float(m.sum()), "k3": float(k3.sum()), "rho": float(rho[m].sum()),
+            "rho_max": float(rho[m].max()) if m.any() else 1.0, "past_cap": float((rho[m] > cap).sum())}
+    return torch.where(m, w, 0.0).to(old_logp.dtype), sums
+
+
 def policy_loss(logp: torch.Tensor, mask: torch.Tensor, adv: torch.Tensor, loss_type: str = "sum",
-                ref_logp: torch.Tensor | None = None, beta: float = 0.0) -> tuple[torch.Tensor, dict]:
+                ref_logp: torch.Tensor | None = None, beta: float = 0.0, *, weights: torch.Tensor | None = None,
+                old_logp: torch.Tensor | None = None, epsilon: float = 0.2, epsilon_high: float | None = None,
+                max_tokens: int | None = None) -> tuple[torch.Tensor, dict]:
     """MAGRPO loss for one agent's rows.
 
     logp, mask: (R, T) completion-token log-probs and a 0/1 mask (prompt and padding are 0); adv: (R,).
+    weights: (R, T) rollout-correction weights (`rollout_weights`, no gradient), or None for 1.
+    old_logp: None for the on-policy loss (Eq. 2); given, the clipped-ratio loss against these log-probs.
+    max_tokens: the completion cap, which dr_grpo divides by.
     Returns (loss, stats) with stats holding floats for logging.
     """
     mask = mask.to(logp.dtype)
-    adv = adv.to(logp.dtype)
-    if loss_type == "sum":
-        seq_logp = (logp * mask).sum(-1)  # (R,)
-        loss = -(adv * seq_logp).mean()
-    elif loss_type == "token_mean":
-        loss = -(adv[:, None] * logp * mask).sum() / mask.sum().clamp(min=1)
+    adv = adv.to(logp.dtype)[:, None]  # (R, 1)
+    if old_logp is None:
+        per_token = -adv * logp
+        clipped = None
     else:
-        raise ValueError(f"loss_type={loss_type!r}; allowed: {LOSS_TYPES}")
+        ratio = torch.exp(logp - old_logp.detach())
+        high = epsilon if epsilon_high is None else epsilon_high
+        bounded = ratio.clamp(1 - epsilon, 1 + high)
+        per_token = -torch.min(ratio * adv, bounded * adv)
+        clipped = ((bounded * adv < ratio * adv) & (mask > 0)).to(logp.dtype)  # the clipped branch is taken
+    if weights is not None:
+        per_token = per_token * weights.detach()
+    loss = reduce(per_token, mask, loss_type, max_tokens)
     stats = {"pg_loss": float(loss.detach())}
+    if clipped is not None:
+        stats["clip_fraction"] = float(clipped.sum() / mask.sum().clamp(min=1))
     if beta > 0:
         if ref_logp is None:
             raise ValueError("beta > 0 needs ref_logp (log-probs under the base model)")
         diff = ref_logp - logp
         k3 = (torch.exp(diff) - diff - 1) * mask  # (R, T), >= 0
-        kl = k3.sum(-1).mean() if loss_type == "sum" else k3.sum() / mask.sum().clamp(min=1)
+        kl = reduce(k3, mask, loss_type, max_tokens)
         loss = loss + beta * kl
         stats["kl"] = float(kl.detach())
     return loss, stats
+
+
+def reduce(per_token: torch.Tensor, mask: torch.Tensor, loss_type: str, max_tokens: int | None = None) -> torch.Tensor:
+    """(R, T) per-token terms -> the loss_type's scalar over these rows (see the module docstring)."""
+    masked = per_token * mask
+    if loss_type == "sum":
+        return masked.sum(-1).mean()
+    if loss_type == "grpo":
+        return (masked.sum(-1) / mask.sum(-1).clamp(min=1)).mean()
+    if loss_type == "dr_grpo":
+        return masked.sum() / (per_token.shape[0] * (max_tokens or per_token.shape[1]))
+    if loss_type in ("token_mean", "dapo", "bnpo"):
+        return masked.sum() / mask.sum().clamp(min=1)
+    raise ValueError(f"loss_type={loss_type!r}; allowed: {LOSS_TYPES}")

@@ -10,12 +10,15 @@ evaluation and baselines call only `generate`; which engine ran is the team's `r
     compiled  kit/compiled.py: a generation model with all adapters stacked, static KV cache, CUDA graphs
     auto      compiled on CUDA, hf on a CPU
 
-An engine is anything with `generate(input_ids, attention_mask, adapters, generation_config) -> (R, T)
-completion ids` and `sync()` (see `Engine`); a vLLM engine would slot in beside these two.
+An engine is anything with `generate(input_ids, attention_mask, adapters, generation_config, row_seeds) -> ((R, T)
+completion ids, (R, T) sampler log-probs)` and `sync()` (see `Engine`); a vLLM engine would slot in beside these
+two, returning the log-probs vLLM computes (`logprobs_mode="processed_logprobs"`).
 
 Sampling is exactly the config's: `sampling_config` sets every field that changes the distribution, so none is
-inherited from a hub model's generation_config (Qwen's sets repetition_penalty=1.05 and top_k=20) and the
-sampled policy is the one the update scores.
+inherited from a hub model's generation_config (Qwen's sets repetition_penalty=1.05 and top_k=20). Every sampled
+row is seeded (kit/sampling.py), and the engine returns, beside each token, its log-prob under the distribution
+it was drawn from (temperature, top-k, top-p). The Segment keeps them; the update scores the same tokens at the
+same temperature and corrects for the rest (top-k/top-p, numerics) by importance weights (kit/magrpo.py).
 
 Not covered: speculative decoding; inference servers (vLLM, SGLang) are not wired in yet.
 """
@@ -30,7 +33,7 @@ from typing import Protocol
 import torch
 
 from kit.magrpo import head_logprobs, token_logprobs
-from kit.sampling import row_seed, seeded_config
+from kit.sampling import row_seed, sampled_logprobs, seeded_config
 
 
 @dataclass
@@ -41,6 +44,9 @@ class Segment:
     completion_mask: (R, T), 1 on completion tokens up to and including the first EOS.
     sample: (R,) index of each row in the flattened sample list (request * G + g).
     agent: (R,) the agent of each row.
+    sampler_logprobs: (R, T) float32, each sampled token's log-prob under the sampler's distribution (0 off the
+        completion mask; 0 everywhere for greedy rows).
+    finished: (R,) bool, the completion ended with EOS (False: cut at max_new_tokens).
     """
 
     base: int
@@ -50,11 +56,14 @@ class Segment:
     prompt_len: int
     sample: torch.Tensor
     agent: torch.Tensor
+    sampler_logprobs: torch.Tensor
+    finished: torch.Tensor
 
     def slice(self, lo: int, hi: int) -> "Segment":
         """Rows lo..hi (a micro-batch of the update)."""
         return Segment(self.base, self.input_ids[lo:hi], self.attention_mask[lo:hi], self.completion_mask[lo:hi],
-                       self.prompt_len, self.sample[lo:hi], self.agent[lo:hi])
+                       self.prompt_len, self.sample[lo:hi], self.agent[lo:hi], self.sampler_logprobs[lo:hi],
+                       self.finished[lo:hi])
 
     def rows(self, agents: list[int]) -> "Segment":
         """The sub-batch of the given agents' rows, with all-padding columns trimmed away."""
@@ -64,7 +73,8 @@ class Segment:
         length = int(comp.sum(-1).max()) if comp.numel() else 0
         end = self.prompt_len + max(length, 1)
         return Segment(self.base, ids[:, first:end], att[:, first:end], comp[:, : end - self.prompt_len],
-                       self.prompt_len - first, self.sample[keep], self.agent[keep])
+                       self.prompt_len - first, self.sample[keep], self.agent[keep],
+                       self.sampler_logprobs[keep][:, : end - self.prompt_len], self.finished[keep])
 
 
 @dataclass
@@ -159,8 +169,9 @@ class Engine(Protocol):
     compile_seconds: float  # cumulative time spent compiling
 
     def generate(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, adapters: list[str],
-                 generation_config, row_seeds: torch.Tensor | None = None) -> torch.Tensor:
-        """(R, P) left-padded prompts, each row's adapter -> (R, T) completion ids (EOS, then padding).
+                 generation_config, row_seeds: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """(R, P) left-padded prompts, each row's adapter -> (R, T) completion ids (EOS, then padding) and (R, T)
+        float32 log-probs of those tokens under the distribution sampled from (0 for greedy decoding).
         With `row_seeds` (R,) int64, sampling is per-row seeded (see `seeded_config`)."""
         ...
 
@@ -191,12 +202,45 @@ class HFEngine:
                                       generation_config=config, logits_processor=processors)
         finally:
             self.model.train(was_training)
-        return seq[:, input_ids.shape[1]:]
+        completion = seq[:, input_ids.shape[1]:]
+        return completion, sampled_logprobs(generation_config, processors, completion)
 
 
 def auto_engine(device: torch.device) -> str:
     """What rollout_engine=auto picks: CUDA graphs pay off on a GPU; on a CPU the eager PEFT path is as fast."""
     return "compiled" if device.type == "cuda" else "hf"
+
+
+def sampler_differs(team, cfg) -> str:
+    """Why the sampler's distribution is not the trainer's (beyond the temperature, which the update applies too),
+    or "" when they are the same computation up to float rounding: PEFT's own generate on a float32 base,
+    without top-k/top-p."""
+    if cfg.top_k > 0 or cfg.top_p < 1.0:
+        return f"top_k={cfg.top_k}/top_p={cfg.top_p} truncate the sampled distribution"
+    for model in team.models:
+        hf = model.get_base_model() if hasattr(model, "get_base_model") else model
+        engine = team.rollout_engine
+        if engine == "auto":
+            engine = auto_engine(next(model.parameters()).device)
+        if engine != "hf":
+            return f"the {engine} engine samples, with its own weights and kernels"
+        if getattr(hf, "is_loaded_in_4bit", False) or getattr(hf, "is_loaded_in_8bit", False):
+            return "the quantized base runs other kernels in generation than in the update"
+        if getattr(hf, "dtype", torch.float32) != torch.float32:
+            return f"{hf.dtype} rounds the KV-cached decode and the update's full forward differently"
+    return ""
+
+
+def rollout_correction(cfg, team, log=print) -> str:
+    """The correction the update applies (kit/magrpo.py): the config's, or for `auto` token_truncate whenever the
+    sampler may differ from the trainer (`sampler_differs`) and none when it cannot."""
+    if cfg.rollout_correction != "auto":
+        return cfg.rollout_correction
+    why = sampler_differs(team, cfg)
+    if why:
+        log(f"[kit] rollout_correction=auto: token_truncate (cap {cfg.rollout_is_cap:g}), since {why}")
+        return "token_truncate"
+    return "none"
 
 
 def engine_for(team, base: int, log=print) -> Engine:
@@ -228,7 +272,8 @@ def generate(team, requests: list[tuple[int, str]], num_generations: int, *, max
     """One batched engine call per base for all requests x G samples. temperature 0 means greedy.
 
     `keys` (one tuple per request) seed every sample on its own, from (seed, key, g): a request samples the same
-    completions whatever else is in the batch (and on whichever process). Without keys, the global torch RNG."""
+    completions whatever else is in the batch (and on whichever process). Without keys, each row's seed is drawn
+    from the global torch RNG (so `torch.manual_seed` still fixes the call)."""
     if keys is not None and len(keys) != len(requests):
         raise ValueError(f"{len(keys)} keys for {len(requests)} requests: give one key per request")
     G = num_generations
@@ -248,19 +293,23 @@ def generate(team, requests: list[tuple[int, str]], num_generations: int, *, max
         agents = [requests[k][0] for k in mine for _ in range(G)]
         eos = eos_ids(model, tok)
         config = sampling_config(max_new_tokens, temperature, top_p, top_k, eos, tok.pad_token_id)
-        seeds = None if keys is None else torch.tensor([row_seed(seed, keys[k], g) for k in mine for g in range(G)])
+        seeds = None  # greedy
+        if keys is not None:
+            seeds = torch.tensor([row_seed(seed, keys[k], g) for k in mine for g in range(G)])
+        elif config.do_sample:  # seeded all the same, so that every engine returns the sampler's log-probs
+            seeds = torch.randint(-2**63, 2**63 - 1, (len(agents),), dtype=torch.int64)
         engine = engine_for(team, base)
         engine.sync()  # every call samples from the adapters as they are now (after any optimizer step or load)
         compiled_before = engine.compile_seconds
         t0 = time.perf_counter()
-        comp = engine.generate(enc["input_ids"], enc["attention_mask"], [team.adapter_of[a] for a in agents],
-                               config, seeds)  # (R, T)
+        comp, logprobs = engine.generate(enc["input_ids"], enc["attention_mask"],
+                                         [team.adapter_of[a] for a in agents], config, seeds)  # (R, T) each
         compile_s = engine.compile_seconds - compiled_before
         out.seconds += time.perf_counter() - t0 - compile_s
         out.compile_seconds += compile_s
         sample = torch.tensor([k * G + g for k in mine for g in range(G)], device=device)
         seg = build_segment(base, enc["input_ids"], enc["attention_mask"], comp, eos, sample,
-                            torch.tensor(agents, device=device))
+                            torch.tensor(agents, device=device), logprobs)
         out.segments.append(seg)
         cmask = seg.completion_mask
         decoded = tok.batch_decode(comp * cmask + tok.pad_token_id * (1 - cmask), skip_special_tokens=True)
@@ -272,12 +321,17 @@ def generate(team, requests: list[tuple[int, str]], num_generations: int, *, max
 
 
 def build_segment(base: int, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, completion: torch.Tensor,
-                  eos: list[int], sample: torch.Tensor, agent: torch.Tensor) -> Segment:
+                  eos: list[int], sample: torch.Tensor, agent: torch.Tensor,
+                  sampler_logprobs: torch.Tensor | None = None) -> Segment:
     """The update's view of one engine call: left-padded prompts (R, P) and completion ids (R, T) joined, with
-    the completion mask (up to and including the first EOS) and the attention over both."""
+    the completion mask (up to and including the first EOS), the attention over both, the sampler's log-probs
+    (0 off the mask; None: greedy, all 0) and whether each row ended with EOS."""
     cmask = completion_mask(completion, eos)
+    finished = torch.isin(completion, torch.tensor(eos, device=completion.device)).any(-1)
+    logprobs = torch.zeros(completion.shape, dtype=torch.float32, device=completion.device) \
+        if sampler_logprobs is None else torch.where(cmask.bool(), sampler_logprobs.to(completion.device).float(), 0.0)
     return Segment(base, torch.cat([prompt_ids, completion], dim=1), torch.cat([prompt_mask, cmask], dim=1), cmask,
-                   prompt_ids.shape[1], sample, agent)
+                   prompt_ids.shape[1], sample, agent, logprobs, finished)
 
 
 @dataclass(frozen=True)
@@ -342,8 +396,9 @@ def _decoder_and_head(model):
     return (decoder, head.weight) if decoder is not None and decoder is not hf and plain_head else None
 
 
-def completion_logprobs(model, seg: Segment) -> torch.Tensor:
-    """Log-probs of the segment's completion tokens under the model's active adapter; (R, T).
+def completion_logprobs(model, seg: Segment, temperature: float = 1.0) -> torch.Tensor:
+    """Log-probs of the segment's completion tokens under the model's active adapter at the sampling
+    `temperature` (softmax(logits / temperature), as the sampler drew them); (R, T).
 
     With a frozen plain output layer (the usual LoRA setup) the decoder's hidden states go through
     `magrpo.head_logprobs`, which never holds all positions' logits at once (the update's memory peak with a
@@ -356,7 +411,7 @@ def completion_logprobs(model, seg: Segment) -> torch.Tensor:
     if parts is not None:
         decoder, weight = parts
         hidden = decoder(**kwargs).last_hidden_state[:, -T - 1:-1]  # (R, T, H): position t predicts token t
-        return head_logprobs(hidden, weight, seg.input_ids[:, -T:])
+        return head_logprobs(hidden, weight, seg.input_ids[:, -T:], temperature=temperature)
     out = model(**kwargs, logits_to_keep=T + 1)
     logits = out.logits[:, :-1]  # (R, T, V): position t predicts completion token t
-    return token_logprobs(logits, seg.input_ids[:, -T:])
+    return token_logprobs(logits, seg.input_ids[:, -T:], temperature)

@@ -11,6 +11,15 @@ exact sample from the warped distribution (the Gumbel-max trick, up to u's resol
 
 So a request samples the same completion whether it is generated alone, in a bigger batch, in another order or on
 another process, and the engines (PEFT's generate, the compiled one) need no random state of their own.
+
+The sampler's own log-probs: `SeededSampling` also keeps, for every sampled token, its log-prob under the warped
+distribution it was drawn from (log_softmax of the warped logits, so renormalised over what top-k/top-p kept):
+
+    sampler_logp_t = log_softmax(warped logits at step t)[token generate appended at t]
+
+It reads the token from the next step's input_ids (and the last one from the finished completion), so the value is
+the one of the token actually emitted, whatever other processors ran after it. These are what the update's
+rollout correction compares with the trainer (kit/magrpo.py).
 """
 
 from __future__ import annotations
@@ -73,20 +82,36 @@ class SeededSampling:
         self.warpers = ([TemperatureLogitsWarper(temperature)] if temperature != 1.0 else []) + \
             ([TopKLogitsWarper(top_k)] if top_k > 0 else []) + ([TopPLogitsWarper(top_p)] if top_p < 1.0 else [])
         self.start: int | None = None  # the prompt width, seen at the first step
+        self.picked: list[torch.Tensor] = []  # (R,) per finished step: the sampled token's log-prob
+        self.last: torch.Tensor | None = None  # (R, V) the latest step's log-probs, until its token is known
 
     def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
         if self.start is None:  # the first step: a sampler serves one generate call, on one device
             self.start = input_ids.shape[1]
             self.row_seeds = self.row_seeds.to(scores.device)  # once, not a blocking copy at every step
+        elif self.last is not None:  # the previous step's token is the last column now
+            self.picked.append(self.last.gather(-1, input_ids[:, -1:])[:, 0])
         for warp in self.warpers:
             scores = warp(input_ids, scores)
+        scores = scores.float()
+        self.last = scores.log_softmax(-1)
         noise = seeded_gumbel(self.row_seeds, input_ids.shape[1] - self.start, scores.shape[-1])
-        return scores.float() + noise  # finite noise: tokens that top-k/top-p set to -inf stay at -inf
+        return scores + noise  # finite noise: tokens that top-k/top-p set to -inf stay at -inf
+
+    def logprobs(self, completion: torch.Tensor) -> torch.Tensor:
+        """(R, T) completion ids of this call -> (R, T) float32 sampler log-probs of those tokens (after a
+        row's EOS: the log-prob of the padding, meaningless and masked by the caller)."""
+        steps = self.picked + ([] if self.last is None else [self.last.gather(-1, completion[:, -1:])[:, 0]])
+        if len(steps) != completion.shape[1]:
+            raise RuntimeError(f"SeededSampling saw {len(steps)} decoding steps for {completion.shape[1]} tokens: "
+                               "one sampler serves exactly one generate call")
+        return torch.stack(steps, -1) if steps else completion.new_zeros(completion.shape, dtype=torch.float32)
 
 
 def seeded_config(generation_config, row_seeds: torch.Tensor | None):
     """(config, logits processors) for one engine call: per-row seeded sampling when seeds are given and the
-    config samples; otherwise the config as it is (greedy, or sampling from the global RNG)."""
+    config samples; otherwise the config as it is (greedy, or sampling from the global RNG).
+    `kit.rollout.generate` always gives seeds when it samples, so every engine gets the sampler log-probs."""
     from transformers import LogitsProcessorList
 
     if row_seeds is None or not generation_config.do_sample:
@@ -102,3 +127,13 @@ def row_seed(seed: int, key: tuple, sample: int) -> int:
     """The int64 sampling seed of sample `sample` of a request with key `key` (any tuple of ints and strings)."""
     digest = hashlib.blake2b(repr((seed, *key, sample)).encode(), digest_size=8).digest()
     return int.from_bytes(digest, "little", signed=True)
+
+
+def sampled_logprobs(generation_config, processors, completion: torch.Tensor) -> torch.Tensor:
+    """The sampler log-probs of a call's completion (R, T): SeededSampling's record; 0 (log 1) for greedy
+    decoding; NaN when the config sampled from the global RNG without seeds (unknown: kit never does that)."""
+    for proc in processors:
+        if isinstance(proc, SeededSampling):
+            return proc.logprobs(completion)
+    fill = float("nan") if generation_config.do_sample else 0.0
+    return torch.full(completion.shape, fill, dtype=torch.float32, device=completion.device)
