@@ -429,12 +429,23 @@ def schemes_section(run: dict, out: Path) -> str:
             ", ".join(f"{k} {last[k]:.0%}" for k in schemes.SCHEMES if last[k] > 0) + "."]
     fresh = _json_or_none(run["path"] / "eval" / "schemes_fresh.json")
     text.append("On fresh samples: " + ", ".join(f"{k} {v:.0%}" for k, v in fresh.items() if v > 0) + "."
-                if fresh else "On fresh samples: not computed (`kit.schemes.fresh_shares`, 04_schemes).")
+                if fresh else "On fresh samples: not computed (`kit.report.save_fresh_shares`, run by 07_report).")
     for scheme, found in schemes.examples(run["path"], per_scheme=2).items():
         for ex in found:
             text.append(f"**{scheme}** (step {ex['step']}, {ex['item']}, reward {ex['reward']:.2f})\n\n"
                         f"```python\n{clip(ex['helper'])}\n\n{clip(ex['main'])}\n```")
     return "\n\n".join(text)
+
+
+def save_fresh_shares(run_dir: str | Path, n: int = 8, log=print) -> dict[str, float]:
+    """Scheme shares on fresh samples from the newest checkpoint (kit.schemes.fresh_shares), saved to
+    eval/schemes_fresh.json where the report's cooperation section reads them."""
+    from kit.schemes import fresh_shares
+
+    shares = fresh_shares(run_dir, n=n, log=log)
+    (Path(run_dir) / "eval").mkdir(exist_ok=True)
+    (Path(run_dir) / "eval" / "schemes_fresh.json").write_text(json.dumps(shares, indent=1))
+    return shares
 
 
 def clip(text: str, lines: int = 25, chars: int = 1500) -> str:

@@ -313,7 +313,8 @@ colab.flush_drive()  # make sure Drive has every file before the runtime goes aw
                  *run_cells(),
                  code("""
 # The report reads what the run holds. Without held-out results its evaluation and Table 1 sections say so;
-# EVALUATE_MISSING runs `kit eval` (every checkpoint) and `kit baselines` first when their files are missing.
+# EVALUATE_MISSING runs `kit eval` (every checkpoint), `kit baselines` and, for the code task, the schemes of fresh
+# samples first when their files are missing.
 EVALUATE_MISSING = True
 N = 2 if SMOKE else 10  # samples per agent per item
 RUNS_TO_COMPARE = []  # other run folders to put beside this one, e.g. ["checkpoints/seed1", "checkpoints/separate"]
@@ -329,6 +330,9 @@ if EVALUATE_MISSING and not list(Path(RUN_DIR, "eval").glob("step_*.json")):
 if EVALUATE_MISSING and not Path(RUN_DIR, "eval", "baselines.json").exists():
     from kit.baselines import compare
     compare(RUN_DIR, ["naive"] if SMOKE else None, n=N)
+is_code = report.read_run(RUN_DIR)["config"].get("task") == "code"
+if EVALUATE_MISSING and is_code and not Path(RUN_DIR, "eval", "schemes_fresh.json").exists():
+    report.save_fresh_shares(RUN_DIR, n=N)  # cooperation schemes on fresh samples from the newest checkpoint
 results = report.write_report(RUN_DIR)
 report.show(results)
 """),

@@ -226,3 +226,14 @@ def test_report_subcommand_writes_results_md(runs, capsys):
     assert main(["report", "--run-dir", str(runs["hanabi"])]) == 0
     assert "report written" in capsys.readouterr().out and (runs["hanabi"] / "report" / "RESULTS.md").exists()
     assert main(["report", "--run-dir", str(runs["hanabi"] / "nothing")]) == 2
+
+
+def test_the_papers_table_is_named_only_where_the_setting_matches():
+    from kit.report import paper_note
+
+    matched = paper_note({"task": "code", "task_args": {"dataset": "coop"}, "model_name": "Qwen/Qwen2.5-Coder-3B-Instruct"})
+    assert "matches the paper's Table 1" in matched and "CoopHumanEval" in matched
+    other_size = paper_note({"task": "code", "task_args": {}, "model_name": "Qwen/Qwen2.5-Coder-1.5B-Instruct"})
+    assert "not comparable" in other_size
+    assert paper_note({"task": "toy", "model_name": "tiny"}) == ""
+    assert paper_note({"task": "code", "task_args": {"dataset": "hub:someone/else"}, "model_name": "x-3B"}) == ""
