@@ -16,7 +16,8 @@ import os
 import shutil
 from pathlib import Path
 
-from kit.env import flush_drive, gpu_summary, in_colab, mount_drive, require_gpu, secret, smoke  # noqa: F401
+from kit.env import (flush_drive, gpu_summary, in_colab, mount_drive, require_gpu, secret, secret_status,  # noqa: F401
+                     smoke)
 from kit.rundir import DRIVE_FOLDER, LOCAL_ROOT, restore
 
 
@@ -33,13 +34,19 @@ def start_or_resume(cfg, log=print, **trainer_kwargs):
         restore(cfg.mirror_dir, cfg.run_dir, log=log)
     resume = (Path(cfg.run_dir) / "config.json").exists()
     if resume:
-        log(f"[kit] continuing the run in {cfg.run_dir}")
+        from kit.rundir import newest_step
+
+        step = newest_step(cfg.run_dir)
+        log(f"[kit] continuing the run in {cfg.run_dir} from its checkpoint at step {step}" if step >= 0 else
+            f"[kit] {cfg.run_dir} holds a run stopped before its first checkpoint: starting it again from step 0")
     return trainer_class(cfg.task)(cfg, resume=resume, log=log, **trainer_kwargs)
 
 
 def train_to_end(trainer, every: int = 5) -> dict:
     """01_train's training cell: train with a live reward curve (the whole run, resumes included), save
-    eval/learning_curves.png, then close the trainer, whose last Drive copy takes the figure along."""
+    eval/learning_curves.png, then close the trainer, whose last Drive copy takes the figure along. The summary
+    says where the last good Drive backup is (a failed one is warned about, never raised). Run again after the
+    end, it only says that the run is complete."""
     from kit import plots
 
     summary = trainer.train(on_step=plots.LiveCurve(every, run_dir=trainer.run_dir))
@@ -47,6 +54,8 @@ def train_to_end(trainer, every: int = 5) -> dict:
         plots.learning_curves(trainer.run_dir, path=trainer.run_dir / "eval" / "learning_curves.png")
     finally:
         trainer.close()
+    if trainer.mirror is not None:
+        summary["backup"] = trainer.mirror.status()
     return summary
 
 
@@ -76,7 +85,11 @@ def preset_smoke_test(preset: str, log=print) -> str:
     from kit.config import load_config
     from kit.game_trainer import trainer_class
 
-    require_gpu(preset)
+    try:
+        require_gpu(preset)
+    except RuntimeError as err:
+        log(f"FAIL: {err}")
+        raise
     overrides = ["num_steps=2", "save_every=0", "eval_every=0", "batch_size=1", "num_generations=2",
                  "log_rollouts=false", "progress=false"]
     if load_config(preset).max_new_tokens > 64:
@@ -119,7 +132,8 @@ def smoke_run(log=print) -> Path:
 
 def notebook_config(preset: str, task: str, task_args: dict, run_name: str, drive: Path | None = None,
                     drive_folder: str = DRIVE_FOLDER, num_steps: int | None = None,
-                    judge_model: str | None = None, judge_budget_usd: float = 15.0, smoke: bool = False, log=print):
+                    judge_model: str | None = None, judge_budget_usd: float = 15.0, smoke: bool = False, log=print,
+                    save_every: int | None = None):
     """01_train's parameters as a validated TrainConfig: the run on this disk, mirrored to Drive when mounted.
     `smoke` (KIT_SMOKE=1) swaps in the tiny CPU preset and a few steps of the code task (a game task: the same
     game, 6 decisions per episode), mirrored (if at all) to its own Drive folder `<drive_folder>/_smoke/<run_name>`,
@@ -131,6 +145,8 @@ def notebook_config(preset: str, task: str, task_args: dict, run_name: str, driv
               "mirror_dir": str(folder / run_name) if folder else None}
     if num_steps:
         values["num_steps"] = num_steps
+    if save_every is not None:  # 0: only the last step
+        values["save_every"] = save_every
     if judge_model:
         values.update(judge_model=judge_model, use_judge_reward=True, judge_budget_usd=judge_budget_usd)
     if smoke:

@@ -5,6 +5,7 @@
     require_gpu(preset)             stop full mode on a CPU runtime with how to switch it
     mount_drive(), flush_drive()    Google Drive (only in Colab); None elsewhere
     secret("ANTHROPIC_API_KEY")     from the environment or Colab secrets; never printed
+    secret_status(name)             "found", "not set", or "grant access" (a Colab secret this notebook may not read)
 """
 
 from __future__ import annotations
@@ -61,21 +62,50 @@ def flush_drive(log=print) -> None:
         log("[kit] Drive flushed and unmounted")
 
 
-def secret(name: str) -> str | None:
+def secret(name: str, log=print) -> str | None:
     """A secret from the environment or Colab's secrets panel, or None. The value is never printed or logged,
     and a panel secret is returned, never exported to os.environ: it then lives only in the object that uses it
-    (the judge's SDK client), not in this process's /proc/<pid>/environ nor in any child's environment."""
-    value = os.environ.get(name)
-    if value:
-        return value
-    if in_colab():
-        try:
-            from google.colab import userdata
+    (the judge's SDK client), not in this process's /proc/<pid>/environ nor in any child's environment.
+    A panel secret this notebook may not read is said in one line (how to grant access)."""
+    value, why = _lookup(name)
+    if why == "no access":
+        log(f"[kit] {secret_status(name)}")
+    return value
 
-            return userdata.get(name)
-        except Exception:  # not set, or notebook access not granted: the feature stays off
-            return None
-    return None
+
+def secret_status(name: str) -> str:
+    """00_setup's line about a secret: found, not set, or set in Colab but not granted to this notebook."""
+    value, why = _lookup(name)
+    if value:
+        return f"{name}: found"
+    if why == "no access":
+        return (f"{name} is in Colab's secrets but this notebook may not read it: grant access (the key icon on "
+                "the left, switch 'Notebook access' on for it), then run this cell again")
+    if why:
+        return f"{name}: Colab's secrets could not be read ({why})"
+    return f"{name}: not set"
+
+
+def _lookup(name: str) -> tuple[str | None, str | None]:
+    """(value, None), or (None, why): why is None when the secret is simply not set."""
+    value = os.environ.get(name)
+    if value or not in_colab():
+        return value or None, None
+    try:
+        from google.colab import userdata
+
+        return userdata.get(name) or None, None
+    except Exception as err:  # google.colab.userdata: SecretNotFoundError, NotebookAccessError, TimeoutException
+        kind = type(err).__name__
+        if kind == "SecretNotFoundError":
+            return None, None
+        if kind == "NotebookAccessError":
+            return None, "no access"
+        return None, f"{kind}: {err}"
+
+
+class GPUNeeded(RuntimeError):
+    """A preset made for a GPU asked for on a machine without one."""
 
 
 def require_gpu(preset: str) -> None:
@@ -83,6 +113,6 @@ def require_gpu(preset: str) -> None:
     import torch
 
     if not preset.startswith("tiny") and not torch.cuda.is_available():
-        raise RuntimeError(f"preset {preset!r} needs a GPU and this runtime has none. In Colab: Runtime > Change "
-                           "runtime type > GPU (A100 for colab_a100, T4 for colab_t4), then Run all again. To try "
-                           "the kit on a CPU, set PRESET = 'tiny_cpu' (or KIT_SMOKE=1 for the smoke run).")
+        raise GPUNeeded(f"preset {preset!r} needs a GPU and this runtime has none. In Colab: Runtime > Change "
+                        "runtime type > GPU (A100 for colab_a100, T4 for colab_t4), then Run all again. To try "
+                        "the kit on a CPU, set PRESET = 'tiny_cpu' (or KIT_SMOKE=1 for the smoke run).")

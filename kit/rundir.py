@@ -5,7 +5,9 @@
     open_run(run_dir)                 a run's config, task and reward model: how the trainer (from_run), evaluation,
                                       schemes and the explorer open a run
     find_run(run_name, drive)         the run folder to analyse: local checkpoints/<run_name> or its Drive mirror
-    Mirror(run_dir, mirror_dir)       copies checkpoints and logs to Drive after each save, in the background
+    append_jsonl(path, rows)          add a step's rows in one write that a Ctrl-C / Colab stop cannot cut short
+    Mirror(run_dir, mirror_dir)       copies checkpoints and logs to Drive after each save, in the background; a
+                                      failed copy is said loudly and retried at the next save
     restore(mirror_dir, run_dir)      brings the newest complete checkpoint back after a disconnect
 
 Why a mirror and not training straight on Drive: Drive is slow and can drop writes when a runtime dies. The
@@ -19,9 +21,11 @@ anywhere else is real damage and is reported with its file and line number.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
+import signal
 import threading
 import warnings
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -52,6 +56,34 @@ def read_jsonl(path: str | Path) -> list[dict]:
     return rows
 
 
+@contextlib.contextmanager
+def interrupt_deferred():
+    """Hold back a Ctrl-C (a Colab or Jupyter stop: SIGINT) until the block is done, then raise it. Outside the
+    main thread, where no signal handler can be set, the block simply runs."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    caught = []
+    previous = signal.signal(signal.SIGINT, lambda *args: caught.append(args))
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, signal.default_int_handler if previous is None else previous)
+        if caught:
+            signal.raise_signal(signal.SIGINT)  # honoured now, by the handler that was there before
+
+
+def append_jsonl(path: str | Path, rows: list[dict]) -> None:
+    """Append `rows` as JSON lines in one write, with an interrupt held back until the write is done: a step's
+    rows reach the file whole (a runtime that dies outright can still tear the last line: see read_jsonl)."""
+    if not rows:
+        return
+    with interrupt_deferred():
+        text = "".join(json.dumps(row) + "\n" for row in rows)
+        with open(path, "a") as f:
+            f.write(text)
+
+
 def truncate_jsonl(path: str | Path, step: int) -> None:
     """Rewrite a log keeping the rows of steps <= `step` (and dropping a torn last line)."""
     path = Path(path)
@@ -70,7 +102,7 @@ class Run:
         if not (self.path / CONFIG).exists():
             raise FileNotFoundError(f"{self.path} has no {CONFIG}: is it a run directory made by `python -m kit "
                                     "train` or 01_train?")
-        self.cfg = load_config(path=self.path / CONFIG, overrides=list(overrides))
+        self.cfg = load_config(path=self.path / CONFIG, overrides=list(overrides), saved=True)
         self._task = None
 
     @property
@@ -125,7 +157,11 @@ def find_run(run_name: str, drive: str | Path | None = None, drive_folder: str =
 
 
 class Mirror:
-    """Copy a run directory's logs and complete checkpoints to another folder (Drive) in a background thread."""
+    """Copy a run directory's logs and complete checkpoints to another folder (Drive) in a background thread.
+
+    A failed copy never stops training: `check()` (the trainer calls it every step, in the main thread, so the
+    message lands in the training cell) says it loudly the first time, with the reason and the newest step that
+    is safe on Drive; the next `push()` copies everything that is still missing, so a retry is automatic."""
 
     def __init__(self, run_dir: str | Path, mirror_dir: str | Path, keep_last: int = 3, keep_history: int = 0,
                  log=print):
@@ -135,26 +171,84 @@ class Mirror:
         self._pool = ThreadPoolExecutor(1, thread_name_prefix="kit-mirror")  # one copy at a time, in order
         self._pending: list[Future] = []
         self._lock = threading.Lock()
+        self.last_good: int | None = None  # the newest checkpoint step a whole copy put on the mirror
+        self.error: BaseException | None = None  # the last copy's error; None once a copy succeeds again
+        self._outcomes: list[BaseException | None] = []  # finished copies not yet reported (kept until check())
+        self._warned = self._closed = False
 
     def push(self) -> Future:
         """Queue a copy of everything new; returns at once."""
+        self.check()
         future = self._pool.submit(self._copy)
+        future.add_done_callback(self._finished)
         with self._lock:
             self._pending = [f for f in self._pending if not f.done()] + [future]
         return future
 
+    def _finished(self, future: Future) -> None:
+        with self._lock:
+            self._outcomes.append(future.exception())
+
+    def check(self) -> None:
+        """Report copies that finished since the last call: the first failure loudly, later ones in a line each,
+        and a recovery. Never raises: a failing Drive must not cost the run."""
+        with self._lock:
+            outcomes, self._outcomes = self._outcomes, []
+        for err in outcomes:
+            if err is None:
+                if self.error is not None:
+                    self.log(f"[kit] the Drive backup works again: {self.status()}")
+                self.error = None
+                continue
+            self.error = err
+            why = f"{type(err).__name__}: {err}"
+            if self._warned:
+                self.log(f"[kit] WARNING: the Drive backup failed again ({why}); {self.status()}")
+                continue
+            self._warned = True
+            self.log("!" * 100 + f"\n[kit] WARNING: the backup to {self.mirror_dir} FAILED: {why}\n"
+                     f"      Training goes on and the copy is retried at the next save; {self.status()}. Newer "
+                     f"checkpoints are only on this runtime's disk ({self.run_dir}) and are lost if it "
+                     "disconnects.\n      Check that Drive is mounted and has space, and that the folder is "
+                     "writable.\n" + "!" * 100)
+
+    def status(self) -> str:
+        """'last good backup: step N (<mirror>)', or that none was made."""
+        if self.last_good is None:
+            return f"last good backup: none yet ({self.mirror_dir})"
+        return f"last good backup: step {self.last_good} ({self.mirror_dir})"
+
     def flush(self) -> None:
-        """Wait for queued copies; raise the first copy error so a failing Drive is not silent."""
+        """Wait for queued copies and report how they went (see check)."""
         with self._lock:
             pending, self._pending = self._pending, []
         for f in pending:
-            f.result()
+            try:
+                f.result()
+            except Exception:  # recorded by _finished, said by check()
+                pass
+        self.check()
 
-    def close(self) -> None:
-        self.flush()
-        self._pool.shutdown(wait=True)
+    def close(self) -> str:
+        """Wait for the last copy; returns status(). Closing twice is harmless."""
+        if not self._closed:
+            self._closed = True
+            self.flush()
+            self._pool.shutdown(wait=True)
+            if self.error is not None:
+                self.log(f"[kit] WARNING: the last backup to Drive FAILED ({type(self.error).__name__}: "
+                         f"{self.error}); {self.status()}. The newest checkpoint is only in {self.run_dir}.")
+        return self.status()
 
     def _copy(self) -> None:
+        from kit.checkpoint import complete_checkpoints
+
+        newest = complete_checkpoints(self.run_dir)
+        self._copy_all()
+        if newest:
+            self.last_good = int(newest[0].name.split("_")[-1])
+
+    def _copy_all(self) -> None:
         from kit.checkpoint import HISTORY, complete_checkpoints, thin_history
 
         self.mirror_dir.mkdir(parents=True, exist_ok=True)

@@ -92,8 +92,9 @@ class Trainer:
         if exists and not resume:
             raise FileExistsError(f"run_dir {str(self.run_dir)!r} already holds a run; resume it (resume=True, "
                                   "--resume) or choose another run_dir")
-        if exists:  # refuse a changed setting now, before minutes of model loading
+        if exists:  # refuse a changed setting, or a run whose checkpoints are all damaged, before model loading
             config_mod.check_resume(saved, self.cfg)
+            checkpoint.check_resumable(self.run_dir, cfg.mirror_dir)
         elif resume:
             log(f"[kit] nothing to resume in {self.run_dir} (no run there yet): starting a new run")
         resume = exists

@@ -36,18 +36,30 @@ KIT_DIR = "/content/magrpo-kit"
 import os, subprocess, sys
 if "google.colab" in sys.modules:
     if not os.path.isdir(os.path.join(KIT_DIR, "kit")):
+        print(f"getting the kit from {{REPO}} (branch {{BRANCH}}) ...", flush=True)
         got = subprocess.run(["git", "clone", "-q", "--depth", "1", "-b", BRANCH, REPO, KIT_DIR],
                              capture_output=True, text=True)
         if got.returncode != 0:
-            why = (got.stderr.strip().splitlines() or ["git clone failed"])[0]
+            if "remote branch" in got.stderr.lower():  # the repository is there, the branch is not
+                raise RuntimeError(f"{{REPO}} has no branch {{BRANCH!r}}: set BRANCH at the top of this cell to one "
+                                   "of its branches, then run this cell again.") from None
+            why = (got.stderr.strip().splitlines() or ["git clone failed"])[-1]
             raise RuntimeError(f"could not get the kit from {{REPO}} (branch {{BRANCH}}): {{why}}. "
                                "Set REPO at the top of this cell to the kit's repository (your fork; a private one "
                                f"as https://<token>@github.com/...) or upload the repository to {{KIT_DIR}}, then "
                                "run this cell again.") from None
-    got = subprocess.run([sys.executable, "-m", "pip", "install", "-q", "-r", f"{{KIT_DIR}}/requirements.txt"],
-                         capture_output=True, text=True)
-    if got.returncode != 0:
-        raise RuntimeError(f"pip could not install the kit's requirements: {{got.stderr.strip()[-1500:]}}") from None
+    # pip's own lines as they come (Colab shows nothing of a process that is not streamed): a minute or two
+    print("installing the kit's requirements ...", flush=True)
+    pip = subprocess.Popen([sys.executable, "-m", "pip", "install", "--progress-bar", "off", "-r",
+                            f"{{KIT_DIR}}/requirements.txt"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    said = []
+    for line in pip.stdout:
+        said.append(line.rstrip())
+        if not line.startswith("Requirement already satisfied"):
+            print(line, end="", flush=True)
+    if pip.wait() != 0:
+        raise RuntimeError("pip could not install the kit's requirements: " + "\\n".join(said[-15:])) from None
+    print("the kit is installed", flush=True)
     os.chdir(KIT_DIR)
 """, tags=["colab"])
 
@@ -113,9 +125,8 @@ def build() -> None:
                  DRIVE,
                  code("""
 # API keys come from the environment or Colab secrets (the key icon on the left); they are never printed.
-key = colab.secret("ANTHROPIC_API_KEY")
-print("ANTHROPIC_API_KEY:", "found" if key else "not set: the optional Claude judge stays off")
-del key
+# Not set: the optional Claude judge stays off.
+print(colab.secret_status("ANTHROPIC_API_KEY"))
 """),
                  code("""
 PRESET = "colab_a100"  # colab_a100 (A100), colab_t4 (free T4), colab_hanabi (06: Hanabi, A100) or tiny_cpu
@@ -140,11 +151,12 @@ JUDGE_BUDGET_USD = 15.0  # hard cap on judge spend for this run
 RUN_NAME = "magrpo_code"  # the run's folder name, here and on Drive
 DRIVE_FOLDER = "{DRIVE_FOLDER}"  # under MyDrive; 02-05 find the run there by RUN_NAME
 NUM_STEPS = None  # None: the preset's
+SAVE_EVERY = None  # a checkpoint (and a Drive copy) every this many steps; None: the preset's
 """.replace("{DRIVE_FOLDER}", DRIVE_FOLDER), tags=["parameters"]),
                  DRIVE,
                  code("""
 cfg = colab.notebook_config(PRESET, TASK, TASK_ARGS, RUN_NAME, globals().get("drive"), DRIVE_FOLDER, NUM_STEPS,
-                            JUDGE_MODEL, JUDGE_BUDGET_USD, smoke=SMOKE)
+                            JUDGE_MODEL, JUDGE_BUDGET_USD, smoke=SMOKE, save_every=SAVE_EVERY)
 print(f"run: {cfg.run_dir}  mirror: {cfg.mirror_dir}  model: {cfg.model_name}  task: {cfg.task} {cfg.task_args}")
 """),
                  *train_cells("# Trains with a live reward curve (the whole run, also after a resume), writes "

@@ -8,6 +8,7 @@ import re
 import subprocess
 import sys
 import types
+from concurrent.futures import wait
 from pathlib import Path
 
 import nbformat
@@ -56,27 +57,57 @@ def test_install_cell_stops_with_one_clear_message_when_the_clone_fails(tmp_path
         exec(compile(source, "install-cell", "exec"), {})
 
 
-def test_install_cell_clones_installs_and_enters_the_repository(tmp_path, monkeypatch):
-    monkeypatch.setitem(sys.modules, "google.colab", types.ModuleType("google.colab"))
-    monkeypatch.chdir(tmp_path)
-    origin = tmp_path / "origin"  # a stand-in for the kit's repository, on branch main
+def git_origin(tmp_path) -> Path:
+    """A stand-in for the kit's repository, on branch main."""
+    origin = tmp_path / "origin"
     (origin / "kit").mkdir(parents=True)
     (origin / "kit" / "__init__.py").write_text("")
     (origin / "requirements.txt").write_text("numpy\n")
     git = ["git", "-C", str(origin), "-c", "user.name=t", "-c", "user.email=t@t"]
     for cmd in (["init", "-q", "-b", "main"], ["add", "-A"], ["commit", "-q", "-m", "kit"]):
         subprocess.run(git + cmd, check=True, capture_output=True)
-    real_run, calls = subprocess.run, []
+    return origin
 
-    def run(cmd, **kw):  # git for real; pip recorded, not run
+
+class FakePip:
+    """pip's process: its lines come one by one, as a real install's do."""
+
+    def __init__(self):
+        self.stdout = iter(["Requirement already satisfied: numpy in /usr/lib\n", "Collecting peft>=0.13\n",
+                            "Successfully installed peft-0.13.2\n"])
+
+    def wait(self):
+        return 0
+
+
+def test_install_cell_clones_installs_and_enters_the_repository(tmp_path, monkeypatch, capsys):
+    monkeypatch.setitem(sys.modules, "google.colab", types.ModuleType("google.colab"))
+    monkeypatch.chdir(tmp_path)
+    origin = git_origin(tmp_path)
+    real_popen, calls = subprocess.Popen, []
+
+    def popen(cmd, **kw):  # git for real; pip recorded, its output simulated
         calls.append(cmd)
-        return real_run(cmd, **kw) if cmd[0] == "git" else subprocess.CompletedProcess(cmd, 0, "", "")
+        return real_popen(cmd, **kw) if cmd[0] == "git" else FakePip()
 
-    monkeypatch.setattr(subprocess, "run", run)
+    monkeypatch.setattr(subprocess, "Popen", popen)
     exec(compile(install_cell(f"file://{origin}", tmp_path / "kit_home"), "install-cell", "exec"), {})
     assert (tmp_path / "kit_home" / "kit" / "__init__.py").exists()
     assert Path.cwd() == tmp_path / "kit_home"
     assert calls[-1][-2:] == ["-r", f"{tmp_path}/kit_home/requirements.txt"]
+    # issue 24: the install shows its progress as it goes, not nothing for minutes
+    out = capsys.readouterr().out
+    assert "Collecting peft" in out and "Successfully installed" in out and "already satisfied" not in out
+
+
+def test_install_cell_blames_a_wrong_branch_on_branch_not_on_repo(tmp_path, monkeypatch):
+    monkeypatch.setitem(sys.modules, "google.colab", types.ModuleType("google.colab"))
+    monkeypatch.chdir(tmp_path)
+    source = install_cell(f"file://{git_origin(tmp_path)}", tmp_path / "kit_home").replace(
+        'BRANCH = "main"', 'BRANCH = "no-such-branch"')
+    with pytest.raises(RuntimeError, match="has no branch 'no-such-branch': set BRANCH") as err:
+        exec(compile(source, "install-cell", "exec"), {})
+    assert "Set REPO" not in str(err.value)
 
 
 def test_the_repository_url_is_set_in_one_place_and_the_readme_says_where():
@@ -375,3 +406,150 @@ def test_the_reward_slider_covers_every_logged_reward(toy_run, tmp_path):
     table = next(w for w in box.children if type(w).__name__ == "HTML" and "<table>" in w.value)
     step_rows = [r for r in rows if r["step"] == rows[-1]["step"]]
     assert table.value.count("<tr>") == len(step_rows) + 1
+
+
+# Issue 24 (second pass) --------------------------------------------------------------------------------------
+
+def test_a_failing_drive_backup_is_said_at_once_retried_at_the_next_save_and_the_summary_still_comes(tmp_path):
+    run, blocker = tmp_path / "run", tmp_path / "drive_file"
+    blocker.write_text("a file where Drive's folder should be")  # every copy fails: NotADirectoryError
+    said = []
+    trainer = Trainer(cfg_for(run, "num_steps=3", "save_every=2", f"mirror_dir={blocker / 'run'}"), log=said.append)
+    trainer.train(max_steps=2)  # step 2 is saved and its copy queued
+    wait(trainer.mirror._pending)  # ...and it fails long before the next save
+    blocker.unlink()  # Drive is back: the next save (step 3, the last) copies everything that is missing
+    summary = colab.train_to_end(trainer, every=100)
+    loud = [s for s in said if "FAILED: NotADirectoryError" in s]
+    assert len(loud) == 1 and "retried at the next save" in loud[0] and "last good backup: none yet" in loud[0]
+    assert summary["backup"] == f"last good backup: step 3 ({blocker / 'run'})"
+    assert any("works again" in s for s in said)
+    assert [p.name for p in checkpoint.complete_checkpoints(blocker / "run")] == ["step_000003", "step_000002"]
+
+
+def test_a_drive_that_stays_broken_ends_with_a_warning_and_the_summary_not_an_exception(tmp_path):
+    blocker = tmp_path / "drive_file"
+    blocker.write_text("")
+    said = []
+    trainer = Trainer(cfg_for(tmp_path / "run", "num_steps=1", f"mirror_dir={blocker / 'run'}"), log=said.append)
+    summary = colab.train_to_end(trainer, every=100)
+    assert summary["steps"] == 1 and summary["backup"].startswith("last good backup: none yet")
+    assert any("last backup to Drive FAILED" in s for s in said)
+
+
+def test_the_training_cell_run_again_after_the_end_says_the_run_is_complete(tmp_path):
+    said = []
+    trainer = Trainer(cfg_for(tmp_path / "run", "num_steps=1", f"mirror_dir={tmp_path / 'drive'}"), log=said.append)
+    colab.train_to_end(trainer, every=100)
+    said.clear()
+    assert colab.train_to_end(trainer, every=100)["steps"] == 1
+    assert any("the run is complete (1 of 1 steps)" in s for s in said)
+
+
+def without_timings(rows):
+    return [{k: v for k, v in r.items() if not k.startswith("perf/")} for r in rows]
+
+
+def test_a_stop_while_the_rollouts_are_written_loses_no_row_and_the_run_stays_exact(toy_run, tmp_path, monkeypatch):
+    import json as json_module
+    import os
+    import signal
+
+    run = tmp_path / "run"
+    trainer = Trainer(cfg_for(run), **QUIET)  # the same run as toy_run
+    real_dumps, written = json_module.dumps, []
+
+    def dumps(row, *a, **k):  # Colab's stop button (SIGINT) arrives midway through step 2's rollouts
+        if isinstance(row, dict) and row.get("step") == 2 and "completions" in row:
+            written.append(row)
+            if len(written) == 2:
+                os.kill(os.getpid(), signal.SIGINT)
+        return real_dumps(row, *a, **k)
+
+    monkeypatch.setattr(json_module, "dumps", dumps)
+    with pytest.raises(KeyboardInterrupt):
+        trainer.train()
+    monkeypatch.setattr(json_module, "dumps", real_dumps)
+    steps = [r["step"] for r in rundir.read_jsonl(run / "rollouts.jsonl")]
+    assert steps.count(2) == steps.count(1) > 0  # the stopped step's rows are all there
+    trainer.train()  # the training cell run again: goes on exactly
+    trainer.close()
+    assert (run / "rollouts.jsonl").read_text() == (toy_run / "rollouts.jsonl").read_text()
+    assert without_timings(rundir.read_jsonl(run / "metrics.jsonl")) == \
+        without_timings(rundir.read_jsonl(toy_run / "metrics.jsonl"))
+
+
+def test_a_restart_before_the_first_checkpoint_says_so_and_writes_the_step_0_eval_once(tmp_path):
+    cfg = cfg_for(tmp_path / "run", "eval_every=1", "save_every=5", "num_steps=2", "num_eval_items=1")
+    first = Trainer(cfg, **QUIET)
+    first.train(max_steps=1)  # the step-0 eval and step 1 are logged; no checkpoint yet
+    first.close()
+    said = []
+    trainer = colab.start_or_resume(cfg, log=said.append)
+    assert not any("continuing the run" in s for s in said)
+    assert any("stopped before its first checkpoint: starting it again from step 0" in s for s in said)
+    trainer.train()
+    trainer.close()
+    assert [r["step"] for r in rundir.read_jsonl(tmp_path / "run" / "metrics.jsonl")] == [0, 1, 2]
+
+
+def test_cli_a_gpu_preset_without_a_gpu_is_the_notebooks_refusal_in_one_line(tmp_path, capsys, monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert cli(["train", "--preset", "colab_a100", "--run-dir", str(tmp_path / "r")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "needs a GPU" in err and "Change runtime type > GPU" in err and "\n" not in err
+    assert not (tmp_path / "r").exists()
+
+
+def test_cli_a_model_that_cannot_be_loaded_is_one_line(tmp_path, capsys, monkeypatch):
+    import huggingface_hub.constants
+
+    # no network, as in a Colab without it: the name is looked up in the local cache only, and is not there
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
+    assert cli(["train", "--preset", "tiny_cpu", "--run-dir", str(tmp_path / "r"), "--set",
+                "model_name=kit-tests/no-such-model"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("error: could not load model 'kit-tests/no-such-model'") and "\n" not in err
+
+
+def test_the_smoke_cell_without_a_gpu_prints_a_fail_line(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    said = []
+    with pytest.raises(RuntimeError, match="needs a GPU"):
+        colab.preset_smoke_test("colab_t4", log=said.append)
+    assert said and said[0].startswith("FAIL: preset 'colab_t4' needs a GPU")
+
+
+class NotebookAccessError(Exception):  # google.colab.userdata's names for the two cases
+    pass
+
+
+class SecretNotFoundError(Exception):
+    pass
+
+
+@pytest.mark.parametrize("error, line", [(NotebookAccessError, "grant access"), (SecretNotFoundError, "not set")])
+def test_a_colab_secret_not_granted_to_the_notebook_says_grant_access(error, line, monkeypatch):
+    from kit import env
+
+    def get(name):
+        raise error(name)
+
+    monkeypatch.setitem(sys.modules, "google", types.ModuleType("google"))
+    monkeypatch.setitem(sys.modules, "google.colab", types.SimpleNamespace(userdata=types.SimpleNamespace(get=get)))
+    monkeypatch.setattr(env, "in_colab", lambda: True)
+    monkeypatch.delenv("KIT_TEST_SECRET", raising=False)
+    said = []
+    assert colab.secret("KIT_TEST_SECRET", log=said.append) is None
+    assert line in colab.secret_status("KIT_TEST_SECRET")
+    assert bool(said) == (error is NotebookAccessError)
+    cells = nbformat.read(ROOT / "notebooks" / "00_setup.ipynb", as_version=4).cells
+    assert any('colab.secret_status("ANTHROPIC_API_KEY")' in c.source for c in cells)
+
+
+def test_01_sets_save_every(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    assert colab.notebook_config("colab_a100", "code", {}, "x", save_every=7, **QUIET).save_every == 7
+    nb = nbformat.read(ROOT / "notebooks" / "01_train.ipynb", as_version=4)
+    params = next(c.source for c in nb.cells if "parameters" in c.metadata.get("tags", []))
+    assert re.search(r"^SAVE_EVERY = None", params, flags=re.M)
+    assert any("save_every=SAVE_EVERY" in c.source for c in nb.cells)
