@@ -239,8 +239,8 @@ SAVED_DEFAULTS = {"rollout_correction": "none"}
 
 def _legacy(key: str, value):
     """Values older configs hold for a field whose type has changed since."""
-    if key == "scale_rewards" and isinstance(value, bool):
-        return "group" if value else "none"
+    if key == "scale_rewards" and (isinstance(value, bool) or str(value).lower() in ("true", "false")):
+        return "group" if str(value).lower() == "true" else "none"  # a bool, or one as a `key=value` string
     return value
 
 

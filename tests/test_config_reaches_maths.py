@@ -7,7 +7,9 @@ of the tiny model)
 One table per stage, one row per field (or per pair of fields that act together):
     advantages   scale_rewards, advantage_mode, advantage_clip, reward_processor, reward_weights, joint_mode,
                  num_turns with discount, batch_size and num_generations
-    loss         loss_type, beta (and its reference: the model with the adapter off)
+    loss         loss_type, beta (and its reference: the model with the adapter off), temperature (the update
+                 scores at it), rollout_correction with rollout_is_cap, num_iterations (the clipped form),
+                 mask_truncated_completions
     optimizer    learning_rate, weight_decay, max_grad_norm
     schedule     lr_scheduler, warmup_steps, num_steps (tests/test_trainer.py: the trainer applies and logs it)
     sampling     seed (the row seeds, each step's global RNGs), temperature, top_p, top_k, max_new_tokens;
@@ -77,6 +79,13 @@ ADVANTAGES = [  # overrides, reward functions, turn-0 advantages of each item: (
     (("scale_rewards=true",), (), [np.array(MEAN) / (math.sqrt(42) + 1e-6)] * 2),  # population std sqrt(42)
     (("advantage_mode=rloo",), (), [[0 - 9, 3 - 7.5, 15 - 1.5]] * 2),  # R minus the mean of the others
     (("advantage_mode=none",), (), [[0, 3, 15]] * 2),
+    (("advantage_mode=raw",), (), [[0, 3, 15]] * 2),  # MAREINFORCE
+    (("advantage_mode=max",), (), [[0 - 15, 3 - 15, 15 - 15]] * 2),  # MAReMax: R minus the group's best
+    (("scale_rewards=group",), (), [np.array(MEAN) / (math.sqrt(42) + 1e-6)] * 2),
+    # cross: per-agent returns [4, 5, 9] and [2, 4, 12] (below); batch: one std over all six, sqrt(70 / 6)
+    (("scale_rewards=batch", "joint_mode=cross"), (), np.array([[-2, -1, 3], [-4, -2, 6]]) / (math.sqrt(70 / 6) + 1e-6)),
+    (("scale_rewards=group", "joint_mode=cross"), (), [np.array([-2, -1, 3]) / (math.sqrt(14 / 3) + 1e-6),
+                                                       np.array([-4, -2, 6]) / (math.sqrt(56 / 3) + 1e-6)]),
     (("advantage_clip=4",), (), [[-4, -3, 4]] * 2),
     (("reward_processor=scale(0.5)",), (), [[-3, -1.5, 4.5]] * 2),
     (("reward_weights=[1.0, 0.5]",), (bonus,), [[-6 - 1 / 6, -3 - 1 / 6, 9 + 1 / 3]] * 2),  # R = [0, 3, 15.5]
@@ -117,27 +126,54 @@ def sampled(tmp_path, *overrides):
     return trainer, levels
 
 
-def hand_loss(trainer, level, adapter: str, loss_type: str, beta: float) -> tuple[float, float]:
-    """(loss, KL) of one adapter's rows from Eq. 2 and k3 = exp(ref - logp) - (ref - logp) - 1, by hand."""
+def model_logprobs(model, seg, temperature: float) -> torch.Tensor:
+    """log softmax(logits / temperature) of the completion tokens, from the model's own full logits; (R, T)."""
+    T = seg.completion_mask.shape[1]
+    positions = (seg.attention_mask.cumsum(-1) - 1).clamp(min=0)
+    logits = model(input_ids=seg.input_ids, attention_mask=seg.attention_mask, position_ids=positions).logits
+    logits = logits[:, -T - 1:-1].double() / temperature  # position t predicts completion token t
+    return torch.log_softmax(logits, -1).gather(-1, seg.input_ids[:, -T:, None])[..., 0]
+
+
+def hand_loss(trainer, level, adapter: str, loss_type: str, beta: float, *, temperature: float = 1.0,
+              weights=None, clipped_form: bool = False, masked_truncated: bool = False) -> tuple[float, float]:
+    """(loss, KL) of one adapter's rows from Eq. 2 (or its variants) and k3 = exp(ref - logp) - (ref - logp) - 1, by
+    hand. weights: a function of the rows giving the rollout correction's (R, T) weights; clipped_form: the
+    clipped-ratio loss at ratio 1 (its value is -A * 1 per token)."""
     agents = trainer.team.agents_of_adapter(adapter)
     model = trainer.team.model_of(agents[0])
     model.set_adapter(adapter)
     seg = level.rollout.segment(0).rows(agents)
-    adv = torch.tensor(level.advantages.reshape(-1)[seg.sample.numpy()], dtype=torch.float64)  # (R,)
+    adv = torch.tensor(level.advantages.reshape(-1)[seg.sample.numpy()], dtype=torch.float64)[:, None]  # (R, 1)
     with torch.no_grad():
-        logp = completion_logprobs(model, seg).double()  # (R, T)
+        logp = model_logprobs(model, seg, temperature)
         with model.disable_adapter():
-            ref = completion_logprobs(model, seg).double()  # the base model
+            ref = model_logprobs(model, seg, temperature)  # the base model
     mask = seg.completion_mask.double()
+    if masked_truncated:
+        mask = mask * seg.finished[:, None].double()
+    term = -adv * (torch.ones_like(logp) if clipped_form else logp)
+    if weights is not None:
+        term = term * weights(seg, logp)
     k3 = (torch.exp(ref - logp) - (ref - logp) - 1) * mask
-    if loss_type == "sum":
-        pg, kl = -(adv * (logp * mask).sum(-1)).mean(), k3.sum(-1).mean()
-    else:
-        pg, kl = -(adv[:, None] * logp * mask).sum() / mask.sum(), k3.sum() / mask.sum()
+    R, max_tokens = mask.shape[0], trainer.cfg.max_new_tokens
+
+    def reduce(x):
+        if loss_type == "sum":
+            return (x * mask).sum(-1).mean()
+        if loss_type == "grpo":
+            return ((x * mask).sum(-1) / mask.sum(-1).clamp(min=1)).mean()
+        if loss_type == "dr_grpo":
+            return (x * mask).sum() / (R * max_tokens)
+        return (x * mask).sum() / mask.sum()  # token_mean, dapo, bnpo
+
+    pg, kl = reduce(term), reduce(k3)
     return float(pg + beta * kl), float(kl)
 
 
-@pytest.mark.parametrize("loss_type, beta", [("sum", 0.0), ("token_mean", 0.0), ("sum", 0.5), ("token_mean", 0.5)])
+@pytest.mark.parametrize("loss_type, beta", [("sum", 0.0), ("token_mean", 0.0), ("sum", 0.5), ("token_mean", 0.5),
+                                             ("grpo", 0.0), ("grpo", 0.5), ("dr_grpo", 0.0), ("dapo", 0.0),
+                                             ("bnpo", 0.5)])
 def test_loss_fields(tmp_path, loss_type, beta):
     trainer, levels = sampled(tmp_path, f"loss_type={loss_type}", f"beta={beta}")
     hand = {a: hand_loss(trainer, levels[0], a, loss_type, beta) for a in trainer.team.adapters}
@@ -146,6 +182,53 @@ def test_loss_fields(tmp_path, loss_type, beta):
         assert stats[f"loss/{adapter}"] == pytest.approx(loss, rel=1e-5), adapter
         if beta > 0:
             assert kl > 1e-4 and stats[f"kl/{adapter}"] == pytest.approx(kl, rel=1e-4), adapter
+
+
+def shift_sampler(levels, by: float) -> None:
+    """Make the sampler's log-probs `by` lower than they were, so each token's ratio to the trainer is exp(by)."""
+    for level in levels:
+        for seg in level.rollout.segments:
+            seg.sampler_logprobs -= by * seg.completion_mask
+
+
+SHIFT = 0.3  # rho = exp(0.3) = 1.35 per token
+CORRECTIONS = [  # overrides, the weights by hand (of the rows and the trainer's log-probs)
+    (("rollout_correction=none",), None),
+    (("rollout_correction=token_truncate", "rollout_is_cap=1.2"), lambda seg, logp: torch.full_like(logp, 1.2)),
+    (("rollout_correction=token_truncate", "rollout_is_cap=2"), lambda seg, logp: torch.full_like(logp, math.exp(SHIFT))),
+    (("rollout_correction=sequence_mask", "rollout_is_cap=1e9"),  # rho_seq = exp(0.3 * the row's length)
+     lambda seg, logp: torch.exp(SHIFT * seg.completion_mask.sum(-1, keepdim=True).double()).expand_as(logp)),
+    (("rollout_correction=sequence_mask", "rollout_is_cap=1.2"), lambda seg, logp: torch.zeros_like(logp)),
+]
+
+
+@pytest.mark.parametrize("overrides, weights", CORRECTIONS, ids=[" ".join(r[0]) for r in CORRECTIONS])
+def test_rollout_correction_fields(tmp_path, overrides, weights):
+    trainer, levels = sampled(tmp_path, *overrides)
+    shift_sampler(levels, SHIFT)
+    hand = {a: hand_loss(trainer, levels[0], a, "sum", 0.0, weights=weights) for a in trainer.team.adapters}
+    stats = trainer.update(levels)
+    for adapter, (loss, _) in hand.items():
+        assert stats[f"loss/{adapter}"] == pytest.approx(loss, rel=1e-5, abs=1e-9), adapter
+        assert stats[f"mismatch/ratio_mean/{adapter}"] == pytest.approx(math.exp(SHIFT), rel=1e-4)
+        assert stats[f"mismatch/kl/{adapter}"] == pytest.approx(math.exp(SHIFT) - SHIFT - 1, rel=1e-3)
+
+
+@pytest.mark.parametrize("overrides, kwargs", [
+    (("temperature=0.5",), dict(temperature=0.5)),  # sampled at 0.5, scored at 0.5
+    (("num_iterations=2",), dict(clipped_form=True)),  # the clipped ratio, 1 at the first iteration
+    (("mask_truncated_completions=true",), dict(masked_truncated=True)),
+])
+def test_update_form_fields(tmp_path, overrides, kwargs):
+    trainer, levels = sampled(tmp_path, *overrides)
+    if "masked_truncated" in kwargs:  # the tiny model rarely stops within 3 tokens: both kinds of rows present
+        seg = levels[0].rollout.segments[0]
+        seg.finished[::2] = True
+        seg.finished[1::2] = False
+    hand = {a: hand_loss(trainer, levels[0], a, "sum", 0.0, **kwargs) for a in trainer.team.adapters}
+    stats = trainer.update(levels)
+    for adapter, (loss, _) in hand.items():
+        assert stats[f"loss/{adapter}"] == pytest.approx(loss, rel=1e-5), adapter
 
 
 # ---- the optimizer step
