@@ -226,7 +226,7 @@ def run_section(run: dict) -> str:
                    "n/a (CPU)")]
     else:
         facts.append(("kit, packages, GPU, memory", f"not recorded: this run has no {ENVIRONMENT} (trained by an "
-                      "older kit)"))
+                      "older kit, or not trained yet)"))
     budget = run["budget"]
     if budget:
         cap = f" of a ${budget['cap_usd']:.2f} cap" if "cap_usd" in budget else ""
@@ -245,7 +245,7 @@ def learning_section(run: dict, out: Path) -> str:
     window = window_for(len(train))
     game = is_game_config(run["config"])
     skip = {"reward/mean", "reward/std"}
-    parts = ["score/mean", "illegal/rate"] if game else sorted(
+    parts = ["score/mean"] if game else sorted(
         {k for r in train for k in r if k.startswith("reward/") and k not in skip and not k.startswith("reward/turn_")})
     fig, (ax_total, ax_parts) = figure(2)
     raw_and_smoothed(ax_total, steps, [r["reward/mean"] for r in train], "train (sampled)", window)
@@ -256,6 +256,12 @@ def learning_section(run: dict, out: Path) -> str:
     for key in parts:
         raw_and_smoothed(ax_parts, steps, [r.get(key, np.nan) for r in train], key.split("/")[0]
                          if game else key.removeprefix("reward/"), window)
+    if game:  # a rate in [0, 1] beside a score: its own axis
+        twin = ax_parts.twinx()
+        raw_and_smoothed(twin, steps, [r.get("illegal/rate", np.nan) for r in train], "illegal-move rate", window,
+                         color="tab:red")
+        twin.set_ylim(0, 1)
+        twin.set_ylabel("illegal-move rate", color="tab:red")
     ax_total.set_title(f"reward (line: mean of the last {window} steps; dots: each step)")
     ax_parts.set_title("game score and illegal-move rate" if game else "reward parts")
     for ax in (ax_total, ax_parts):
@@ -295,10 +301,14 @@ def has_items(rows: list[dict]) -> bool:
 
 
 def intervals_note(rows: list[dict], paired: bool = False, unit: str = "held-out items") -> str:
-    if has_items(rows):
-        return stats.method_line(rows[0].get("num_items"), paired, unit)
-    return ("No intervals: these results have no per-item data (written by an older kit); run the command again "
-            "to get them.")
+    with_items = [r for r in rows if r.get("per_item")]
+    if not with_items:
+        return ("No intervals: these results have no per-item data (written by an older kit); run the command "
+                "again to get them.")
+    line = stats.method_line(with_items[0].get("num_items"), paired, unit)
+    if len(with_items) < len(rows):
+        line += " Rows without an interval were saved by an older kit (no per-item data)."
+    return line
 
 
 def eval_section(run: dict, out: Path) -> str:
