@@ -29,7 +29,9 @@ def code(text: str, tags=()):
 
 
 INSTALL = code(f"""
-# Colab only (tagged `colab`): get the kit and its requirements (Colab's own torch is kept).
+# Colab only (tagged `colab`): get the kit and its requirements. Pins nothing: requirements.txt has lower bounds
+# only and constraints.txt is left out on purpose, so Colab's own torch (its CUDA build) and packages stay wherever
+# they meet the bounds; constraints.txt holds the exact versions the tests ran on (torch==2.13.0, the CPU wheel).
 REPO = "{REPO}"  # the kit's git repository: put your fork's URL here
 BRANCH = "{BRANCH}"
 KIT_DIR = "/content/magrpo-kit"
@@ -51,7 +53,8 @@ if "google.colab" in sys.modules:
     # pip's own lines as they come (Colab shows nothing of a process that is not streamed): a minute or two
     print("installing the kit's requirements ...", flush=True)
     pip = subprocess.Popen([sys.executable, "-m", "pip", "install", "--progress-bar", "off", "-r",
-                            f"{{KIT_DIR}}/requirements.txt"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+                            f"{{KIT_DIR}}/requirements.txt"],
+                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     said = []
     for line in pip.stdout:
         said.append(line.rstrip())
