@@ -18,7 +18,7 @@ from pathlib import Path
 import numpy as np
 
 from kit import stats
-from kit.report import figure, headline, normalized, read_run, smooth, window_for
+from kit.runinfo import figure, headline, normalized, read_run, smooth, window_for
 
 SAME_RUN_FIELDS = {"seed", "run_dir", "mirror_dir", "eval_every", "save_every", "keep_last", "keep_history",
                    "log_rollouts", "use_wandb", "wandb_project", "progress", "reward_workers", "reward_pool",

@@ -30,148 +30,16 @@ from pathlib import Path
 import numpy as np
 
 from kit import stats
+from kit.runinfo import (ENVIRONMENT, figure, is_game_config, json_or_none, nearest_preset, raw_and_smoothed,
+                          read_run, window_for)
 
 REPORT_DIR = "report"
-ENVIRONMENT = "environment.json"
 PAPER = "arXiv 2508.04652 (Liu et al., LLM Collaboration with Multi-Agent Reinforcement Learning)"
 PAPER_SETTINGS = {"humaneval": "HumanEval", "coop": "CoopHumanEval", "hub:OpenMLRL/CoopHumanEval": "CoopHumanEval",
                   "hub:openai/openai_humaneval": "HumanEval"}
 PAPER_MODEL_SIZE = "3B"
 # Rows of the paper's Table 1, keyed by (dataset, model size). Empty on purpose: see the module docstring.
 PAPER_TABLE1: dict[tuple[str, str], list[dict]] = {}
-
-
-# --- what a run ran on (written by the trainer, read by the report)
-
-PACKAGES = ("torch", "transformers", "peft", "bitsandbytes", "accelerate", "numpy")
-
-
-def record_environment(run_dir: str | Path) -> dict:
-    """Write <run_dir>/environment.json: kit version and commit, package versions, Python, GPU and the peak GPU
-    memory (the largest over every train() call of the run, so a resume keeps the highest). Never raises: a
-    missing package or git is recorded as absent."""
-    import platform
-    import subprocess
-    import sys
-    from importlib import metadata
-
-    import kit
-
-    path = Path(run_dir) / ENVIRONMENT
-    old = _json_or_none(path) or {}
-    packages = {}
-    for name in PACKAGES:
-        try:
-            packages[name] = metadata.version(name)
-        except metadata.PackageNotFoundError:
-            pass
-    try:
-        commit = subprocess.run(["git", "-C", str(Path(kit.__file__).parent), "rev-parse", "--short", "HEAD"],
-                                capture_output=True, text=True, timeout=5).stdout.strip() or None
-    except (OSError, subprocess.SubprocessError):
-        commit = None
-    gpu, peak = None, None
-    torch = sys.modules.get("torch")
-    if torch is not None and torch.cuda.is_available():
-        gpu = torch.cuda.get_device_name(0)
-        peak = max(torch.cuda.max_memory_allocated(d) for d in range(torch.cuda.device_count())) / 2**30
-    env = {"kit_version": kit.__version__, "kit_commit": commit, "python": platform.python_version(),
-           "packages": packages, "gpu": gpu,
-           "peak_memory_gib": max(p for p in (peak, old.get("peak_memory_gib")) if p is not None)
-           if peak is not None or old.get("peak_memory_gib") is not None else None}
-    path.write_text(json.dumps(env, indent=1))
-    return env
-
-
-# --- reading a run (shared with kit.compare)
-
-def read_run(run_dir: str | Path) -> dict:
-    """Everything a report or comparison reads from a run directory, tolerant of missing files."""
-    from kit.evaluate import load_eval_rows
-    from kit.rundir import BUDGET, CONFIG, METRICS, read_jsonl
-
-    run_dir = Path(run_dir)
-    if not (run_dir / CONFIG).exists():
-        raise FileNotFoundError(f"{run_dir} has no {CONFIG}: is it a run directory made by `python -m kit train` "
-                                "or 01_train?")
-    metrics = read_jsonl(run_dir / METRICS) if (run_dir / METRICS).exists() else []
-    baselines = run_dir / "eval" / "baselines.json"
-    return {"path": run_dir, "config": json.loads((run_dir / CONFIG).read_text()), "metrics": metrics,
-            "train": [r for r in metrics if "reward/mean" in r],
-            "evals": load_eval_rows(run_dir) if (run_dir / "eval").is_dir() else [],
-            "baselines": json.loads(baselines.read_text()) if baselines.exists() else [],
-            "budget": _json_or_none(run_dir / BUDGET),
-            "environment": _json_or_none(run_dir / ENVIRONMENT)}
-
-
-def _json_or_none(path: Path):
-    return json.loads(path.read_text()) if path.exists() else None
-
-
-def is_game_config(config: dict) -> bool:
-    return config.get("task") == "game"
-
-
-def headline(rows: list[dict]) -> str:
-    """The metric a run is judged by: pass@1 when the task has passes, the game score, else the mean reward."""
-    keys = {k for r in rows for k in r}
-    return "pass@1" if "pass@1" in keys else "score/mean" if "score/mean" in keys else "reward/mean"
-
-
-def smooth(values, window: int) -> np.ndarray:
-    """Trailing moving mean over `window` points (fewer at the start), NaNs ignored."""
-    values = np.asarray(values, dtype=float)
-    out = np.full(len(values), np.nan)
-    for i in range(len(values)):
-        chunk = values[max(0, i - window + 1):i + 1]
-        chunk = chunk[~np.isnan(chunk)]
-        if len(chunk):
-            out[i] = chunk.mean()
-    return out
-
-
-def window_for(num_points: int) -> int:
-    return max(1, min(25, num_points // 10))
-
-
-def figure(ncols: int = 1, width: float = 6.0, height: float = 3.4):
-    from matplotlib.figure import Figure
-
-    fig = Figure(figsize=(width * ncols, height), layout="constrained")
-    return fig, [fig.add_subplot(1, ncols, i + 1) for i in range(ncols)]
-
-
-def raw_and_smoothed(ax, steps, values, label: str, window: int, color=None):
-    """The raw points faint, the trailing mean on top in the same colour."""
-    values = np.asarray(values, dtype=float)
-    line, = ax.plot(steps, smooth(values, window), label=label, color=color)
-    ax.plot(steps, values, ".", color=line.get_color(), alpha=0.25, markersize=3)
-    return line
-
-
-def normalized(config: dict) -> dict:
-    """A saved config read through kit.config, so an older kit's spelling of a value compares equal; as saved when
-    it names a field this kit no longer knows."""
-    from kit.config import from_dict, to_dict
-
-    try:
-        return to_dict(from_dict(config))
-    except ValueError:
-        return config
-
-
-def nearest_preset(config: dict) -> tuple[str, list[str]]:
-    """The preset the run's config differs least from, and the training fields that differ (`name=value`)."""
-    from kit.config import NON_TRAINING, PRESETS, to_dict
-
-    config, best = normalized(config), None
-    for name, make in PRESETS.items():
-        base = to_dict(make())
-        diff = [f"{k}={config[k]!r}" for k in config
-                if k in base and k not in NON_TRAINING and config[k] != base[k]]
-        if best is None or len(diff) < len(best[1]):
-            best = (name, diff)
-    return best
 
 
 # --- the report
@@ -331,7 +199,7 @@ def eval_section(run: dict, out: Path) -> str:
     fig.savefig(out / "eval.png", dpi=110)
     table = ["| step | " + " | ".join(keys) + " |", "|---|" + "---|" * len(keys)]
     table += [f"| {r['step']} | " + " | ".join(cell(r, k) for k in keys) + " |" for r in rows]
-    text = (f"## Held-out evaluation over checkpoints\n\n![held-out metrics by checkpoint](eval.png)\n\n"
+    text = ("## Held-out evaluation over checkpoints\n\n![held-out metrics by checkpoint](eval.png)\n\n"
             + "\n".join(table) + f"\n\n{rows[-1].get('num_samples')} samples per item. " + intervals_note(rows))
     first, last = rows[0], rows[-1]
     key = keys[0]
@@ -437,7 +305,7 @@ def schemes_section(run: dict, out: Path) -> str:
             "(kit/schemes.py).\n\n![scheme shares over training](schemes.png)\n\n"
             f"Step {last['step']} ({last['count']} joint actions): " +
             ", ".join(f"{k} {last[k]:.0%}" for k in schemes.SCHEMES if last[k] > 0) + "."]
-    fresh = _json_or_none(run["path"] / "eval" / "schemes_fresh.json")
+    fresh = json_or_none(run["path"] / "eval" / "schemes_fresh.json")
     text.append("On fresh samples: " + ", ".join(f"{k} {v:.0%}" for k, v in fresh.items() if v > 0) + "."
                 if fresh else "On fresh samples: not computed (`kit.report.save_fresh_shares`, run by 07_report).")
     for scheme, found in schemes.examples(run["path"], per_scheme=2).items():

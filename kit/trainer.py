@@ -521,8 +521,8 @@ class Trainer:
             if on_step is not None:
                 on_step(row)
         bar.close()
-        if self.dist.is_main:  # versions, GPU and peak memory, for the report (kit/report.py)
-            from kit.report import record_environment
+        if self.dist.is_main:  # versions, GPU and peak memory, for the report (kit/runinfo.py)
+            from kit.runinfo import record_environment
 
             record_environment(self.run_dir)
         self.dist.barrier()  # the main process has written the last step before anyone reads the summary
