@@ -23,6 +23,7 @@ machine with more GPUs, damaged) is only warned about, since every training step
 When EVERY complete checkpoint fails to load, resuming stops with `DamagedCheckpoints`, naming each one and why:
 restarting from step 0 would cut the logs back and overwrite the checkpoints, losing the run. Starting over is
 then an explicit choice (`--from-scratch`, `from_scratch=True`), and `set_aside` keeps the old files.
+`check_resumable` reads the files alone (no model) so the trainer can say this before any model loads.
 """
 
 from __future__ import annotations
@@ -221,13 +222,47 @@ def resume_latest(run_dir: str | Path, team, optimizers: dict, schedulers: dict,
         log(f"[kit] resumed from {path} (step {state['step']})")
         return state
     if damaged:
-        backup = f"your Drive copy ({mirror_dir})" if mirror_dir else "a backup (e.g. the run's Drive folder)"
-        raise DamagedCheckpoints(
-            f"every checkpoint of the run in {run_dir} is unreadable, so it cannot resume: "
-            f"{'; '.join(damaged)}. Nothing was changed. Copy an undamaged checkpoint folder from {backup} into "
-            f"{ckpt_dir(run_dir)}/ and resume again, or start the run over with --from-scratch (Python: "
-            "from_scratch=True), which moves the old checkpoints and logs to a previous_<time>/ folder in the run")
+        raise DamagedCheckpoints(_all_damaged(run_dir, damaged, mirror_dir))
     return None
+
+
+def unreadable(path: Path) -> str | None:
+    """Why the files of checkpoint `path` cannot be read (state.json, optim.pt, every adapter's weights; no model
+    needed), or None when they can."""
+    from safetensors.torch import load_file
+
+    try:
+        json.loads((path / "state.json").read_text())
+        torch.load(path / "optim.pt", map_location="cpu", weights_only=False)
+        weights = sorted((path / "adapters").glob("*/adapter_model.safetensors"))
+        if not weights:
+            return "no adapters/<adapter>/adapter_model.safetensors"
+        for f in weights:
+            load_file(str(f))
+    except Exception as err:
+        return f"{type(err).__name__}: {str(err)[:200]}"
+    return None
+
+
+def check_resumable(run_dir: str | Path, mirror_dir: str | Path | None = None) -> None:
+    """Raise DamagedCheckpoints when the run has complete checkpoints and not one of them can be read: what
+    resume_latest would find, said before minutes of model loading."""
+    damaged = []
+    for path in complete_checkpoints(run_dir):
+        why = unreadable(path)
+        if why is None:
+            return
+        damaged.append(f"{path.name} ({why})")
+    if damaged:
+        raise DamagedCheckpoints(_all_damaged(run_dir, damaged, mirror_dir))
+
+
+def _all_damaged(run_dir, damaged: list[str], mirror_dir) -> str:
+    backup = f"your Drive copy ({mirror_dir})" if mirror_dir else "a backup (e.g. the run's Drive folder)"
+    return (f"every checkpoint of the run in {run_dir} is unreadable, so it cannot resume: {'; '.join(damaged)}. "
+            f"Nothing was changed. Copy an undamaged checkpoint folder from {backup} into {ckpt_dir(run_dir)}/ and "
+            "resume again, or start the run over with --from-scratch (Python: from_scratch=True), which moves the "
+            "old checkpoints and logs to a previous_<time>/ folder in the run")
 
 
 def set_aside(run_dir: str | Path) -> Path | None:

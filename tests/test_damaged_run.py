@@ -30,21 +30,39 @@ def damaged_run(tmp_path):
     return cfg, run
 
 
-def test_all_checkpoints_unreadable_stops_naming_them_and_leaves_every_file_as_it_was(damaged_run):
+def test_all_checkpoints_unreadable_stops_naming_them_and_leaves_every_file_as_it_was(damaged_run, monkeypatch):
     cfg, run = damaged_run
     before = snapshot(run)
-    with pytest.warns(UserWarning, match="unreadable"), pytest.raises(DamagedCheckpoints) as err:
+
+    def no_model(*args, **kwargs):
+        raise AssertionError("a model was loaded for a run that cannot resume")
+
+    monkeypatch.setattr("kit.models.build_team", no_model)
+    with pytest.raises(DamagedCheckpoints) as err:
         Trainer(cfg, resume=True, log=lambda *_: None)
     message = str(err.value)
     assert "step_000002" in message and "step_000001" in message and "--from-scratch" in message
     assert snapshot(run) == before  # metrics, rollouts, checkpoints and config: not a byte changed
 
 
+def test_when_the_files_read_but_no_checkpoint_fits_the_model_it_still_stops_untouched(damaged_run):
+    """Files that read but do not load into the team (an adapter's weights renamed) fail in resume_latest."""
+    import torch
+    from safetensors.torch import save_file
+
+    cfg, run = damaged_run
+    for weights in run.glob("ckpt/step_*/adapters/*/adapter_model.safetensors"):
+        save_file({"unrelated.weight": torch.zeros(2)}, str(weights))
+    before = snapshot(run)
+    with pytest.warns(UserWarning, match="unreadable"), pytest.raises(DamagedCheckpoints):
+        Trainer(cfg, resume=True, log=lambda *_: None)
+    assert snapshot(run) == before
+
+
 def test_the_cli_says_it_in_one_line_and_from_scratch_starts_over_keeping_the_old_files(damaged_run, capsys):
     _, run = damaged_run
     old_metrics = (run / "metrics.jsonl").read_bytes()
-    with pytest.warns(UserWarning):
-        assert cli(["train", "--run-dir", str(run), "--resume"]) == 2
+    assert cli(["train", "--run-dir", str(run), "--resume"]) == 2
     said = capsys.readouterr().err
     assert said.startswith("error: every checkpoint") and "Traceback" not in said
     assert (run / "metrics.jsonl").read_bytes() == old_metrics

@@ -302,7 +302,11 @@ MUTATIONS = [
              ('tests/test_trainer.py::test_a_micro_batched_update_equals_the_one_batch_update', 'tests/test_config_reaches_maths.py', 'tests/test_injected_bugs.py')),
     # issue 23: bad input, a hung judge, unreadable checkpoints
     Mutation("all checkpoints unreadable: a silent restart from step 0", "kit/checkpoint.py",
-             "    if damaged:\n", "    if False:\n", ("tests/test_damaged_run.py",)),
+             "    if damaged:\n        raise DamagedCheckpoints(_all_damaged(run_dir, damaged, mirror_dir))\n    return None\n",
+             "    return None\n", ("tests/test_damaged_run.py",)),
+    Mutation("damaged checkpoints found only after the model loaded", "kit/trainer.py",
+             "            checkpoint.check_resumable(self.run_dir, cfg.mirror_dir)\n", "",
+             ("tests/test_damaged_run.py",)),
     Mutation("a dead process's reservations dropped uncharged", "kit/judge.py",
              "        self.spent += charged\n", "",
              ("tests/test_judge.py::test_a_process_killed_with_a_call_in_flight_is_charged_its_worst_case",)),
