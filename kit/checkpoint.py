@@ -23,7 +23,8 @@ machine with more GPUs, damaged) is only warned about, since every training step
 When EVERY complete checkpoint fails to load, resuming stops with `DamagedCheckpoints`, naming each one and why:
 restarting from step 0 would cut the logs back and overwrite the checkpoints, losing the run. Starting over is
 then an explicit choice (`--from-scratch`, `from_scratch=True`), and `set_aside` keeps the old files.
-`check_resumable` reads the files alone (no model) so the trainer can say this before any model loads.
+`check_resumable` reads the files alone (no model) so the trainer can say this before any model loads; it also
+stops a run whose ckpt/ lost every complete checkpoint while history/ still holds some (pruning never does that).
 """
 
 from __future__ import annotations
@@ -253,6 +254,10 @@ def check_resumable(run_dir: str | Path, mirror_dir: str | Path | None = None) -
         if why is None:
             return
         damaged.append(f"{path.name} ({why})")
+    kept = complete_checkpoints(run_dir, HISTORY)
+    if not damaged and kept:  # pruning always leaves one full checkpoint: ckpt/ lost them
+        damaged.append(f"{ckpt_dir(run_dir)} holds no complete checkpoint, though {HISTORY}/ keeps the adapters of "
+                       f"{', '.join(p.name for p in kept[:3])}: the full checkpoints are missing")
     if damaged:
         raise DamagedCheckpoints(_all_damaged(run_dir, damaged, mirror_dir))
 

@@ -71,3 +71,17 @@ def test_the_cli_says_it_in_one_line_and_from_scratch_starts_over_keeping_the_ol
     assert (aside / "metrics.jsonl").read_bytes() == old_metrics and (aside / "ckpt" / "step_000002").is_dir()
     assert sorted(p.name for p in (run / "ckpt").iterdir()) == ["step_000001", "step_000002"]
     Trainer(load_config(path=run / "config.json"), resume=True, log=lambda *_: None)  # the new run resumes
+
+
+def test_a_run_whose_full_checkpoints_are_gone_but_whose_history_remains_stops_too(tmp_path):
+    import shutil
+
+    run = tmp_path / "run"
+    cfg = load_config("tiny_cpu", overrides=[f"run_dir={run}", *STEPS, "keep_last=1", "keep_history=2"])
+    Trainer(cfg, log=lambda *_: None).train()
+    assert (run / "history" / "step_000001").is_dir()
+    shutil.rmtree(run / "ckpt")  # a partial restore from Drive
+    before = snapshot(run)
+    with pytest.raises(DamagedCheckpoints, match="holds no complete checkpoint.*history/ keeps .*step_000001"):
+        Trainer(cfg, resume=True, log=lambda *_: None)
+    assert snapshot(run) == before
