@@ -34,7 +34,8 @@ from pathlib import Path
 CONFIG, METRICS, ROLLOUTS, BUDGET = "config.json", "metrics.jsonl", "rollouts.jsonl", "budget.json"
 DRIVE_FOLDER = "magrpo-kit/runs"  # runs under MyDrive, as 01_train mirrors them
 LOCAL_ROOT = "checkpoints"
-_LOG_FILES = (CONFIG, METRICS, ROLLOUTS, BUDGET)
+ENVIRONMENT = "environment.json"  # versions, GPU, peak memory (kit/runinfo.py), for the report
+_LOG_FILES = (CONFIG, METRICS, ROLLOUTS, BUDGET, ENVIRONMENT)
 
 
 def read_jsonl(path: str | Path) -> list[dict]:
@@ -180,14 +181,9 @@ class Mirror:
         """Queue a copy of everything new; returns at once."""
         self.check()
         future = self._pool.submit(self._copy)
-        future.add_done_callback(self._finished)
         with self._lock:
             self._pending = [f for f in self._pending if not f.done()] + [future]
         return future
-
-    def _finished(self, future: Future) -> None:
-        with self._lock:
-            self._outcomes.append(future.exception())
 
     def check(self) -> None:
         """Report copies that finished since the last call: the first failure loudly, later ones in a line each,
@@ -225,7 +221,7 @@ class Mirror:
         for f in pending:
             try:
                 f.result()
-            except Exception:  # recorded by _finished, said by check()
+            except Exception:  # recorded by _copy, said by check()
                 pass
         self.check()
 
@@ -244,9 +240,16 @@ class Mirror:
         from kit.checkpoint import complete_checkpoints
 
         newest = complete_checkpoints(self.run_dir)
-        self._copy_all()
+        try:
+            self._copy_all()
+        except Exception as err:  # recorded here, before the future is done, so a flush() never misses it
+            with self._lock:
+                self._outcomes.append(err)
+            raise
         if newest:
             self.last_good = int(newest[0].name.split("_")[-1])
+        with self._lock:
+            self._outcomes.append(None)
 
     def _copy_all(self) -> None:
         from kit.checkpoint import HISTORY, complete_checkpoints, thin_history

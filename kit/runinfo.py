@@ -17,7 +17,7 @@ from pathlib import Path
 
 import numpy as np
 
-ENVIRONMENT = "environment.json"
+from kit.rundir import ENVIRONMENT
 
 
 # --- what a run ran on (written by the trainer, read by the report)

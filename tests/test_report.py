@@ -100,7 +100,8 @@ def runs(tmp_path_factory):
 
     root = tmp_path_factory.mktemp("report_runs")
     for name, extra in RUNS.items():
-        cfg = load_config("tiny_cpu", overrides=[f"run_dir={root / name}", *STEPS, *extra])
+        mirror = [f"mirror_dir={root / 'drive' / name}"] if name == "toy" else []  # a Drive copy, as in Colab
+        cfg = load_config("tiny_cpu", overrides=[f"run_dir={root / name}", *STEPS, *extra, *mirror])
         trainer = trainer_class(cfg.task)(cfg, **QUIET)
         trainer.train()
         trainer.close()
@@ -147,6 +148,14 @@ def test_reports_have_every_section_their_run_has_data_for(reports):
         assert "Not available" not in text and "| magrpo (step 2) |" in text
         assert "Intervals: 95% percentile bootstrap" in text and "paired bootstrap" in text
         assert "| kit | 0." in text and "not recorded" not in text  # environment.json from the trainer
+
+
+@pytest.mark.slow
+def test_a_report_from_the_drive_copy_knows_what_the_run_ran_on(runs, tmp_path):
+    from kit.report import write_report
+
+    text = write_report(runs["toy"].parent / "drive" / "toy", tmp_path, **QUIET).read_text()
+    assert "| kit | 0." in text and "| steps | 2 of 2 |" in text
 
 
 @pytest.mark.slow
