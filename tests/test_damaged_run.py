@@ -3,6 +3,8 @@
 Run: python -m pytest tests/test_damaged_run.py
 """
 
+import shutil
+
 import pytest
 
 from kit.__main__ import main as cli
@@ -18,13 +20,21 @@ def snapshot(run_dir):
     return {str(p.relative_to(run_dir)): p.read_bytes() for p in sorted(run_dir.rglob("*")) if p.is_file()}
 
 
-@pytest.fixture
-def damaged_run(tmp_path):
-    run = tmp_path / "run"
-    cfg = load_config("tiny_cpu", overrides=[f"run_dir={run}", *STEPS])
-    trainer = Trainer(cfg, log=lambda *_: None)
+@pytest.fixture(scope="module")
+def trained_run(tmp_path_factory):
+    """A 2-step run with checkpoints at steps 1 and 2, trained once for the module; each test damages a copy."""
+    run = tmp_path_factory.mktemp("trained") / "run"
+    trainer = Trainer(load_config("tiny_cpu", overrides=[f"run_dir={run}", *STEPS]), log=lambda *_: None)
     trainer.train()
     trainer.close()
+    return run
+
+
+@pytest.fixture
+def damaged_run(tmp_path, trained_run):
+    run = tmp_path / "run"
+    shutil.copytree(trained_run, run)
+    cfg = load_config("tiny_cpu", overrides=[f"run_dir={run}", *STEPS])
     for adapters in run.glob("ckpt/step_*/adapters/*/adapter_model.safetensors"):
         adapters.write_bytes(adapters.read_bytes()[:100])  # truncated on a flaky Drive
     return cfg, run
@@ -74,8 +84,6 @@ def test_the_cli_says_it_in_one_line_and_from_scratch_starts_over_keeping_the_ol
 
 
 def test_a_run_whose_full_checkpoints_are_gone_but_whose_history_remains_stops_too(tmp_path):
-    import shutil
-
     run = tmp_path / "run"
     cfg = load_config("tiny_cpu", overrides=[f"run_dir={run}", *STEPS, "keep_last=1", "keep_history=2"])
     Trainer(cfg, log=lambda *_: None).train()
