@@ -222,9 +222,12 @@ def test_compare_groups_seeds_and_pairs_runs_on_the_same_items(runs, tmp_path):
     a, b = (stats.per_item(r, "pass@1") for r in finals[::-1])
     assert seed1.endswith(f"| {stats.fmt(*stats.paired_bootstrap(a, b))} |")  # same items: paired difference
     assert next(line for line in lines if line.startswith("| code |")).endswith("| n/a (different items) |")
-    with pytest.raises(ValueError, match="one label per run"):
-        from kit.compare import compare_runs
+    from kit.compare import compare_runs
 
+    game = compare_runs([runs["hanabi"]], out_dir=tmp_path / "game", **QUIET)  # a game is judged by its score
+    assert images_render(game) == ["compare_curves.png"] and "| run | seed | steps | final train reward | held-out " \
+        "score/mean | held-out reward/mean |" in game.read_text()
+    with pytest.raises(ValueError, match="one label per run"):
         compare_runs([runs["toy"]], ["a", "b"], tmp_path)
 
 
