@@ -274,7 +274,12 @@ class LiveCurve:
         steps = np.array([r["step"] for r in self.rows])
         if "score/mean" in self.rows[-1]:
             return self._game_figure(steps)
-        fig, (ax,) = _figure(1, width=7.0, height=3.0)
+        mismatch = sorted(k for k in self.rows[-1] if k.startswith("mismatch/kl/"))
+        if mismatch:
+            fig, (ax, ax_mismatch) = _figure(2, width=4.6, height=3.0)
+            self._mismatch(ax_mismatch, steps, mismatch)
+        else:  # a run from before the sampler's log-probs were kept
+            fig, (ax,) = _figure(1, width=7.0, height=3.0)
         for key in ("reward/mean",) + tuple(k for k in ("reward/tests", "reward/cooperation") if k in self.rows[-1]):
             _band(ax, steps, [r.get(key, np.nan) for r in self.rows], self.window, key.removeprefix("reward/"))
         _steps_axis(ax)
@@ -282,6 +287,15 @@ class LiveCurve:
         ax.set_title(f"training reward, step {self.rows[-1]['step']}")
         _legend(ax)
         return fig
+
+    def _mismatch(self, ax, steps, keys: list[str]) -> None:
+        """Per adapter, the sampler/trainer KL estimate of each step (kit/magrpo.py: rollout_weights)."""
+        for key in keys:
+            ax.plot(steps, [r.get(key, np.nan) for r in self.rows], lw=1, label=key.removeprefix("mismatch/kl/"))
+        ax.set_ylabel("KL(sampler || trainer)")
+        ax.set_title("sampler vs trainer", fontsize="medium")
+        _steps_axis(ax)
+        _legend(ax)
 
     def _game_figure(self, steps):
         """A game run: the score (sampled; greedy held-out points when logged) and the illegal-move rate."""

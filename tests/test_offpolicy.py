@@ -262,6 +262,11 @@ def test_every_step_logs_the_mismatch_per_adapter(tmp_path):
             assert row[f"mismatch/ratio_max/{adapter}"] == pytest.approx(1.0, abs=1e-5)
             assert 0 <= row[f"mismatch/kl/{adapter}"] < 1e-8
             assert row[f"mismatch/past_cap/{adapter}"] == 0
+    from kit import plots
+
+    fig = plots.LiveCurve(every=1, run_dir=tmp_path / "run").figure()  # the live curve draws it per adapter
+    (panel,) = [ax for ax in fig.axes if ax.get_ylabel() == "KL(sampler || trainer)"]
+    assert sorted(line.get_label() for line in panel.get_lines()) == sorted(trainer.team.adapters)
 
 
 def test_num_iterations_steps_the_optimizer_that_many_times_and_reports_clipping(tmp_path):
