@@ -8,7 +8,7 @@ generate call (rows routed to each agent's adapter); the joint actions (aligned 
 in a worker pool when asked. With `num_turns > 1` the task's `feedback` turns each joint action into next-turn
 prompts and the tree grows one level per turn (again one generate call per level); returns flow back up the
 tree (kit/magrpo.py). Advantages are group-relative over each agent's G completions at a node. Then each
-adapter takes one AdamW step on its own rows; the other adapters and the base never move.
+adapter takes one AdamW step (`num_iterations` of them) on its own rows; the other adapters and the base never move.
 
 Reproducibility: every sample is seeded from (seed, step, item, turn, tree path, agent, g) (kit/sampling.py),
 every step reseeds python/numpy/torch from (seed, step), and the data order is a function of (seed, epoch), so a
@@ -16,9 +16,10 @@ resumed run continues exactly (bitwise on a CPU) where it stopped, and an item's
 rest of the batch.
 
 Several GPUs: data parallelism over items (kit/distributed.py: `accelerate launch -m kit train ...`), or one
-base per GPU for a heterogeneous team (`agent_devices`). Not covered: off-policy reuse of samples (no ratio, no
-clipping: on-policy, one step per batch), early termination of tree branches (CoMLRL's
-early_termination_threshold).
+base per GPU for a heterogeneous team (`agent_devices`). The update is on-policy by default (one step per batch,
+the paper's); `num_iterations > 1` reuses the batch with the clipped ratio, and the rollout correction weighs
+whatever separates the sampler from the trainer (kit/magrpo.py). Not covered: early termination of tree branches
+(CoMLRL's early_termination_threshold).
 """
 
 from __future__ import annotations
@@ -262,8 +263,8 @@ class Trainer:
                 returns.append(magrpo.node_returns(r, kids, cfg.discount))
             level.returns = np.array(returns)  # (nodes, J)
             per_agent = np.stack([magrpo.per_agent_returns(R, joints, N, G) for R in level.returns])
-            level.advantages = magrpo.advantages(per_agent, cfg.advantage_mode, cfg.scale_rewards,
-                                                 cfg.advantage_clip, batch_std=self.batch_std(per_agent))  # (nodes, N, G)
+            level.advantages = magrpo.advantages(per_agent, cfg.advantage_mode, cfg.scale_rewards, cfg.advantage_clip,
+                                                 batch_std=self.batch_std(per_agent))  # (nodes, N, G)
             child_returns = list(level.returns)
 
     def batch_std(self, returns: np.ndarray) -> float | None:
