@@ -22,7 +22,10 @@ in one process); data parallelism over items is kit/distributed.py. Not covered:
 
 from __future__ import annotations
 
+import copy
 import functools
+import logging
+import warnings
 from dataclasses import dataclass, field
 
 import torch
@@ -36,6 +39,21 @@ TINY_CHAT_TEMPLATE = (
     "{% else %}<|assistant|>{{ m['content'] }}<eos>{% endif %}{% endfor %}"
     "{% if add_generation_prompt %}<|assistant|>{% endif %}"
 )
+
+
+class _DropBitsandbytesCpuKernelNotice(logging.Filter):
+    """bitsandbytes 0.50, imported (by peft or transformers) on a CPU with AVX512-BF16 and without the `kernels`
+    package, logs "Failed to load CPU gemm_4bit_forward from kernels-community ... pip install kernels". That kernel
+    serves only 4-bit layers repacked into bitsandbytes' CPU layout, which load_base turns off (see there), so the
+    kit never calls it, and `pip install kernels` would only make bitsandbytes fetch it from the Hub at import. The
+    line tells a newcomer to do something that changes nothing: drop that one message, nothing else of the logger."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not str(record.msg).startswith("Failed to load CPU gemm_4bit_forward from kernels-community")
+
+
+# On the logger itself (getLogger makes it before bitsandbytes does), before anything of the kit imports peft.
+logging.getLogger("bitsandbytes.backends.cpu.ops").addFilter(_DropBitsandbytesCpuKernelNotice())
 
 
 def build_tiny_tokenizer():
@@ -211,9 +229,11 @@ def load_base(name: str, *, quantization: str = "auto", dtype: str = "auto", dev
 
         # bitsandbytes >= 0.49, on a CPU with AVX512-BF16: a 4-bit layer's first no-grad eval forward repacks its
         # weight in place into a CPU-only layout and from then on computes in bf16 whatever the compute dtype, with
-        # no gradient to its input (LoRA below it silently stops learning) and a layout that dequantize_4bit (peft,
-        # kit/compiled.py's copy) reads as scrambled weights. The kit's base must keep one layout and one precision
-        # for sampling and training alike: turn that fast path off (the attribute does not exist before 0.49).
+        # no gradient to its input (with 0.50 a later forward with grad fails on a biased layer such as Qwen2's
+        # q_proj; LoRA below it would otherwise stop learning) and a layout that bitsandbytes' dequantize_4bit reads
+        # as scrambled weights (dequantize_4bit below undoes it). The kit's base must keep one layout and one
+        # precision for sampling and training alike: turn that fast path off (the attribute does not exist before
+        # 0.49; tests/test_compiled_engine.py checks that a no-grad pass leaves every layer as it was).
         for m in model.modules():
             if hasattr(m, "support_avx512bf16_for_cpu"):
                 m.support_avx512bf16_for_cpu = False
@@ -223,6 +243,33 @@ def load_base(name: str, *, quantization: str = "auto", dtype: str = "auto", dev
         model.enable_input_require_grads()
     model.generation_config.pad_token_id = tok.pad_token_id
     return model.eval(), tok
+
+
+def dequantize_4bit(layer) -> torch.Tensor:
+    """The weight of a bitsandbytes Linear4bit as a float tensor, whatever layout bitsandbytes has put it in.
+
+    bitsandbytes' own dequantize_4bit (and peft's dequantize_module_weight, which calls it) reads only the plain
+    layout. A layer that bitsandbytes >= 0.49 has repacked for its AVX512-BF16 CPU kernel (see load_base; a model
+    not loaded by the kit may have been) holds its nibbles tiled in blocks of 32 rows and its scales un-nested,
+    transposed and rounded to bf16: read as plain, that is a scrambled matrix. Such a layer is unpacked here first,
+    with bitsandbytes' own inverse, on copies (the layer keeps its layout), which gives the weight its kernel
+    computes with (bf16 scales). A plain layer is dequantized exactly as bitsandbytes does it.
+    """
+    import bitsandbytes.functional as F
+
+    data, state = layer.weight.data, layer.weight.quant_state
+    if getattr(state, "packing_format_for_cpu", False):
+        unpack = getattr(F, "_convert_weight_packed_for_cpu_inverse", None)
+        if unpack is None:
+            raise RuntimeError("this 4-bit layer is in bitsandbytes' CPU kernel layout, and this bitsandbytes has no "
+                               "inverse for it: load the model with kit.models.load_base, which keeps the plain "
+                               "layout, or use generation_weights='4bit'")
+        state = copy.copy(state)  # the inverse rewrites the state's fields: keep the layer's own
+        state.original_nested = False  # keep the scales as they are (float), not quantized once more
+        data, state = unpack(data, state)
+        if state.absmax.dim() == 2:  # (in/blocksize, out) -> one scale per block, in the weight's own order
+            state.absmax = state.absmax.T.reshape(-1).float()
+    return F.dequantize_4bit(data, state)
 
 
 def lora_config(r: int, alpha: int, dropout: float, target_modules):
@@ -237,9 +284,14 @@ def attach_adapters(model, adapter_names: list[str], config, seed: int = 0):
     from peft import get_peft_model
 
     torch.manual_seed(seed)
-    peft_model = get_peft_model(model, config, adapter_name=adapter_names[0])
-    for name in adapter_names[1:]:
-        peft_model.add_adapter(name, config)
+    with warnings.catch_warnings():
+        # peft (0.21) asks every transformers model for `is_gradient_checkpointing`, which transformers 5 deprecated
+        # with a FutureWarning that names neither peft nor anything the user wrote: nothing for a user to change.
+        # That one message, here where the kit makes peft ask.
+        warnings.filterwarnings("ignore", message="`is_gradient_checkpointing` is deprecated", category=FutureWarning)
+        peft_model = get_peft_model(model, config, adapter_name=adapter_names[0])
+        for name in adapter_names[1:]:
+            peft_model.add_adapter(name, config)
     for p in peft_model.parameters():  # the base never trains; each agent's optimizer holds its own adapter
         p.requires_grad_(False)
     for name in adapter_names:
