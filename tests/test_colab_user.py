@@ -457,6 +457,9 @@ def test_a_stop_while_the_rollouts_are_written_loses_no_row_and_the_run_stays_ex
     run = tmp_path / "run"
     trainer = Trainer(cfg_for(run), **QUIET)  # the same run as toy_run
     real_dumps, written = json_module.dumps, []
+    # Python's own SIGINT handler, as in a notebook: an earlier test or library in this process may have left another
+    # one (the kit hands the held-back interrupt to whatever handler was there before)
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
 
     def dumps(row, *a, **k):  # Colab's stop button (SIGINT) arrives midway through step 2's rollouts
         if isinstance(row, dict) and row.get("step") == 2 and "completions" in row:
@@ -466,8 +469,11 @@ def test_a_stop_while_the_rollouts_are_written_loses_no_row_and_the_run_stays_ex
         return real_dumps(row, *a, **k)
 
     monkeypatch.setattr(json_module, "dumps", dumps)
-    with pytest.raises(KeyboardInterrupt):
-        trainer.train()
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            trainer.train()
+    finally:
+        signal.signal(signal.SIGINT, previous)
     monkeypatch.setattr(json_module, "dumps", real_dumps)
     steps = [r["step"] for r in rundir.read_jsonl(run / "rollouts.jsonl")]
     assert steps.count(2) == steps.count(1) > 0  # the stopped step's rows are all there
