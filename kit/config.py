@@ -74,6 +74,7 @@ class TrainConfig:
     epsilon_high: float | None = None  # ... and above at 1 + epsilon_high (DAPO's clip-higher; None: epsilon)
     rollout_correction: str = "auto"  # sampler vs trainer: auto, none, token_truncate, sequence_mask (README)
     rollout_is_cap: float = 2.0  # importance ratios above this are truncated (or their sequences masked)
+    score_at_sampling_temperature: bool = True  # the update's log-probs at `temperature` (false: at 1, older runs)
     beta: float = 0.0  # KL weight to the base model (adapter off); 0 skips the reference pass
     reward_weights: list[float] | None = None  # weights of the reward functions (None: all 1)
     reward_processor: str = "identity"  # applied before advantages, e.g. "scale(0.25)|clamp(-1,1)"
@@ -234,7 +235,7 @@ def _type_name(hint) -> str:
 
 # What a run's config.json meant for a field it does not hold (written before the field existed), where that
 # differs from today's default: the run resumes and is analysed as it was trained.
-SAVED_DEFAULTS = {"rollout_correction": "none"}
+SAVED_DEFAULTS = {"rollout_correction": "none", "score_at_sampling_temperature": False}
 
 
 def _legacy(key: str, value):
@@ -325,6 +326,7 @@ def load_config(preset_name: str | None = None, path: str | Path | None = None,
 
 def validate(cfg: TrainConfig) -> TrainConfig:
     """Raise ConfigError on the first bad value; return cfg unchanged otherwise."""
+    cfg.scale_rewards = _legacy("scale_rewards", cfg.scale_rewards)  # True/False set from Python: group/none
     from_dict(dataclasses.asdict(cfg))  # types
     for name, hint in _field_types().items():  # inf and nan pass every range check below: refuse them first
         value = getattr(cfg, name)

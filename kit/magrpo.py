@@ -30,7 +30,9 @@ token less mass than the truncated one did) and numerics (a bf16 copy or another
 KV cache against a full forward). With rho_t = pi_old(a_t) / pi_sampler(a_t):
 
     rollout_correction  token_truncate (TIS): w_t = min(rho_t, cap)
-                        sequence_mask (MIS):  w_t = rho_seq if rho_seq <= cap else 0, rho_seq = prod_t rho_t
+                        sequence_mask (MIS):  w_t = rho_seq if rho_seq <= cap else 0,
+                                              rho_seq = exp(mean_t log rho_t), the per-token geometric mean
+                                              (a product would shrink with length under top-p: 0.93^256)
                         none:                 w_t = 1
     mismatch metrics    k3 = rho - log rho - 1 per token (an estimate of KL(sampler || trainer)), mean and max
                         rho, the share of tokens with rho > cap
@@ -203,6 +205,9 @@ def rollout_weights(old_logp: torch.Tensor, sampler_logp: torch.Tensor, mask: to
     sampler's, mask: 1 on completion tokens. rho = exp(old - sampler); see the module docstring for each mode.
     """
     m = mask.bool()
+    if not torch.isfinite(sampler_logp[m]).all():
+        raise ValueError("the sampler's log-probs of some sampled tokens are not finite (an engine that sampled "
+                         "without per-row seeds, or one that returns no log-probs): they cannot weigh the update")
     log_rho = torch.where(m, old_logp.detach().double() - sampler_logp.double(), 0.0)  # (R, T); 0 off the mask
     rho = log_rho.exp()
     if correction == "none":
@@ -210,7 +215,7 @@ def rollout_weights(old_logp: torch.Tensor, sampler_logp: torch.Tensor, mask: to
     elif correction == "token_truncate":
         w = rho.clamp(max=cap)
     elif correction == "sequence_mask":
-        seq = log_rho.sum(-1).exp()  # (R,)
+        seq = (log_rho.sum(-1) / m.sum(-1).clamp(min=1)).exp()  # (R,), the geometric mean of the row's ratios
         w = torch.where(seq <= cap, seq, 0.0)[:, None].expand_as(rho)
     else:
         raise ValueError(f"rollout_correction={correction!r}; allowed: {ROLLOUT_CORRECTIONS}")
@@ -247,8 +252,9 @@ def policy_loss(logp: torch.Tensor, mask: torch.Tensor, adv: torch.Tensor, loss_
         per_token = per_token * weights.detach()
     loss = reduce(per_token, mask, loss_type, max_tokens)
     stats = {"pg_loss": float(loss.detach())}
-    if clipped is not None:
-        stats["clip_fraction"] = float(clipped.sum() / mask.sum().clamp(min=1))
+    if clipped is not None:  # counts, so that micro-batches add up (the fraction is clipped / tokens)
+        stats["clipped"], stats["tokens"] = float(clipped.sum()), float(mask.sum())
+        stats["clip_fraction"] = stats["clipped"] / max(stats["tokens"], 1.0)
     if beta > 0:
         if ref_logp is None:
             raise ValueError("beta > 0 needs ref_logp (log-probs under the base model)")
@@ -262,7 +268,7 @@ def policy_loss(logp: torch.Tensor, mask: torch.Tensor, adv: torch.Tensor, loss_
 
 def reduce(per_token: torch.Tensor, mask: torch.Tensor, loss_type: str, max_tokens: int | None = None) -> torch.Tensor:
     """(R, T) per-token terms -> the loss_type's scalar over these rows (see the module docstring)."""
-    masked = per_token * mask
+    masked = torch.where(mask.bool(), per_token, 0.0)  # not a product: inf * 0 off the mask would be NaN
     if loss_type == "sum":
         return masked.sum(-1).mean()
     if loss_type == "grpo":

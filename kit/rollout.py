@@ -217,6 +217,8 @@ def sampler_differs(team, cfg) -> str:
     without top-k/top-p."""
     if cfg.top_k > 0 or cfg.top_p < 1.0:
         return f"top_k={cfg.top_k}/top_p={cfg.top_p} truncate the sampled distribution"
+    if getattr(cfg, "lora_dropout", 0.0) > 0:
+        return f"lora_dropout={cfg.lora_dropout} makes the update's forward noisier than sampling"
     for model in team.models:
         hf = model.get_base_model() if hasattr(model, "get_base_model") else model
         engine = team.rollout_engine

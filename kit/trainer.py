@@ -299,22 +299,24 @@ class Trainer:
             mismatch = {"tokens": 0.0, "k3": 0.0, "rho": 0.0, "past_cap": 0.0}
             rho_max = 0.0
             first: dict = {}
-            clip_sum = 0.0
+            clipped = [0.0, 0.0]  # clipped tokens, tokens (iterations after the first)
+            temperature = cfg.temperature if cfg.score_at_sampling_temperature else 1.0
             for iteration in range(cfg.num_iterations):
                 opt.zero_grad(set_to_none=True)
                 loss_sum, kl_sum = 0.0, 0.0
                 for c, ((sub, adv), mask, share) in enumerate(zip(chunks, masks, shares)):
-                    logp = completion_logprobs(model, sub, cfg.temperature)  # (R, T), at the sampling temperature
+                    logp = completion_logprobs(model, sub, temperature)  # (R, T), at the sampling temperature
                     if iteration == 0:  # before any step on this batch: the policy that sampled, as trained
-                        old[c] = logp.detach()
+                        # (with LoRA dropout, a forward without it: the sampler drew without dropout)
+                        old[c] = self._eval_logprobs(model, sub, temperature) if cfg.lora_dropout else logp.detach()
                         weights[c], sums = magrpo.rollout_weights(old[c], sub.sampler_logprobs, sub.completion_mask,
                                                                   self.correction, cfg.rollout_is_cap)
                         for key in mismatch:
                             mismatch[key] += sums[key]
                         rho_max = max(rho_max, sums["rho_max"])
                         if cfg.beta > 0:
-                            with torch.no_grad(), model.disable_adapter():
-                                refs[c] = completion_logprobs(model, sub, cfg.temperature)
+                            with model.disable_adapter():
+                                refs[c] = self._eval_logprobs(model, sub, temperature)
                     loss, st = magrpo.policy_loss(
                         logp, mask, adv, cfg.loss_type, refs[c], cfg.beta,
                         weights=None if self.correction == "none" else weights[c],
@@ -323,15 +325,16 @@ class Trainer:
                     (loss * share).backward()  # the sum over chunks is the loss over all rows (or tokens)
                     loss_sum += float(loss.detach()) * share
                     kl_sum += st.get("kl", 0.0) * share
-                    clip_sum += st.get("clip_fraction", 0.0) * share
+                    clipped[0] += st.get("clipped", 0.0) if iteration else 0.0
+                    clipped[1] += st.get("tokens", 0.0) if iteration else 0.0
                 norm = self._step(adapter, opt, total_rows)
                 if iteration == 0:
                     first = {"loss": loss_sum, "kl": kl_sum, "norm": norm}
             self.schedulers[adapter].step()  # the schedule counts training steps, not iterations
             model.eval()
             if self.dist.world > 1:
-                first["loss"], first["kl"], clip_sum, *sums = self.dist.sum(
-                    [first["loss"], first["kl"], clip_sum, *mismatch.values()])
+                first["loss"], first["kl"], clipped[0], clipped[1], *sums = self.dist.sum(
+                    [first["loss"], first["kl"], *clipped, *mismatch.values()])
                 mismatch = dict(zip(mismatch, sums))
                 rho_max = max(self.dist.gather(rho_max))
             stats[f"loss/{adapter}"] = first["loss"]  # the first iteration's: the loss of the samples as drawn
@@ -339,7 +342,7 @@ class Trainer:
             if cfg.beta > 0:
                 stats[f"kl/{adapter}"] = first["kl"]
             if cfg.num_iterations > 1:
-                stats[f"clip_fraction/{adapter}"] = clip_sum / (cfg.num_iterations - 1)
+                stats[f"clip_fraction/{adapter}"] = clipped[0] / max(clipped[1], 1.0)
             if mismatch["tokens"]:
                 n = mismatch["tokens"]
                 stats.update({f"mismatch/kl/{adapter}": mismatch["k3"] / n,
@@ -347,6 +350,16 @@ class Trainer:
                               f"mismatch/ratio_max/{adapter}": rho_max,
                               f"mismatch/past_cap/{adapter}": mismatch["past_cap"] / n})
         return stats
+
+    @staticmethod
+    @torch.no_grad()
+    def _eval_logprobs(model, seg, temperature: float) -> torch.Tensor:
+        """Log-probs without dropout (eval mode), as the sampler saw the policy: the old and reference log-probs."""
+        model.eval()
+        try:
+            return completion_logprobs(model, seg, temperature)
+        finally:
+            model.train()
 
     def _step(self, adapter: str, opt, total_rows: int) -> float:
         """Sum the gradient over processes, clip it, step the adapter's optimizer; the gradient norm."""

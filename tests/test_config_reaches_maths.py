@@ -196,8 +196,8 @@ CORRECTIONS = [  # overrides, the weights by hand (of the rows and the trainer's
     (("rollout_correction=none",), None),
     (("rollout_correction=token_truncate", "rollout_is_cap=1.2"), lambda seg, logp: torch.full_like(logp, 1.2)),
     (("rollout_correction=token_truncate", "rollout_is_cap=2"), lambda seg, logp: torch.full_like(logp, math.exp(SHIFT))),
-    (("rollout_correction=sequence_mask", "rollout_is_cap=1e9"),  # rho_seq = exp(0.3 * the row's length)
-     lambda seg, logp: torch.exp(SHIFT * seg.completion_mask.sum(-1, keepdim=True).double()).expand_as(logp)),
+    (("rollout_correction=sequence_mask", "rollout_is_cap=2"),  # rho_seq = the geometric mean of the ratios
+     lambda seg, logp: torch.full_like(logp, math.exp(SHIFT))),
     (("rollout_correction=sequence_mask", "rollout_is_cap=1.2"), lambda seg, logp: torch.zeros_like(logp)),
 ]
 
@@ -216,6 +216,7 @@ def test_rollout_correction_fields(tmp_path, overrides, weights):
 
 @pytest.mark.parametrize("overrides, kwargs", [
     (("temperature=0.5",), dict(temperature=0.5)),  # sampled at 0.5, scored at 0.5
+    (("temperature=0.5", "score_at_sampling_temperature=false"), dict(temperature=1.0)),  # runs from before: at 1
     (("num_iterations=2",), dict(clipped_form=True)),  # the clipped ratio, 1 at the first iteration
     (("mask_truncated_completions=true",), dict(masked_truncated=True)),
 ])

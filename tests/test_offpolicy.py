@@ -88,8 +88,22 @@ def test_token_truncate_caps_each_ratio():
 
 def test_sequence_mask_weights_whole_sequences_and_drops_those_past_the_cap():
     w, _ = magrpo.rollout_weights(OLD, SAMPLER, CMASK, "sequence_mask", cap=1.5)
-    # row 0: rho_seq = exp(-0.5) <= 1.5, every token weighted by it; row 1: exp(2) > 1.5, masked
-    torch.testing.assert_close(w, torch.tensor([[math.exp(-0.5)] * 2 + [0.0], [0.0, 0.0, 0.0]]))
+    # the geometric mean of a row's ratios: row 0 exp(-0.5 / 2) <= 1.5, every token weighted by it; row 1
+    # exp(2 / 3) = 1.95 > 1.5, masked
+    torch.testing.assert_close(w, torch.tensor([[math.exp(-0.25)] * 2 + [0.0], [0.0, 0.0, 0.0]]))
+
+
+def test_non_finite_sampler_log_probs_are_refused():
+    with pytest.raises(ValueError, match="not finite"):
+        magrpo.rollout_weights(OLD, torch.full_like(SAMPLER, float("nan")), CMASK)
+    # off the mask anything goes (padding after EOS)
+    magrpo.rollout_weights(OLD, torch.where(CMASK.bool(), SAMPLER, -math.inf), CMASK)
+
+
+def test_a_non_finite_term_off_the_mask_never_reaches_the_loss():
+    logp = torch.tensor([[-1.0, -math.inf]])
+    loss, _ = magrpo.policy_loss(logp, torch.tensor([[1, 0]]), torch.tensor([1.0]))
+    assert float(loss) == 1.0
 
 
 def test_no_correction_weighs_one_and_still_measures():
@@ -308,12 +322,25 @@ def test_new_fields_validate_with_clear_messages():
 
 
 def test_old_configs_keep_their_meaning():
+    assert validate(TrainConfig(scale_rewards=True)).scale_rewards == "group"  # set from Python
     assert from_dict({"scale_rewards": True}).scale_rewards == "group"
     assert from_dict({"scale_rewards": False}).scale_rewards == "none"
     old = {k: v for k, v in dataclasses.asdict(TrainConfig()).items()
            if k not in ("rollout_correction", "num_iterations", "epsilon", "epsilon_high", "rollout_is_cap",
-                        "mask_truncated_completions")}
+                        "mask_truncated_completions", "score_at_sampling_temperature")}
     old["scale_rewards"] = False
     assert saved_values(old)["rollout_correction"] == "none"  # written before the correction existed
-    assert training_diff(old, dataclasses.replace(TrainConfig(), rollout_correction="none")) == []
-    assert training_diff(old, TrainConfig()) == ["rollout_correction: 'none' -> 'auto'"]
+    assert saved_values(old)["score_at_sampling_temperature"] is False  # ... and scored at temperature 1
+    as_before = dataclasses.replace(TrainConfig(), rollout_correction="none", score_at_sampling_temperature=False)
+    assert training_diff(old, as_before) == []
+    assert training_diff(old, TrainConfig()) == ["rollout_correction: 'none' -> 'auto'",
+                                                 "score_at_sampling_temperature: False -> True"]
+
+
+def test_lora_dropout_turns_the_auto_correction_on_and_old_log_probs_skip_it(tmp_path):
+    trainer = _trainer(tmp_path, lora_dropout=0.3)
+    assert trainer.correction == "token_truncate"
+    trainer.train(max_steps=1)
+    row = json.loads((tmp_path / "run" / "metrics.jsonl").read_text().splitlines()[-1])
+    for adapter in trainer.team.adapters:  # the sampler's policy against the trainer's without dropout: the same
+        assert row[f"mismatch/ratio_max/{adapter}"] == pytest.approx(1.0, abs=1e-5)
