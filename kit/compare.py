@@ -18,7 +18,7 @@ from pathlib import Path
 import numpy as np
 
 from kit import stats
-from kit.runinfo import figure, headline, normalized, read_run, smooth, window_for
+from kit.runinfo import figure, headline, normalized, read_run, smooth, step_axes, window_for
 
 SAME_RUN_FIELDS = {"seed", "run_dir", "mirror_dir", "eval_every", "save_every", "keep_last", "keep_history",
                    "log_rollouts", "use_wandb", "wandb_project", "progress", "reward_workers", "reward_pool",
@@ -100,11 +100,7 @@ def compare_runs(run_dirs: list[str | Path], labels: list[str] | None = None, ou
         draw_group(ax_held, group, lambda run: run["evals"], held_key, smoothed=False)
     ax_train.set_title("training reward (sampled; band: range over seeds)", fontsize="medium")
     ax_held.set_title(f"held-out {held_key} by checkpoint (band: range over seeds)", fontsize="medium")
-    for ax in (ax_train, ax_held):
-        ax.set_xlabel("step")
-        ax.grid(alpha=0.3)
-        if ax.get_legend_handles_labels()[0]:
-            ax.legend(fontsize="small")
+    step_axes(ax_train, ax_held)
     fig.savefig(out / "compare_curves.png", dpi=110)
     text = [f"# Comparison of {len(runs)} runs\n\nMade by `python -m kit compare` from: " +
             ", ".join(f"`{r['path']}` ({lab})" for r, lab in zip(runs, labels)) + ".",

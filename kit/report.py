@@ -31,7 +31,7 @@ import numpy as np
 
 from kit import stats
 from kit.runinfo import (ENVIRONMENT, figure, is_game_config, json_or_none, nearest_preset, raw_and_smoothed,
-                          read_run, window_for)
+                          read_run, step_axes, window_for)
 
 REPORT_DIR = "report"
 PAPER = "arXiv 2508.04652 (Liu et al., LLM Collaboration with Multi-Agent Reinforcement Learning)"
@@ -132,11 +132,8 @@ def learning_section(run: dict, out: Path) -> str:
         twin.set_ylabel("illegal-move rate", color="tab:red")
     ax_total.set_title(f"reward (line: mean of the last {window} steps; dots: each step)")
     ax_parts.set_title("game score and illegal-move rate" if game else "reward parts")
-    for ax in (ax_total, ax_parts):
-        ax.set_xlabel("step")
-        ax.grid(alpha=0.3)
-        if ax.get_legend_handles_labels()[0]:
-            ax.legend(fontsize="small")
+    step_axes(ax_total)
+    step_axes(ax_parts, right=1.18 if game else 1.02)  # past the twin's ticks and label
     fig.savefig(out / "learning.png", dpi=110)
     k = max(1, min(10, len(train) // 5))
     first, last = np.mean([r["reward/mean"] for r in train[:k]]), np.mean([r["reward/mean"] for r in train[-k:]])
@@ -296,9 +293,8 @@ def schemes_section(run: dict, out: Path) -> str:
     fig, (ax,) = figure(1, width=7.0)
     ax.stackplot([s["step"] for s in shares], *[[s[k] for s in shares] for k in present], labels=present, alpha=0.85)
     ax.set_ylim(0, 1)
-    ax.set_xlabel("step")
     ax.set_ylabel("share of joint actions")
-    ax.legend(loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize="small")
+    step_axes(ax)
     fig.savefig(out / "schemes.png", dpi=110)
     last = shares[-1]
     text = [f"## {title}\n\nHow main uses the helper's functions, from the AST of every logged joint action "

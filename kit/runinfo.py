@@ -98,15 +98,10 @@ def headline(rows: list[dict]) -> str:
 
 
 def smooth(values, window: int) -> np.ndarray:
-    """Trailing moving mean over `window` points (fewer at the start), NaNs ignored."""
-    values = np.asarray(values, dtype=float)
-    out = np.full(len(values), np.nan)
-    for i in range(len(values)):
-        chunk = values[max(0, i - window + 1):i + 1]
-        chunk = chunk[~np.isnan(chunk)]
-        if len(chunk):
-            out[i] = chunk.mean()
-    return out
+    """Trailing moving mean over `window` points (fewer at the start), NaNs ignored (kit.plots.smooth's mean)."""
+    from kit.plots import smooth as mean_and_std
+
+    return mean_and_std(np.asarray(values, dtype=float), window)[0]
 
 
 def window_for(num_points: int) -> int:
@@ -114,10 +109,20 @@ def window_for(num_points: int) -> int:
 
 
 def figure(ncols: int = 1, width: float = 6.0, height: float = 3.4):
-    from matplotlib.figure import Figure
+    from kit.plots import _figure
 
-    fig = Figure(figsize=(width * ncols, height), layout="constrained")
-    return fig, [fig.add_subplot(1, ncols, i + 1) for i in range(ncols)]
+    return _figure(ncols, width, height)
+
+
+def step_axes(*axes, right: float = 1.02) -> None:
+    """Each axis over training steps as kit.plots draws them: whole-number ticks, a grid, the legend beside it
+    (`right` further out past a twin axis's labels)."""
+    from kit.plots import _legend, _steps_axis
+
+    for ax in axes:
+        _steps_axis(ax)
+        if ax.get_legend_handles_labels()[0]:
+            _legend(ax, right=right)
 
 
 def raw_and_smoothed(ax, steps, values, label: str, window: int, color=None):
