@@ -116,7 +116,9 @@ CHOICES = {
     "lr_scheduler": ("constant", "linear", "cosine"),
     "reward_pool": ("thread", "process"),
 }
-# Fields that do not change what is trained: a resumed run may differ in these.
+# Fields that do not change what is trained: a resumed run may differ in these. The rollout engine and its weights
+# change how samples are drawn, not the objective (the trainer's policy gradient): under rollout_correction=auto
+# the correction follows the sampler, and a resume that changes it says so from which step (Trainer._resume).
 NON_TRAINING = {"run_dir", "mirror_dir", "judge_budget_usd", "judge_timeout_s", "judge_max_retries",
                 "judge_max_failures", "judge_cooldown_s", "eval_every", "save_every", "keep_last", "keep_history",
                 "log_rollouts", "use_wandb", "wandb_project", "progress", "reward_workers", "reward_pool",

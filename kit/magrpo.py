@@ -35,7 +35,8 @@ KV cache against a full forward). With rho_t = pi_old(a_t) / pi_sampler(a_t):
                                               (a product would shrink with length under top-p: 0.93^256)
                         none:                 w_t = 1
     mismatch metrics    k3 = rho - log rho - 1 per token (an estimate of KL(sampler || trainer)), mean and max
-                        rho, the share of tokens with rho > cap
+                        rho, the share of tokens with rho > cap (what TIS truncates) and of completions with
+                        rho_seq > cap (what MIS drops)
 
 On-policy with num_iterations = 1: pi_old is the current policy (its log-probs detached), r_t = 1, and the loss is
 Eq. 2 itself, unchanged. In `cross` mode each completion of agent i sits in G^(N-1) joint actions; its return is
@@ -199,7 +200,8 @@ def head_logprobs(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Ten
 def rollout_weights(old_logp: torch.Tensor, sampler_logp: torch.Tensor, mask: torch.Tensor,
                     correction: str = "token_truncate", cap: float = 2.0) -> tuple[torch.Tensor, dict]:
     """Importance weights w (R, T) for tokens sampled by the sampler and scored by the trainer, and the
-    mismatch's sums (for metrics over many micro-batches: divide by "tokens").
+    mismatch's sums, for metrics over many micro-batches: divide k3, rho and past_cap by "tokens", and
+    rows_past_cap (completions whose geometric-mean ratio exceeds the cap) by "rows".
 
     old_logp: the trainer's log-probs of the sampled tokens (before any step on this batch), sampler_logp: the
     sampler's, mask: 1 on completion tokens. rho = exp(old - sampler); see the module docstring for each mode.
@@ -210,18 +212,20 @@ def rollout_weights(old_logp: torch.Tensor, sampler_logp: torch.Tensor, mask: to
                          "without per-row seeds, or one that returns no log-probs): they cannot weigh the update")
     log_rho = torch.where(m, old_logp.detach().double() - sampler_logp.double(), 0.0)  # (R, T); 0 off the mask
     rho = log_rho.exp()
+    rows = m.any(-1)  # rows with a completion token (an empty completion has no ratio)
+    seq = (log_rho.sum(-1) / m.sum(-1).clamp(min=1)).exp()  # (R,), the geometric mean of the row's ratios
     if correction == "none":
         w = torch.ones_like(rho)
     elif correction == "token_truncate":
         w = rho.clamp(max=cap)
     elif correction == "sequence_mask":
-        seq = (log_rho.sum(-1) / m.sum(-1).clamp(min=1)).exp()  # (R,), the geometric mean of the row's ratios
         w = torch.where(seq <= cap, seq, 0.0)[:, None].expand_as(rho)
     else:
         raise ValueError(f"rollout_correction={correction!r}; allowed: {ROLLOUT_CORRECTIONS}")
     k3 = rho - log_rho - 1  # 0 off the mask (rho = 1 there)
     sums = {"tokens": float(m.sum()), "k3": float(k3.sum()), "rho": float(rho[m].sum()),
-            "rho_max": float(rho[m].max()) if m.any() else 1.0, "past_cap": float((rho[m] > cap).sum())}
+            "rho_max": float(rho[m].max()) if m.any() else 1.0, "past_cap": float((rho[m] > cap).sum()),
+            "rows": float(rows.sum()), "rows_past_cap": float((rows & (seq > cap)).sum())}
     return torch.where(m, w, 0.0).to(old_logp.dtype), sums
 
 

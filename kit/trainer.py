@@ -170,6 +170,12 @@ class Trainer:
         state = checkpoint.resume_latest(self.run_dir, self.team, self.optimizers, self.schedulers, log=self.log,
                                          mirror_dir=self.cfg.mirror_dir)  # all damaged: stops, logs untouched
         self.step = state["step"] if state else 0
+        before = (state or {}).get("update", {}).get("rollout_correction")
+        if before is not None and before != self.correction:
+            # rollout_engine and generation_weights may change on resume (a run moved from a CPU to a GPU): the
+            # objective stays the trainer's policy gradient, and `auto` follows the new sampler to keep it so
+            self.log(f"[kit] rollout_correction=auto: {self.correction} from step {self.step + 1} on, {before} "
+                     f"up to step {self.step}: the sampler changed with the machine or the rollout engine")
         # Lines written after the checkpoint belong to steps that will be run again: drop them.
         if self.dist.is_main:
             for name in (rundir.METRICS, rundir.ROLLOUTS):
@@ -296,7 +302,7 @@ class Trainer:
             shares = [len(adv) / max(total_rows, 1) if per_row else int(m.sum()) / max(total_tokens, 1)
                       for (_, adv), m in zip(chunks, masks)]
             old, weights, refs = [None] * len(chunks), [None] * len(chunks), [None] * len(chunks)
-            mismatch = {"tokens": 0.0, "k3": 0.0, "rho": 0.0, "past_cap": 0.0}
+            mismatch = {"tokens": 0.0, "k3": 0.0, "rho": 0.0, "past_cap": 0.0, "rows": 0.0, "rows_past_cap": 0.0}
             rho_max = 0.0
             first: dict = {}
             clipped = [0.0, 0.0]  # clipped tokens, tokens (iterations after the first)
@@ -348,7 +354,8 @@ class Trainer:
                 stats.update({f"mismatch/kl/{adapter}": mismatch["k3"] / n,
                               f"mismatch/ratio_mean/{adapter}": mismatch["rho"] / n,
                               f"mismatch/ratio_max/{adapter}": rho_max,
-                              f"mismatch/past_cap/{adapter}": mismatch["past_cap"] / n})
+                              f"mismatch/past_cap/{adapter}": mismatch["past_cap"] / n,
+                              f"mismatch/rows_past_cap/{adapter}": mismatch["rows_past_cap"] / max(mismatch["rows"], 1)})
         return stats
 
     @staticmethod
@@ -544,7 +551,8 @@ class Trainer:
 
     def save(self) -> Path:
         state = {"data": {"seed": self.cfg.seed, "num_items": len(self.train_items),
-                          "items_seen": self.step * self.cfg.batch_size}}
+                          "items_seen": self.step * self.cfg.batch_size},
+                 "update": {"rollout_correction": self.correction}}
         return checkpoint.save(self.run_dir, self.step, self.team, self.optimizers, self.schedulers, state,
                                self.cfg.keep_last, self.cfg.keep_history)
 

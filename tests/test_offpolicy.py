@@ -93,6 +93,15 @@ def test_sequence_mask_weights_whole_sequences_and_drops_those_past_the_cap():
     torch.testing.assert_close(w, torch.tensor([[math.exp(-0.25)] * 2 + [0.0], [0.0, 0.0, 0.0]]))
 
 
+@pytest.mark.parametrize("correction", ["none", "token_truncate", "sequence_mask"])
+def test_every_mode_counts_the_completions_past_the_cap(correction):
+    """rows_past_cap counts what MIS drops (row 1 above), in every mode; an empty completion has no ratio."""
+    old, sampler = torch.cat([OLD, torch.zeros(1, 3)]), torch.cat([SAMPLER, torch.zeros(1, 3)])
+    _, sums = magrpo.rollout_weights(old, sampler, torch.cat([CMASK, torch.zeros(1, 3, dtype=CMASK.dtype)]),
+                                     correction, cap=1.5)
+    assert (sums["rows"], sums["rows_past_cap"]) == (2, 1)
+
+
 def test_non_finite_sampler_log_probs_are_refused():
     with pytest.raises(ValueError, match="not finite"):
         magrpo.rollout_weights(OLD, torch.full_like(SAMPLER, float("nan")), CMASK)
@@ -275,12 +284,30 @@ def test_every_step_logs_the_mismatch_per_adapter(tmp_path):
             assert row[f"mismatch/ratio_mean/{adapter}"] == pytest.approx(1.0, abs=1e-5)
             assert row[f"mismatch/ratio_max/{adapter}"] == pytest.approx(1.0, abs=1e-5)
             assert 0 <= row[f"mismatch/kl/{adapter}"] < 1e-8
-            assert row[f"mismatch/past_cap/{adapter}"] == 0
+            assert row[f"mismatch/past_cap/{adapter}"] == row[f"mismatch/rows_past_cap/{adapter}"] == 0
     from kit import plots
 
     fig = plots.LiveCurve(every=1, run_dir=tmp_path / "run").figure()  # the live curve draws it per adapter
     (panel,) = [ax for ax in fig.axes if ax.get_ylabel() == "KL(sampler || trainer)"]
     assert sorted(line.get_label() for line in panel.get_lines()) == sorted(trainer.team.adapters)
+
+
+def test_a_resume_on_another_engine_says_from_which_step_the_correction_changes(tmp_path):
+    """rollout_engine may change on resume (CPU to GPU); under auto the correction follows it, and says so."""
+    from kit.trainer import Trainer
+
+    trainer = _trainer(tmp_path, save_every=1)
+    trainer.train()
+    trainer.close()
+    assert json.loads((tmp_path / "run/ckpt/step_000002/state.json").read_text())["update"] == {
+        "rollout_correction": "none"}
+    lines = []
+    resumed = Trainer.from_run(tmp_path / "run", ["rollout_engine=compiled", "num_steps=3"], log=lines.append)
+    assert resumed.correction == "token_truncate"
+    assert any("token_truncate from step 3 on, none up to step 2" in line for line in lines), lines
+    lines.clear()
+    Trainer.from_run(tmp_path / "run", ["rollout_engine=hf", "num_steps=3"], log=lines.append)  # the same: silent
+    assert not any("up to step" in line for line in lines), lines
 
 
 def test_num_iterations_steps_the_optimizer_that_many_times_and_reports_clipping(tmp_path):
