@@ -29,6 +29,7 @@ def run(variant: str, seed: int) -> dict:
 
     torch.set_num_threads(1)
     from kit.config import load_config
+    from kit.rundir import read_jsonl
     from kit.trainer import Trainer
 
     overrides = [o for o in variant.split(",") if o]
@@ -40,8 +41,10 @@ def run(variant: str, seed: int) -> dict:
         summary = trainer.train()
         seconds = time.perf_counter() - t0
         trainer.close()
+        curve = [[r["step"], round(r["eval/reward_mean"], 3)] for r in read_jsonl(Path(tmp) / "run" / "metrics.jsonl")
+                 if "eval/reward_mean" in r]
     return {"variant": variant, "seed": seed, "eval_end": summary["eval_end"], "seconds": round(seconds, 1),
-            "s_per_step": round(seconds / cfg.num_steps, 3)}
+            "s_per_step": round(seconds / cfg.num_steps, 3), "evals": curve}
 
 
 def main() -> None:
