@@ -7,7 +7,8 @@
 Each variant is a comma-separated list of `key=value` overrides on top of tiny_cpu ("" is the preset itself). Runs go
 to separate processes (`--workers` at a time, one torch thread each); one JSON line per run is appended to --out,
 and a table per variant is printed: the final greedy reward (eval_end) of every seed, its min and mean, the number
-of seeds at >= 0.85, the mean training seconds and s/step.
+of seeds at >= 0.85, the mean training seconds and s/step, and the mean |advantage| of the last 20 steps (near 0
+when the samples of every group agree: the policy has stopped exploring and learns nothing more).
 """
 
 from __future__ import annotations
@@ -41,10 +42,13 @@ def run(variant: str, seed: int) -> dict:
         summary = trainer.train()
         seconds = time.perf_counter() - t0
         trainer.close()
-        curve = [[r["step"], round(r["eval/reward_mean"], 3)] for r in read_jsonl(Path(tmp) / "run" / "metrics.jsonl")
-                 if "eval/reward_mean" in r]
+        rows = read_jsonl(Path(tmp) / "run" / "metrics.jsonl")
+    curve = [[r["step"], round(r["eval/reward_mean"], 3)] for r in rows if "eval/reward_mean" in r]
+    # |advantage| over the last 20 steps: ~0 when every group's samples agree (the policy has collapsed)
+    last = [r["advantage/abs_mean"] for r in rows if "advantage/abs_mean" in r][-20:]
+    adv_end = sum(last) / max(len(last), 1)
     return {"variant": variant, "seed": seed, "eval_end": summary["eval_end"], "seconds": round(seconds, 1),
-            "s_per_step": round(seconds / cfg.num_steps, 3), "evals": curve}
+            "s_per_step": round(seconds / cfg.num_steps, 3), "adv_end": round(adv_end, 4), "evals": curve}
 
 
 def main() -> None:
@@ -65,15 +69,17 @@ def main() -> None:
             out.write(json.dumps(row) + "\n")
             out.flush()
             print(json.dumps(row), flush=True)
-    print(f"\n| variant | {' | '.join(f'seed {s}' for s in args.seeds)} | min | mean | >= 0.85 | s (train) | s/step |")
-    print("|---|" + "---|" * (len(args.seeds) + 5))
+    print(f"\n| variant | {' | '.join(f'seed {s}' for s in args.seeds)} | min | mean | >= 0.85 | s (train) | s/step "
+          "| adv_end |")
+    print("|---|" + "---|" * (len(args.seeds) + 6))
     for v in variants:
         rows = [r for r in results if r["variant"] == v]
         ends = [r["eval_end"] for r in rows]
         print(f"| {v or 'tiny_cpu'} | " + " | ".join(f"{e:.3f}" for e in ends) +
               f" | {min(ends):.3f} | {sum(ends) / len(ends):.3f} | {sum(e >= 0.85 for e in ends)}/{len(ends)} | "
               f"{sum(r['seconds'] for r in rows) / len(rows):.0f} | "
-              f"{sum(r['s_per_step'] for r in rows) / len(rows):.3f} |")
+              f"{sum(r['s_per_step'] for r in rows) / len(rows):.3f} | "
+              f"{sum(r['adv_end'] for r in rows) / len(rows):.3f} |")
 
 
 if __name__ == "__main__":

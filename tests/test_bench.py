@@ -38,3 +38,11 @@ def test_games_bench_smoke_plays_the_same_games_batched_and_one_episode_at_a_tim
     rows = load("games").main(["--tiny"])
     assert [r["loop"] for r in rows] == ["batched", "naive"] and all(r["same_games"] for r in rows)
     assert rows[0]["decisions"] == rows[1]["decisions"] > 0 and rows[1]["speedup"] == 1.0
+
+
+def test_tiny_seeds_runs_a_variant_and_reports_its_curve_and_advantages():
+    row = load("tiny_seeds").run("num_steps=2,eval_every=1,batch_size=2,num_generations=2", seed=1)
+    assert row["variant"].startswith("num_steps=2") and row["seed"] == 1
+    assert [step for step, _ in row["evals"]] == [0, 1, 2]
+    assert row["eval_end"] == pytest.approx(row["evals"][-1][1], abs=1e-3)  # the curve's values are rounded
+    assert row["adv_end"] >= 0 and row["s_per_step"] > 0
