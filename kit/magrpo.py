@@ -21,6 +21,7 @@ follow TRL's GRPOConfig and CoMLRL where they exist (README: "The update's optio
                     dr_grpo:             sum_{rows,t} l_t / (rows * max_new_tokens)
                     token_mean = dapo = bnpo: sum_{rows,t} l_t / (completion tokens of the step)
     KL (optional)   beta * k3, k3 = exp(ref - logp) - (ref - logp) - 1 per completion token, reduced like the loss
+                    and not weighted by the rollout correction (as TRL adds it)
 
 Sampler vs trainer. The engine returns the log-prob of every sampled token under the distribution it sampled from
 (temperature, then top-k/top-p, renormalised; kit/sampling.py), and the update scores the same tokens with the

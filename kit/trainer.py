@@ -355,7 +355,8 @@ class Trainer:
                               f"mismatch/ratio_mean/{adapter}": mismatch["rho"] / n,
                               f"mismatch/ratio_max/{adapter}": rho_max,
                               f"mismatch/past_cap/{adapter}": mismatch["past_cap"] / n,
-                              f"mismatch/rows_past_cap/{adapter}": mismatch["rows_past_cap"] / max(mismatch["rows"], 1)})
+                              f"mismatch/rows_past_cap/{adapter}":
+                                  mismatch["rows_past_cap"] / max(mismatch["rows"], 1.0)})
         return stats
 
     @staticmethod

@@ -38,8 +38,9 @@ QUIET = dict(log=lambda *_: None)
 
 
 def config(tmp_path, *overrides):
+    """tiny_cpu with the paper's plain update (beta 0: the preset's KL term is tested on its own), then `overrides`."""
     return load_config("tiny_cpu", overrides=[f"run_dir={tmp_path / 'run'}", "progress=false", "eval_every=0",
-                                              *overrides])
+                                              "beta=0", *overrides])
 
 
 # ---- advantages: a scripted sampler, rewards known by hand

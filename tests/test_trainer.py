@@ -34,14 +34,14 @@ def metric_rows(run_dir):
 
 @pytest.mark.slow
 def test_tiny_cpu_learns_the_toy_task(tmp_path):
-    """Fixed seed: greedy team reward goes from the random-digit level to >= 0.75 of the max in 200 steps.
+    """Fixed seed: greedy team reward goes from the random-digit level to >= 0.85 of the max in 250 steps.
 
-    Over seeds 0-7 the final greedy reward is 0.69-0.85 (mean 0.754) with per-sample seeded sampling, and was
-    0.68-0.87 (mean 0.759) with the global RNG before it: the same learning, other noise. Seed 0 gives 0.775."""
+    Over seeds 0-15 the preset ends at 0.88-0.92 (bench/README.md, tiny_seeds.py); seed 0 gives 0.916. Without the
+    preset's KL term (beta=0) the policies collapse and seeds 0-7 end at 0.64-0.84."""
     trainer = Trainer(cfg_for(tmp_path, "log_rollouts=false"), log=lambda *_: None)
     summary = trainer.train()
     assert summary["eval_start"] < 0.5  # uniform random digits score ~0.42 (best constant answer: 0.45)
-    assert summary["eval_end"] >= 0.75  # max 1.0
+    assert summary["eval_end"] >= 0.85  # max 1.0
     assert summary["reward_end"] > summary["reward_start"] + 0.3
 
 

@@ -382,6 +382,15 @@ MUTATIONS = [
     Mutation("auto correction never on", "kit/rollout.py",
              "        return \"token_truncate\"\n    return \"none\"", "        return \"none\"\n    return \"none\"",
              ("tests/test_offpolicy.py::test_auto_correction_switches_on_for_top_p",)),
+    Mutation("completions past the cap counted as tokens", "kit/magrpo.py",
+             '"rows_past_cap": float((rows & (seq > cap)).sum())', '"rows_past_cap": float((rho[m] > cap).sum())',
+             ("tests/test_offpolicy.py::test_every_mode_counts_the_completions_past_the_cap",)),
+    Mutation("the correction applied is not recorded", "kit/trainer.py",
+             '"update": {"rollout_correction": self.correction}', '"update": {}',
+             ("tests/test_offpolicy.py::test_a_resume_on_another_engine_says_from_which_step_the_correction_changes",)),
+    Mutation("the tiny_cpu preset without its KL term", "kit/config.py",
+             "use_chat_template=False, beta=0.02,", "use_chat_template=False, beta=0.0,",
+             ("tests/test_trainer.py::test_tiny_cpu_learns_the_toy_task",)),
 ]
 
 
