@@ -38,9 +38,10 @@ QUIET = dict(log=lambda *_: None)
 
 
 def config(tmp_path, *overrides):
-    """tiny_cpu with the paper's plain update (beta 0: the preset's KL term is tested on its own), then `overrides`."""
+    """tiny_cpu with the paper's plain update, then `overrides`: beta 0 and top_p 1 (no correction), since the
+    preset's KL term and top-p correction are tested on their own."""
     return load_config("tiny_cpu", overrides=[f"run_dir={tmp_path / 'run'}", "progress=false", "eval_every=0",
-                                              "beta=0", *overrides])
+                                              "beta=0", "top_p=1.0", *overrides])
 
 
 # ---- advantages: a scripted sampler, rewards known by hand

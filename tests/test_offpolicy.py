@@ -267,10 +267,11 @@ def test_a_4bit_base_with_a_dequantized_copy_engine_shows_a_mismatch(tmp_path):
 
 
 def _trainer(tmp_path, **fields):
+    """tiny_cpu without top-p (so that the hf engine's sampler is the trainer), then `fields`."""
     from kit.trainer import Trainer
 
     cfg = load_config("tiny_cpu", overrides=[f"run_dir={tmp_path / 'run'}", "num_steps=2", "eval_every=0",
-                                             "save_every=0", "progress=false", "log_rollouts=false"])
+                                             "save_every=0", "progress=false", "log_rollouts=false", "top_p=1.0"])
     return Trainer(dataclasses.replace(cfg, **fields), log=lambda *_: None)
 
 

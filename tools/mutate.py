@@ -389,7 +389,7 @@ MUTATIONS = [
              '"update": {"rollout_correction": self.correction}', '"update": {}',
              ("tests/test_offpolicy.py::test_a_resume_on_another_engine_says_from_which_step_the_correction_changes",)),
     Mutation("the tiny_cpu preset without its KL term", "kit/config.py",
-             "use_chat_template=False, beta=0.02,", "use_chat_template=False, beta=0.0,",
+             "top_p=0.9, beta=0.02,", "top_p=0.9, beta=0.0,",
              ("tests/test_trainer.py::test_tiny_cpu_learns_the_toy_task",)),
 ]
 
