@@ -170,12 +170,17 @@ class Trainer:
         state = checkpoint.resume_latest(self.run_dir, self.team, self.optimizers, self.schedulers, log=self.log,
                                          mirror_dir=self.cfg.mirror_dir)  # all damaged: stops, logs untouched
         self.step = state["step"] if state else 0
-        before = (state or {}).get("update", {}).get("rollout_correction")
-        if before is not None and before != self.correction:
+        if state and self.cfg.rollout_correction == "auto":
             # rollout_engine and generation_weights may change on resume (a run moved from a CPU to a GPU): the
             # objective stays the trainer's policy gradient, and `auto` follows the new sampler to keep it so
-            self.log(f"[kit] rollout_correction=auto: {self.correction} from step {self.step + 1} on, {before} "
-                     f"up to step {self.step}: the sampler changed with the machine or the rollout engine")
+            before = state.get("update", {}).get("rollout_correction")
+            if before is None:  # a checkpoint written before the record existed
+                self.log(f"[kit] rollout_correction=auto: {self.correction} from step {self.step + 1} on; the "
+                         f"checkpoint of step {self.step} does not record what the steps before it used")
+            elif before != self.correction:
+                self.log(f"[kit] rollout_correction=auto: {self.correction} from step {self.step + 1} on, {before} "
+                         f"at the checkpoint of step {self.step}: the sampler changed with the machine or the "
+                         "rollout engine")
         # Lines written after the checkpoint belong to steps that will be run again: drop them.
         if self.dist.is_main:
             for name in (rundir.METRICS, rundir.ROLLOUTS):

@@ -206,18 +206,22 @@ CORRECTIONS = [  # overrides, the weights by hand (of the rows and the trainer's
 
 @pytest.mark.parametrize("overrides, weights", CORRECTIONS, ids=[" ".join(r[0]) for r in CORRECTIONS])
 def test_rollout_correction_fields(tmp_path, overrides, weights):
-    trainer, levels = sampled(tmp_path, *overrides)
+    """With the KL term on (as tiny_cpu has it): the weights multiply the policy-gradient term only (as TRL)."""
+    trainer, levels = sampled(tmp_path, *overrides, "beta=0.5")
     shift_sampler(levels, SHIFT)
-    hand = {a: hand_loss(trainer, levels[0], a, "sum", 0.0, weights=weights) for a in trainer.team.adapters}
+    hand = {a: hand_loss(trainer, levels[0], a, "sum", 0.5, weights=weights) for a in trainer.team.adapters}
     stats = trainer.update(levels)
-    for adapter, (loss, _) in hand.items():
-        assert stats[f"loss/{adapter}"] == pytest.approx(loss, rel=1e-5, abs=1e-9), adapter
+    past = 1.0 if math.exp(SHIFT) > trainer.cfg.rollout_is_cap else 0.0  # every token and row, or none
+    for adapter, (loss, kl) in hand.items():
+        assert kl > 1e-4 and stats[f"loss/{adapter}"] == pytest.approx(loss, rel=1e-5, abs=1e-9), adapter
         assert stats[f"mismatch/ratio_mean/{adapter}"] == pytest.approx(math.exp(SHIFT), rel=1e-4)
+        assert stats[f"mismatch/past_cap/{adapter}"] == stats[f"mismatch/rows_past_cap/{adapter}"] == past
         assert stats[f"mismatch/kl/{adapter}"] == pytest.approx(math.exp(SHIFT) - SHIFT - 1, rel=1e-3)
 
 
 @pytest.mark.parametrize("overrides, kwargs", [
     (("temperature=0.5",), dict(temperature=0.5)),  # sampled at 0.5, scored at 0.5
+    (("temperature=0.5", "beta=0.5"), dict(temperature=0.5, beta=0.5)),  # the reference at 0.5 too
     (("temperature=0.5", "score_at_sampling_temperature=false"), dict(temperature=1.0)),  # runs from before: at 1
     (("num_iterations=2",), dict(clipped_form=True)),  # the clipped ratio, 1 at the first iteration
     (("mask_truncated_completions=true",), dict(masked_truncated=True)),
@@ -228,7 +232,9 @@ def test_update_form_fields(tmp_path, overrides, kwargs):
         seg = levels[0].rollout.segments[0]
         seg.finished[::2] = True
         seg.finished[1::2] = False
-    hand = {a: hand_loss(trainer, levels[0], a, "sum", 0.0, **kwargs) for a in trainer.team.adapters}
+    kwargs = dict(kwargs)  # the parameter's own dict stays whole for a rerun
+    beta = kwargs.pop("beta", 0.0)
+    hand = {a: hand_loss(trainer, levels[0], a, "sum", beta, **kwargs) for a in trainer.team.adapters}
     stats = trainer.update(levels)
     for adapter, (loss, _) in hand.items():
         assert stats[f"loss/{adapter}"] == pytest.approx(loss, rel=1e-5), adapter

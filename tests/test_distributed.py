@@ -16,12 +16,8 @@ from safetensors.torch import load_file
 from kit.config import load_config
 from kit.trainer import Trainer
 
-# top_p 1: with top-p (the preset's 0.9) the update is weighted by the sampler's log-probs (the rollout correction),
-# which differ at float rounding with the generation batch's shape (two items per process against four); Adam
-# amplifies that on near-zero gradients to 1.5e-4 after two steps, against 5e-6 without top-p (measured). The
-# correction itself is per row and checked on one process (tests/test_offpolicy.py); the KL term stays on.
 ARGS = ["--set", "batch_size=4", "--set", "num_generations=2", "--set", "eval_every=0", "--set", "save_every=1",
-        "--set", "keep_last=4", "--set", "progress=false", "--set", "top_p=1.0"]
+        "--set", "keep_last=4", "--set", "progress=false"]
 QUIET = dict(log=lambda *_: None)
 
 
@@ -51,7 +47,7 @@ def adapters(run, step):
 
 
 def assert_same_run(one, two, step):
-    """Same rollouts, same metrics (up to float summation order), same adapters (fp32, tight tolerance)."""
+    """Same rollouts, same metrics (up to float summation order), same adapters (to a sixth of an Adam step)."""
     a, b = rows(one, "rollouts.jsonl"), rows(two, "rollouts.jsonl")
     a = [r for r in a if r["step"] <= step]
     assert len(a) == len(b) and len(b) == step * 4 * 2  # steps x items x aligned joint actions
@@ -63,10 +59,14 @@ def assert_same_run(one, two, step):
         for key in x:
             if not key.startswith("perf/"):
                 assert y[key] == pytest.approx(x[key], rel=1e-5, abs=1e-6), key
+    # The gradients agree to float rounding (the forward runs on 2 items per process against 4), but Adam moves an
+    # entry whose gradient is ~1e-8 (a few per adapter) by up to lr * g / (|g| + 1e-8): rounding there moves the
+    # weights by up to 1.6e-4 in four steps (measured, with the preset's top-p correction; 5e-6 without it),
+    # against lr = 3e-3 per step. The metrics above (losses, grad norms, mismatch) are the tight check.
     wa, wb = adapters(one, step), adapters(two, step)
     for agent in wa:
         for key in wa[agent]:
-            torch.testing.assert_close(wb[agent][key], wa[agent][key], rtol=0, atol=1e-4)
+            torch.testing.assert_close(wb[agent][key], wa[agent][key], rtol=0, atol=5e-4)
 
 
 @pytest.fixture(scope="module")

@@ -305,10 +305,15 @@ def test_a_resume_on_another_engine_says_from_which_step_the_correction_changes(
     lines = []
     resumed = Trainer.from_run(tmp_path / "run", ["rollout_engine=compiled", "num_steps=3"], log=lines.append)
     assert resumed.correction == "token_truncate"
-    assert any("token_truncate from step 3 on, none up to step 2" in line for line in lines), lines
+    assert any("token_truncate from step 3 on, none at the checkpoint of step 2" in line for line in lines), lines
     lines.clear()
     Trainer.from_run(tmp_path / "run", ["rollout_engine=hf", "num_steps=3"], log=lines.append)  # the same: silent
-    assert not any("up to step" in line for line in lines), lines
+    assert not any("from step 3 on" in line for line in lines), lines
+    state = tmp_path / "run/ckpt/step_000002/state.json"  # a checkpoint from before the record
+    state.write_text(json.dumps({k: v for k, v in json.loads(state.read_text()).items() if k != "update"}))
+    lines.clear()
+    Trainer.from_run(tmp_path / "run", ["rollout_engine=hf", "num_steps=3"], log=lines.append)
+    assert any("none from step 3 on; the checkpoint of step 2 does not record" in line for line in lines), lines
 
 
 def test_num_iterations_steps_the_optimizer_that_many_times_and_reports_clipping(tmp_path):

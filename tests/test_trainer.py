@@ -350,6 +350,10 @@ def test_a_micro_batched_update_equals_the_one_batch_update(tmp_path, loss_type)
         cfg = cfg_for(tmp_path, f"loss_type={loss_type}", f"micro_batch_size={micro}", "batch_size=2",
                       "num_generations=4", "max_new_tokens=4", name=f"micro{micro}")
         trainer = Trainer(cfg, log=lambda *_: None)
+        gen = torch.Generator().manual_seed(0)
+        for name, p in trainer.team.models[0].named_parameters():
+            if "lora_B" in name:  # zero at init: the policy would be the base and the preset's KL term 0
+                p.data.normal_(0.0, 0.05, generator=gen)
         grads = {}
         for adapter, opt in trainer.optimizers.items():  # the gradient each optimizer step receives
             def step(adapter=adapter, real=opt.step):
@@ -363,6 +367,7 @@ def test_a_micro_batched_update_equals_the_one_batch_update(tmp_path, loss_type)
     assert texts == texts_mb  # the same rollouts, so the updates must agree
     for key in stats:
         assert stats_mb[key] == pytest.approx(stats[key], rel=1e-5, abs=1e-7), key
+    assert all(stats[f"kl/{a}"] > 1e-4 for a in grads)  # the KL term is in both, micro-batched too
     assert set(grads) == set(grads_mb) == {"agent_0", "agent_1"}
     for adapter in grads:
         for a, b in zip(grads[adapter], grads_mb[adapter]):
