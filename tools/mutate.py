@@ -249,7 +249,10 @@ MUTATIONS = [
     Mutation('review: KL over padding', 'kit/magrpo.py',
              'k3 = (torch.exp(diff) - diff - 1) * mask',
              'k3 = torch.exp(diff) - diff - 1',
-             ('tests/test_magrpo.py', 'tests/test_config_reaches_maths.py', 'tests/test_injected_bugs.py')),
+             ('tests/test_magrpo.py', 'tests/test_config_reaches_maths.py', 'tests/test_injected_bugs.py'),
+             equivalent="reduce() masks every term with torch.where (since the review of issue 22), so the product "
+                        "with the mask changes nothing; reduce's own masking is checked by "
+                        "test_a_non_finite_term_off_the_mask_never_reaches_the_loss"),
     Mutation('review: token_mean chunks weighted by rows', 'kit/trainer.py',
              'else int(m.sum()) / max(total_tokens, 1)',
              'else len(adv) / max(total_rows, 1)',
@@ -398,6 +401,9 @@ MUTATIONS = [
     Mutation("completions past the cap divided by tokens", "kit/trainer.py",
              'mismatch["rows_past_cap"] / max(mismatch["rows"], 1.0)', 'mismatch["rows_past_cap"] / n',
              (f"{CFG_MATHS}::test_rollout_correction_fields",)),
+    Mutation("reduce masks by a product", "kit/magrpo.py",
+             "masked = torch.where(mask.bool(), per_token, 0.0)", "masked = per_token * mask",
+             ("tests/test_offpolicy.py::test_a_non_finite_term_off_the_mask_never_reaches_the_loss",)),
     Mutation("the tiny_cpu preset without its KL term", "kit/config.py",
              "top_p=0.9, beta=0.02,", "top_p=0.9, beta=0.0,",
              ("tests/test_trainer.py::test_tiny_cpu_learns_the_toy_task",)),
