@@ -133,18 +133,36 @@ def complete_checkpoints(run_dir: str | Path, folder: str = "ckpt") -> list[Path
 
 
 def prune(run_dir: str | Path, keep_last: int, keep_history: int = 0) -> None:
-    """Keep the newest `keep_last` checkpoints; move the adapters of older ones to the thinned history."""
+    """Keep the newest `keep_last` checkpoints; move the adapters of older ones to the thinned history.
+
+    Every change is one rename seen from outside: a checkpoint leaves ckpt/ whole (to a hidden name, where its
+    optimizer state is dropped) and enters history/ whole, and a deleted one is renamed away before its files go.
+    The Drive mirror reads these folders from another thread: it sees a folder whole or not at all, so a folder
+    that vanished under it was superseded, never half-deleted (kit/rundir.py)."""
     for p in complete_checkpoints(run_dir)[keep_last:]:
         if keep_history > 0:
-            kept = Path(run_dir) / HISTORY / p.name
-            shutil.rmtree(kept, ignore_errors=True)
-            kept.parent.mkdir(exist_ok=True)
+            history = Path(run_dir) / HISTORY
+            history.mkdir(exist_ok=True)
+            moving = history / f".tmp_{p.name}"
+            shutil.rmtree(moving, ignore_errors=True)
+            os.replace(p, moving)
             for name in ("optim.pt", "rng.pt"):
-                (p / name).unlink(missing_ok=True)
-            os.replace(p, kept)
+                (moving / name).unlink(missing_ok=True)
+            remove(history / p.name)
+            os.replace(moving, history / p.name)
         else:
-            shutil.rmtree(p, ignore_errors=True)
+            remove(p)
     thin_history(run_dir, keep_history)
+
+
+def remove(path: Path) -> None:
+    """Delete a checkpoint folder: renamed to a hidden name first, so it vanishes from its place at once."""
+    if not path.exists():
+        return
+    gone = path.with_name(f".deleting_{path.name}")
+    shutil.rmtree(gone, ignore_errors=True)
+    os.replace(path, gone)
+    shutil.rmtree(gone, ignore_errors=True)
 
 
 def thinned(steps: list[int], keep: int) -> set[int]:
@@ -164,7 +182,7 @@ def thin_history(run_dir: str | Path, keep_history: int) -> None:
     wanted = thinned(list(history), keep_history)
     for step, p in history.items():
         if step not in wanted:
-            shutil.rmtree(p, ignore_errors=True)
+            remove(p)
 
 
 def saved_steps(run_dir: str | Path) -> dict[int, Path]:

@@ -7,12 +7,19 @@
     find_run(run_name, drive)         the run folder to analyse: local checkpoints/<run_name> or its Drive mirror
     append_jsonl(path, rows)          add a step's rows in one write that a Ctrl-C / Colab stop cannot cut short
     Mirror(run_dir, mirror_dir)       copies checkpoints and logs to Drive after each save, in the background; a
-                                      failed copy is said loudly and retried at the next save
+                                      failed copy is said loudly once, with its reason in words (Drive full,
+                                      read-only, ...), and retried at the next save
     restore(mirror_dir, run_dir)      brings the newest complete checkpoint back after a disconnect
 
 Why a mirror and not training straight on Drive: Drive is slow and can drop writes when a runtime dies. The
 trainer writes each checkpoint locally (atomically), then the mirror copies it to Drive under a temporary name
 and renames it only when the copy is whole, so a half-copied checkpoint never looks complete on Drive.
+
+A Drive slower than `save_every` steps: while a checkpoint is being copied, the trainer may prune it (to history/,
+or away). Pruning renames a folder in one step (kit/checkpoint.py), so the copy either read it whole or finds it
+gone; a checkpoint gone from under the copy was superseded by a newer one, which the next copy takes, and is
+skipped, not reported as a failure. A copy's temporary `.partial` folder is removed when it fails, and any left
+behind (a runtime that died mid-copy) is removed by the next copy: they would fill the user's Drive.
 
 A runtime that dies while a line is being appended leaves a half-written last line. It belongs to a step after
 the newest checkpoint, so a resume drops it anyway; readers skip it instead of failing on it. A broken line
@@ -22,6 +29,7 @@ anywhere else is real damage and is reported with its file and line number.
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import os
 import shutil
@@ -176,6 +184,7 @@ class Mirror:
         self.error: BaseException | None = None  # the last copy's error; None once a copy succeeds again
         self._outcomes: list[BaseException | None] = []  # finished copies not yet reported (kept until check())
         self._warned = self._closed = False
+        self._failures = 0  # failed copies in a row
 
     def push(self) -> Future:
         """Queue a copy of everything new; returns at once."""
@@ -194,11 +203,16 @@ class Mirror:
             if err is None:
                 if self.error is not None:
                     self.log(f"[kit] the Drive backup works again: {self.status()}")
-                self.error = None
+                self.error, self._failures = None, 0
                 continue
-            self.error = err
-            why = f"{type(err).__name__}: {err}"
-            if self._warned:
+            self.error, self._failures = err, self._failures + 1
+            why = reason(err)
+            if self._failures > 1:  # said already: a short line at the 2nd, 4th, 8th ... failure in a row
+                if self._failures & (self._failures - 1) == 0:
+                    self.log(f"[kit] the Drive backup is still failing ({why}; {self._failures} copies in a row); "
+                             f"{self.status()}")
+                continue
+            if self._warned:  # it had recovered since the first warning
                 self.log(f"[kit] WARNING: the Drive backup failed again ({why}); {self.status()}")
                 continue
             self._warned = True
@@ -232,22 +246,22 @@ class Mirror:
             self.flush()
             self._pool.shutdown(wait=True)
             if self.error is not None:
-                self.log(f"[kit] WARNING: the last backup to Drive FAILED ({type(self.error).__name__}: "
-                         f"{self.error}); {self.status()}. The newest checkpoint is only in {self.run_dir}.")
+                self.log(f"[kit] WARNING: the last backup to Drive FAILED ({reason(self.error)}); {self.status()}. "
+                         f"The newest checkpoint is only in {self.run_dir}.")
         return self.status()
 
     def _copy(self) -> None:
         from kit.checkpoint import complete_checkpoints
 
-        newest = complete_checkpoints(self.run_dir)
         try:
             self._copy_all()
         except Exception as err:  # recorded here, before the future is done, so a flush() never misses it
             with self._lock:
                 self._outcomes.append(err)
             raise
-        if newest:
-            self.last_good = int(newest[0].name.split("_")[-1])
+        on_mirror = complete_checkpoints(self.mirror_dir)
+        if on_mirror:
+            self.last_good = int(on_mirror[0].name.split("_")[-1])
         with self._lock:
             self._outcomes.append(None)
 
@@ -255,13 +269,14 @@ class Mirror:
         from kit.checkpoint import HISTORY, complete_checkpoints, thin_history
 
         self.mirror_dir.mkdir(parents=True, exist_ok=True)
+        remove_partials(self.mirror_dir)  # one copy at a time: any .partial here is a dead copy's
         for name in _LOG_FILES:
             _copy_file(self.run_dir / name, self.mirror_dir / name)
         if (self.run_dir / "eval").is_dir():
             for f in (self.run_dir / "eval").iterdir():
                 if f.is_file():
                     _copy_file(f, self.mirror_dir / "eval" / f.name)
-        for ckpt in reversed(complete_checkpoints(self.run_dir)):  # oldest first
+        for ckpt in complete_checkpoints(self.run_dir):  # newest first: the one a slow Drive must not miss
             _copy_tree(ckpt, self.mirror_dir / "ckpt" / ckpt.name)
         for kept in reversed(complete_checkpoints(self.run_dir, HISTORY)):
             _copy_tree(kept, self.mirror_dir / HISTORY / kept.name)
@@ -270,25 +285,84 @@ class Mirror:
         thin_history(self.mirror_dir, self.keep_history)
 
 
+# A failed copy's reason in words: what the user can act on, from the error's errno
+REASONS = {errno.ENOSPC: "Drive is full", errno.EDQUOT: "Drive is full", errno.EROFS: "Drive is read-only",
+           errno.EACCES: "no permission to write to Drive", errno.EPERM: "no permission to write to Drive",
+           errno.ENOTCONN: "Drive is not connected (unmounted?)", errno.EIO: "Drive had an input/output error"}
+
+
+def reason(err: BaseException) -> str:
+    """Why a copy failed, in one line: "Drive is full (No space left on device)", "Drive is read-only (...)", or
+    the error's type and message; a shutil.Error's list of (src, dst, why) tuples is reduced to its first why."""
+    if isinstance(err, shutil.Error) and err.args and isinstance(err.args[0], list) and err.args[0]:
+        first = err.args[0][0]
+        return str(first[-1] if isinstance(first, tuple) else first).splitlines()[0]
+    if isinstance(err, OSError) and err.strerror:
+        if err.errno in REASONS:
+            return f"{REASONS[err.errno]} ({err.strerror})"
+        return f"{type(err).__name__}: {err.strerror}" + (f": {err.filename}" if err.filename else "")
+    return f"{type(err).__name__}: {err}"
+
+
+def remove_partials(folder: Path) -> None:
+    """Remove the temporary copies (`.<name>.partial`) that a failed or killed copy left in a mirror."""
+    from kit.checkpoint import HISTORY
+
+    for place in (folder, folder / "ckpt", folder / HISTORY, folder / "eval"):
+        for p in place.glob(".*.partial") if place.is_dir() else ():
+            if p.is_dir():
+                shutil.rmtree(p, ignore_errors=True)
+            else:
+                p.unlink(missing_ok=True)
+
+
 def _copy_file(src: Path, dst: Path) -> None:
     if not src.exists():
         return
     dst.parent.mkdir(parents=True, exist_ok=True)
     tmp = dst.with_name(f".{dst.name}.partial")
-    shutil.copyfile(src, tmp)
+    try:
+        shutil.copyfile(src, tmp)
+    except OSError:
+        tmp.unlink(missing_ok=True)  # a full Drive needs the space back
+        if not src.exists():  # rewritten away meanwhile: the next copy takes the new one
+            return
+        raise
     os.replace(tmp, dst)
 
 
-def _copy_tree(src: Path, dst: Path) -> None:
-    """Copy a checkpoint folder under a temporary name, then rename: never a half checkpoint at `dst`."""
+def _copy_folder(src: Path, dst: Path) -> None:
+    """`src` into the new folder `dst`, file by file. A failure is the OSError itself (its errno says why), not
+    copytree's list of tuples."""
+    dst.mkdir(parents=True)
+    for entry in sorted(src.iterdir()):
+        if entry.is_dir():
+            _copy_folder(entry, dst / entry.name)
+        else:
+            shutil.copyfile(entry, dst / entry.name)
+
+
+def _copy_tree(src: Path, dst: Path) -> bool:
+    """Copy a checkpoint folder under a temporary name, then rename: never a half checkpoint at `dst`. False when
+    `src` went away during the copy: pruned by the trainer (superseded, see the module docstring), not a failure."""
     if (dst / "COMPLETE").exists():
-        return
+        return True
     tmp = dst.with_name(f".{dst.name}.partial")
     shutil.rmtree(tmp, ignore_errors=True)
-    shutil.copytree(src, tmp)
+    try:
+        _copy_folder(src, tmp)
+    except OSError:
+        shutil.rmtree(tmp, ignore_errors=True)  # never leave a whole checkpoint's worth of files behind
+        if not src.exists():
+            return False
+        raise
+    if not src.exists():  # read whole (folders leave in one rename), but its place is taken by history/ now
+        shutil.rmtree(tmp, ignore_errors=True)
+        return False
     if dst.exists():
         shutil.rmtree(dst)
     os.replace(tmp, dst)
+    return True
 
 
 def restore(mirror_dir: str | Path, run_dir: str | Path, log=print) -> int | None:
