@@ -29,9 +29,11 @@ def code(text: str, tags=()):
 
 
 INSTALL = code(f"""
-# Colab only (tagged `colab`): get the kit and its requirements. Pins nothing: requirements.txt has lower bounds
-# only and constraints.txt is left out on purpose, so Colab's own torch (its CUDA build) and packages stay wherever
-# they meet the bounds; constraints.txt holds the exact versions the tests ran on (torch==2.13.0, the CPU wheel).
+# Colab only (tagged `colab`): get the kit and install it as a package (`import kit` then works from any folder).
+# Pins nothing: its dependencies are requirements.txt's lower bounds and constraints.txt is left out on purpose, so
+# Colab's own torch (its CUDA build) and packages stay wherever they meet the bounds; constraints.txt holds the
+# exact versions the tests ran on (torch==2.13.0, the CPU wheel). Not `pip install -e`: an editable install is
+# seen only after a kernel restart.
 REPO = "{REPO}"  # the kit's git repository: put your fork's URL here
 BRANCH = "{BRANCH}"
 KIT_DIR = "/content/magrpo-kit"
@@ -51,9 +53,8 @@ if "google.colab" in sys.modules:
                                f"as https://<token>@github.com/...) or upload the repository to {{KIT_DIR}}, then "
                                "run this cell again.") from None
     # pip's own lines as they come (Colab shows nothing of a process that is not streamed): a minute or two
-    print("installing the kit's requirements ...", flush=True)
-    pip = subprocess.Popen([sys.executable, "-m", "pip", "install", "--progress-bar", "off", "-r",
-                            f"{{KIT_DIR}}/requirements.txt"],
+    print("installing the kit ...", flush=True)
+    pip = subprocess.Popen([sys.executable, "-m", "pip", "install", "--progress-bar", "off", KIT_DIR],
                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     said = []
     for line in pip.stdout:
@@ -61,15 +62,16 @@ if "google.colab" in sys.modules:
         if not line.startswith("Requirement already satisfied"):
             print(line, end="", flush=True)
     if pip.wait() != 0:
-        raise RuntimeError("pip could not install the kit's requirements: " + "\\n".join(said[-15:])) from None
+        raise RuntimeError("pip could not install the kit: " + "\\n".join(said[-15:])) from None
     print("the kit is installed", flush=True)
-    os.chdir(KIT_DIR)
+    os.chdir(KIT_DIR)  # runs are written under checkpoints/ of the checkout, as on a local machine
 """, tags=["colab"])
 
 SETUP = code("""
-# Run from the repository root (Colab: /content/magrpo-kit; locally: the folder above notebooks/).
-import os
-if not os.path.isdir("kit") and os.path.isdir("../kit"):
+# The kit is installed (Colab: the cell above; locally: pip install -e .). A checkout that is not installed is
+# used from its root, the folder above notebooks/.
+import importlib.util, os
+if importlib.util.find_spec("kit") is None and os.path.isdir("../kit"):
     os.chdir("..")
 %matplotlib inline
 from kit import colab

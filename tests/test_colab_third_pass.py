@@ -102,3 +102,21 @@ def test_a_full_or_read_only_drive_is_one_clear_reason_said_once_and_leaves_no_p
     assert any("still failing" in s for s in failures)
     assert leftovers(drive) == []
 
+
+# 7. an installable package: the notebooks import it, they do not move into the repository ---------------------
+
+def setup_cell() -> str:
+    import nbformat
+
+    nb = nbformat.read(ROOT / "notebooks" / "02_evaluate.ipynb", as_version=4)
+    source = next(c.source for c in nb.cells if "colab.smoke()" in c.source)
+    return "\n".join(line for line in source.splitlines() if not line.startswith("%"))
+
+
+def test_the_setup_cell_stays_in_its_folder_where_the_kit_is_installed(tmp_path, monkeypatch):
+    (tmp_path / "kit").mkdir()  # a checkout's kit/ above the notebook's folder, as in notebooks/
+    (tmp_path / "notebooks").mkdir()
+    monkeypatch.chdir(tmp_path / "notebooks")
+    monkeypatch.syspath_prepend(str(ROOT))  # `kit` importable: installed
+    exec(compile(setup_cell(), "setup-cell", "exec"), {})
+    assert Path.cwd() == tmp_path / "notebooks"

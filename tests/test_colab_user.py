@@ -94,7 +94,7 @@ def test_install_cell_clones_installs_and_enters_the_repository(tmp_path, monkey
     exec(compile(install_cell(f"file://{origin}", tmp_path / "kit_home"), "install-cell", "exec"), {})
     assert (tmp_path / "kit_home" / "kit" / "__init__.py").exists()
     assert Path.cwd() == tmp_path / "kit_home"
-    assert calls[-1][-2:] == ["-r", f"{tmp_path}/kit_home/requirements.txt"]
+    assert calls[-1][-2:] == ["off", str(tmp_path / "kit_home")]  # issue 34: the kit itself, as a package
     # issue 24: the install shows its progress as it goes, not nothing for minutes
     out = capsys.readouterr().out
     assert "Collecting peft" in out and "Successfully installed" in out and "already satisfied" not in out

@@ -49,7 +49,7 @@ def test_requirements_stay_lower_bounds_for_colab():
 
 def test_readme_commands_install_with_the_constraints_and_ci_runs_the_test_command():
     demo, tests = readme_commands()
-    assert "pip install -r requirements.txt -c constraints.txt" in demo and "python -m kit train" in demo
-    assert "-r requirements-dev.txt -c constraints.txt" in tests and tests.endswith("python -m pytest")
+    assert "pip install -e . -c constraints.txt" in demo and "&& kit train" in demo  # the package, its command
+    assert '-e ".[dev]" -c constraints.txt' in tests and tests.endswith("python -m pytest")
     ci = [x for x in (ROOT / ".ci" / "run").read_text().splitlines() if x.strip() and not x.startswith("#")]
     assert tests in ci, ".ci/run must run exactly the README's test command"

