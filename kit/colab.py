@@ -3,9 +3,16 @@
     notebook_config(...)            01_train's parameters cell as a validated TrainConfig (full mode needs a GPU)
     start_or_resume(cfg)            a Trainer (GameTrainer for a game) for a new run or the newest one (from the mirror)
     train_to_end(trainer)           01's training cell: live curve, learning_curves.png, close (last Drive copy)
-    run_to_analyse(run_name, drive) the run 02-05 look at: found by name on this disk or on Drive
+    run_to_analyse(run_name, drive) the run 02-05 and 07 look at: found by name on this disk or on Drive
+    evaluate_missing(run_dir, n)    07's first cell: kit eval, kit baselines (at the eval's samples per item) and
+                                    fresh schemes, each only when its results are missing
+    report_to_drive(report, ...)    07's copy of RESULTS.md beside the run on Drive (smoke mode: under _smoke/)
     preset_smoke_test(preset)       00_setup's two-step PASS/FAIL check of a preset on its real model
-    smoke_run()                     (KIT_SMOKE) a tiny two-step code-task run for the analysis notebooks
+    smoke_run()                     (KIT_SMOKE) the smoke run 01_train makes, for the analysis notebooks; trained
+                                    here once when 01 has not made it
+
+Smoke mode never touches a real run's folders: its run lives in $KIT_SMOKE_DIR (default checkpoints/smoke) and is
+mirrored, and its report copied, only under `<DRIVE_FOLDER>/_smoke/` on Drive.
 The environment helpers the cells use (smoke, gpu_summary, mount_drive, flush_drive, secret) come from
 kit/env.py; the Drive mirror and restore from kit/rundir.py.
 """
@@ -16,8 +23,8 @@ import os
 import shutil
 from pathlib import Path
 
-from kit.env import (flush_drive, gpu_summary, in_colab, mount_drive, require_gpu, secret, secret_status,  # noqa: F401
-                     smoke)
+from kit.env import (GPUNeeded, flush_drive, gpu_summary, in_colab, mount_drive, require_gpu, secret,  # noqa: F401
+                     secret_status, smoke)
 from kit.rundir import DRIVE_FOLDER, LOCAL_ROOT, restore
 
 
@@ -37,9 +44,25 @@ def start_or_resume(cfg, log=print, **trainer_kwargs):
         from kit.rundir import newest_step
 
         step = newest_step(cfg.run_dir)
-        log(f"[kit] continuing the run in {cfg.run_dir} from its checkpoint at step {step}" if step >= 0 else
-            f"[kit] {cfg.run_dir} holds a run stopped before its first checkpoint: starting it again from step 0")
+        log(f"[kit] continuing the run in {cfg.run_dir} from its checkpoint at step {step}{dropped(cfg.run_dir, step)}"
+            if step >= 0 else
+            f"[kit] {cfg.run_dir} holds a run stopped before its first checkpoint: starting it again from step 0"
+            f"{dropped(cfg.run_dir, step)}")
     return trainer_class(cfg.task)(cfg, resume=resume, log=log, **trainer_kwargs)
+
+
+def dropped(run_dir, step: int) -> str:
+    """What a resume from checkpoint `step` redoes: the logged steps after it (a kill or a stop between saves),
+    which the trainer drops from the logs and trains again; empty when there are none."""
+    from kit.rundir import METRICS, read_jsonl
+
+    path = Path(run_dir) / METRICS
+    later = sorted({r["step"] for r in read_jsonl(path) if r.get("step", 0) > step}) if path.exists() else []
+    if not later:
+        return ""
+    span = f"step {later[0]}" if len(later) == 1 else f"steps {later[0]}-{later[-1]}"
+    return (f"; the {len(later)} logged step{'s' if len(later) > 1 else ''} after it ({span}) are dropped from the "
+            "logs and will be trained again, exactly as before")
 
 
 def train_to_end(trainer, every: int = 5) -> dict:
@@ -68,7 +91,7 @@ def run_to_analyse(run_name: str, drive: Path | None = None, drive_folder: str =
     if run_dir:
         found = Path(run_dir)
     elif smoke():
-        found = smoke_run(log=log)
+        found = smoke_run(run_name, drive, drive_folder, log=log)
     else:
         found = find_run(run_name, drive, drive_folder)
     if not (found / "config.json").exists():
@@ -79,7 +102,8 @@ def run_to_analyse(run_name: str, drive: Path | None = None, drive_folder: str =
 
 def preset_smoke_test(preset: str, log=print) -> str:
     """00_setup's check: two training steps of `preset` on its real model in a throw-away folder.
-    Returns the PASS line; raises (after a FAIL line) with the error."""
+    Returns the PASS line, or the FAIL line when the preset needs a GPU this runtime lacks (said once, no
+    traceback); when training fails, raises after a FAIL line, since the traceback is then the diagnosis."""
     import tempfile
 
     from kit.config import load_config
@@ -87,9 +111,10 @@ def preset_smoke_test(preset: str, log=print) -> str:
 
     try:
         require_gpu(preset)
-    except RuntimeError as err:
-        log(f"FAIL: {err}")
-        raise
+    except GPUNeeded as err:  # said once, as a line: a traceback would say it again, and nothing is broken
+        line = f"FAIL: {err}"
+        log(line)
+        return line
     overrides = ["num_steps=2", "save_every=0", "eval_every=0", "batch_size=1", "num_generations=2",
                  "log_rollouts=false", "progress=false"]
     if load_config(preset).max_new_tokens > 64:
@@ -110,24 +135,69 @@ def preset_smoke_test(preset: str, log=print) -> str:
     return line
 
 
-def smoke_run(log=print) -> Path:
-    """A tiny CPU run on the code task (2 steps) for the notebooks' smoke mode; made once, then reused.
-    Its folder is $KIT_SMOKE_DIR or checkpoints/smoke."""
-    from kit.checkpoint import complete_checkpoints
-    from kit.config import load_config
+def smoke_dir() -> Path:
+    """Where smoke mode's run lives: $KIT_SMOKE_DIR, or checkpoints/smoke."""
+    return Path(os.environ.get("KIT_SMOKE_DIR", f"{LOCAL_ROOT}/smoke"))
 
-    run_dir = Path(os.environ.get("KIT_SMOKE_DIR", "checkpoints/smoke"))
-    if complete_checkpoints(run_dir):
-        return run_dir
-    shutil.rmtree(run_dir, ignore_errors=True)
-    cfg = load_config("tiny_cpu", overrides=[
-        f"run_dir={run_dir}", "task=code", "task_args={dataset: coop}", "num_steps=2", "batch_size=2",
-        "num_generations=2", "max_new_tokens=16", "save_every=1", "eval_every=1", "num_eval_items=2",
-        "progress=false"])
-    trainer = start_or_resume(cfg, log=log)
-    trainer.train()
-    trainer.close()
-    return run_dir
+
+def smoke_run(run_name: str = "magrpo_code", drive: Path | None = None, drive_folder: str = DRIVE_FOLDER,
+              log=print) -> Path:
+    """The run 01_train makes in smoke mode (notebook_config(..., smoke=True)), which 02-05 and 07 analyse in smoke
+    mode. When 01 has not made it (or not to its end), it is trained here once, the same way (continued from
+    its Drive copy under _smoke/ when there is one)."""
+    from kit.rundir import newest_step
+
+    cfg = notebook_config("tiny_cpu", "code", {"dataset": "coop"}, run_name, drive, drive_folder, smoke=True, log=log)
+    if newest_step(cfg.run_dir) < cfg.num_steps:
+        log(f"[kit] smoke mode: 01_train's smoke run ({cfg.run_dir}) is not there or not finished; training it now")
+        trainer = start_or_resume(cfg, log=log)
+        try:
+            trainer.train()
+        finally:
+            trainer.close()
+    return Path(cfg.run_dir)
+
+
+def evaluate_missing(run_dir: str | Path, n: int, steps: str = "all", log=print) -> None:
+    """What 07_report runs before the report, each part only when its results are missing: held-out evaluation of
+    `steps` checkpoints, the baselines (Table 1), and the code task's schemes on fresh samples. Table 1 samples as
+    many completions per item as the held-out evaluation did, so its magrpo row is the same sampling as that
+    section's row of the same checkpoint and the two tables agree."""
+    from kit.evaluate import evaluate_run, load_eval_rows
+    from kit.report import save_fresh_shares
+    from kit.runinfo import read_run
+
+    eval_dir = Path(run_dir) / "eval"
+    if not list(eval_dir.glob("step_*.json")):
+        evaluate_run(run_dir, steps, n=n, log=log)
+    if not (eval_dir / "baselines.json").exists():
+        from kit.baselines import compare
+
+        rows = load_eval_rows(run_dir)
+        same_n = rows[-1].get("num_samples", n) if rows else n
+        if same_n != n:
+            log(f"[kit] baselines at {same_n} samples per item, as the held-out evaluation (not {n}), so that "
+                "Table 1 and the held-out section agree")
+        compare(run_dir, ["naive"] if smoke() else None, n=same_n, log=log)
+    if read_run(run_dir)["config"].get("task") == "code" and not (eval_dir / "schemes_fresh.json").exists():
+        save_fresh_shares(run_dir, n=n, log=log)  # cooperation schemes on fresh samples from the newest checkpoint
+
+
+def report_to_drive(report: str | Path, run_dir: str | Path, drive: Path | None, drive_folder: str = DRIVE_FOLDER,
+                    run_name: str | None = None, log=print) -> Path | None:
+    """07's copy of a report folder (RESULTS.md and figures) beside the run on Drive, `<drive_folder>/<run>/report`
+    (the mirror copies checkpoints and logs, not the report). In smoke mode it goes under `<drive_folder>/_smoke/
+    <run_name>/`, where 01 mirrors the smoke run: never into a real run's folder. None without Drive."""
+    if drive is None:
+        return None
+    folder = Path(drive) / drive_folder
+    target = (folder / "_smoke" / (run_name or Path(run_dir).name) if smoke() else folder / Path(run_dir).name)
+    target = target / "report"
+    source = Path(report).parent
+    if source.resolve() != target.resolve():
+        shutil.copytree(source, target, dirs_exist_ok=True)
+    log(f"report on Drive: {target}")
+    return target
 
 
 def notebook_config(preset: str, task: str, task_args: dict, run_name: str, drive: Path | None = None,
@@ -153,7 +223,7 @@ def notebook_config(preset: str, task: str, task_args: dict, run_name: str, driv
         preset = "tiny_cpu"
         values.update(task="code", task_args={"dataset": "coop"}, num_steps=3, batch_size=2, num_generations=2,
                       max_new_tokens=16, save_every=1, eval_every=2, num_eval_items=2, judge_model=None,
-                      use_judge_reward=False, run_dir=os.environ.get("KIT_SMOKE_DIR", "checkpoints/smoke") + "_train",
+                      use_judge_reward=False, run_dir=str(smoke_dir()),  # smoke_run(): 02-05 and 07 analyse it
                       mirror_dir=str(folder / "_smoke" / run_name) if folder else None)
         if task == "game":  # the same game on the tiny model: its compact prompt, short episodes
             values.update(task="game", max_new_tokens=3, run_dir=values["run_dir"] + "_game",

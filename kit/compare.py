@@ -5,7 +5,8 @@
 
 Runs whose configs are equal except for the seed (and the fields that do not change training: run_dir, logging,
 evaluation cadence) are one group: their curves are drawn as the mean over seeds with a band from the lowest to
-the highest seed, and the table adds a row with the mean over seeds and that range. Every run's final held-out
+the highest seed, and the table adds a row with the mean over seeds and that range, named by the runs' shared label
+(or, without one, by their config: the nearest preset and what differs from it). Every run's final held-out
 numbers come from its newest eval/step_*.json with a bootstrap interval over items (kit/stats.py); a run
 evaluated on the same items as the first run also gets a paired bootstrap of the difference. Like the report, it
 only reads files: it runs no model.
@@ -18,7 +19,8 @@ from pathlib import Path
 import numpy as np
 
 from kit import stats
-from kit.runinfo import figure, headline, normalized, read_run, smooth, step_axes, window_for
+from kit.runinfo import (figure, final_train_reward, headline, nearest_preset, normalized, read_run, smooth,
+                          step_axes, window_for)
 
 SAME_RUN_FIELDS = {"seed", "run_dir", "mirror_dir", "eval_every", "save_every", "keep_last", "keep_history",
                    "log_rollouts", "use_wandb", "wandb_project", "progress", "reward_workers", "reward_pool",
@@ -41,17 +43,28 @@ def groups_of(runs: list[dict], labels: list[str]) -> list[dict]:
     for run, label in zip(runs, labels):
         key = group_key(run["config"])
         if key not in groups:
-            groups[key] = {"label": label, "runs": []}
+            groups[key] = {"labels": [], "runs": []}
+        groups[key]["labels"].append(label)
         groups[key]["runs"].append(run)
+    for group in groups.values():
+        group["label"] = group_name(group["labels"], group["runs"][0]["config"])
     return list(groups.values())
 
 
-def final_train_reward(run: dict) -> float | None:
-    rewards = [r["reward/mean"] for r in run["train"]]
-    if not rewards:
-        return None
-    k = max(1, len(rewards) // 10)
-    return float(np.mean(rewards[-k:]))
+def group_name(labels: list[str], config: dict) -> str:
+    """A group's name: its runs' shared label; when their labels differ (folder names such as seed0, seed1), the
+    config they share: the nearest preset and the training fields that differ from it (never the first run's
+    name, which would pass one seed off as the group)."""
+    if len(set(labels)) == 1:
+        return labels[0]
+    preset, diff = nearest_preset(config)
+    diff = [d for d in diff if not d.startswith("seed=")]
+    return preset + (f" with {', '.join(diff[:3])}" + (", ..." if len(diff) > 3 else "") if diff else "")
+
+
+def train_reward_cell(run: dict) -> str:
+    final = final_train_reward(run["train"])
+    return "n/a" if final is None else f"{stats.fmt(final[0])} (last {final[1]})"
 
 
 def curve_by_step(rows: list[dict], key: str) -> dict[int, float]:
@@ -99,10 +112,12 @@ def compare_runs(run_dirs: list[str | Path], labels: list[str] | None = None, ou
         draw_group(ax_train, group, lambda run: run["train"], "reward/mean", smoothed=True)
         draw_group(ax_held, group, lambda run: run["evals"], held_key, smoothed=False)
     ax_train.set_title("training reward (sampled; band: range over seeds)", fontsize="medium")
+    ax_train.set_ylabel("training reward (mean per joint action)")
     ax_held.set_title(f"held-out {held_key} by checkpoint (band: range over seeds)", fontsize="medium")
+    ax_held.set_ylabel(f"held-out {held_key}")
     step_axes(ax_train, ax_held)
     fig.savefig(out / "compare_curves.png", dpi=110)
-    text = [f"# Comparison of {len(runs)} runs\n\nMade by `python -m kit compare` from: " +
+    text = [f"# Comparison of {len(runs)} run{'' if len(runs) == 1 else 's'}\n\nMade by `python -m kit compare` from: " +
             ", ".join(f"`{r['path']}` ({lab})" for r, lab in zip(runs, labels)) + ".",
             "![training and held-out curves](compare_curves.png)", final_table(runs, labels, groups, held_key)]
     path = out / "COMPARE.md"
@@ -119,9 +134,8 @@ def final_table(runs: list[dict], labels: list[str], groups: list[dict], key: st
     first = runs[0]["evals"][-1] if runs[0]["evals"] else None
     for run, label in zip(runs, labels):
         last = run["evals"][-1] if run["evals"] else None
-        train = final_train_reward(run)
         row = [label, str(run["config"].get("seed")), str(run["train"][-1]["step"]) if run["train"] else "0",
-               stats.fmt(train) if train is not None else "n/a", held(last, key)]
+               train_reward_cell(run), held(last, key)]
         if key != reward:
             row.append(held(last, reward))
         row.append("–" if run is runs[0] else paired(last, first, key) if same_items(run, runs[0]) else
@@ -130,16 +144,19 @@ def final_table(runs: list[dict], labels: list[str], groups: list[dict], key: st
     for group in groups:
         if len(group["runs"]) < 2:
             continue
-        finals = [r["evals"][-1][key] for r in group["runs"] if r["evals"] and key in r["evals"][-1]]
-        trains = [t for t in (final_train_reward(r) for r in group["runs"]) if t is not None]
-        row = [f"**{group['label']}: mean of {len(group['runs'])} seeds**", "all", "",
-               seeds_cell(trains), seeds_cell(finals)] + ([""] if key != reward else []) + [""]
+        def finals(k):
+            return [r["evals"][-1][k] for r in group["runs"] if r["evals"] and k in r["evals"][-1]]
+
+        trains = [t[0] for t in (final_train_reward(r["train"]) for r in group["runs"]) if t is not None]
+        row = [f"**{group['label']} ({len(group['runs'])} seeds): mean**", "all", "", seeds_cell(trains),
+               seeds_cell(finals(key))] + ([seeds_cell(finals(reward))] if key != reward else []) + [""]
         lines.append("| " + " | ".join(row) + " |")
     note = ("Per run: the newest held-out evaluation (eval/step_*.json). " + stats.method_line() +
             " Δ: paired bootstrap of the per-item difference with the first run, shown only when both were "
             "evaluated on the same items. Seed rows: the mean over seeds and, in brackets, the lowest and highest "
-            "seed (a range, not a confidence interval: a few seeds cannot give one). Final train reward: the mean "
-            "of the last 10% of steps.")
+            "seed (a range, not a confidence interval: a few seeds cannot give one), for the training reward and each "
+            "held-out column. Final train reward: the mean over a run's last k logged steps, k a tenth of its steps "
+            "(1 to 25): the smoothed curve's last point, the number the run's report gives too.")
     return "\n".join(lines) + "\n\n" + note
 
 

@@ -93,7 +93,7 @@ def learning_curves(run_dir: str | Path, parts: list[str] | None = None, window:
     if evals:
         ax_total.plot([r["step"] for r in evals], [r["eval/reward_mean"] for r in evals], "o--", label="eval (greedy)")
     ax_total.set_ylabel("reward")
-    ax_total.set_title(f"reward (mean over {window} steps, band: +-1 std)")
+    ax_total.set_title(f"reward (mean over the last {min(window, len(rows))} steps, band: +-1 std)")
     ax_parts.set_ylabel("reward part (mean per joint action)")
     ax_parts.set_title("reward parts")
     _legend(ax_total)
@@ -120,7 +120,7 @@ def game_curves(run_dir: str | Path, window: int = 10, path=None):
         if evals:
             ax.plot([r["step"] for r in evals], [r[greedy] for r in evals], "o--", label="greedy (held-out)")
         ax.set_ylabel(ylabel)
-        ax.set_title(f"{title} (mean over {window} steps)", fontsize="medium")
+        ax.set_title(f"{title} (mean over the last {min(window, len(rows))} steps)", fontsize="medium")
         _steps_axis(ax)
     ax_illegal.set_ylim(-0.02, 1.02)
     _legend(ax_score)

@@ -30,8 +30,8 @@ from pathlib import Path
 import numpy as np
 
 from kit import stats
-from kit.runinfo import (ENVIRONMENT, figure, is_game_config, json_or_none, nearest_preset, raw_and_smoothed,
-                          read_run, step_axes, window_for)
+from kit.runinfo import (ENVIRONMENT, figure, final_train_reward, is_game_config, json_or_none, nearest_preset,
+                          raw_and_smoothed, read_run, step_axes, window_for)
 
 REPORT_DIR = "report"
 PAPER = "arXiv 2508.04652 (Liu et al., LLM Collaboration with Multi-Agent Reinforcement Learning)"
@@ -131,14 +131,17 @@ def learning_section(run: dict, out: Path) -> str:
         twin.set_ylim(0, 1)
         twin.set_ylabel("illegal-move rate", color="tab:red")
     ax_total.set_title(f"reward (line: mean of the last {window} steps; dots: each step)")
+    ax_total.set_ylabel("reward (mean per joint action)")
     ax_parts.set_title("game score and illegal-move rate" if game else "reward parts")
+    ax_parts.set_ylabel("game score" if game else "reward part (mean per joint action)")
     step_axes(ax_total)
     step_axes(ax_parts, right=1.18 if game else 1.02)  # past the twin's ticks and label
     fig.savefig(out / "learning.png", dpi=110)
-    k = max(1, min(10, len(train) // 5))
-    first, last = np.mean([r["reward/mean"] for r in train[:k]]), np.mean([r["reward/mean"] for r in train[-k:]])
+    last, k = final_train_reward(train)
+    first = np.mean([r["reward/mean"] for r in train[:k]])
     text = (f"## Learning\n\n![training reward and its parts](learning.png)\n\nTraining reward (sampled): "
-            f"{first:.3f} over the first {k} step(s), {last:.3f} over the last {k}.")
+            f"{first:.3f} over the first {k} step(s), {last:.3f} over the last {k} (the final train reward, as "
+            "`kit compare` gives it: the smoothed curve's last point).")
     if held:
         text += (f" Held-out greedy reward ({len(held)} checks from metrics.jsonl): {held[0]['eval/reward_mean']:.3f} "
                  f"at step {held[0]['step']}, {held[-1]['eval/reward_mean']:.3f} at step {held[-1]['step']}.")
@@ -192,6 +195,7 @@ def eval_section(run: dict, out: Path) -> str:
         ax.errorbar(steps, y, yerr=[low, high], fmt="o-", capsize=3)
         ax.set_title(f"{key} (bars: 95% bootstrap over items)" if has_items(rows) else key, fontsize="medium")
         ax.set_xlabel("checkpoint step (0: base)")
+        ax.set_ylabel(key)
         ax.grid(alpha=0.3)
     fig.savefig(out / "eval.png", dpi=110)
     table = ["| step | " + " | ".join(keys) + " |", "|---|" + "---|" * len(keys)]
@@ -226,10 +230,32 @@ def table1_section(run: dict) -> str:
             line.append("–" if r is team else diff_cell(team, r, keys[0]))
         table.append("| " + " | ".join(line) + " |")
     text = (f"## {title}\n\nThe same held-out items, sampling and scoring for every method; the baselines run on "
-            "the untrained base model.\n\n" + "\n".join(table) + "\n\n" + intervals_note(rows, paired=bool(team)))
+            "the untrained base model.\n\n" + "\n".join(table) + f"\n\n{rows[0].get('num_samples')} samples per item. "
+            + intervals_note(rows, paired=bool(team)))
     if not team:
         text += "\n\nThe trained team is not in this table: the run had no checkpoint when the baselines ran."
+    else:
+        text += "\n\n" + same_checkpoint_note(team, run["evals"], keys[0])
     return text + (f"\n\n{paper}" if paper else "")
+
+
+def same_checkpoint_note(team: dict, evals: list[dict], key: str) -> str:
+    """How Table 1's trained team relates to the held-out section: the same checkpoint scored the same way gives
+    the same number (sampling is seeded by item, agent and sample); otherwise the line says what differs."""
+    step, n = team.get("step"), team.get("num_samples")
+    row = next((r for r in evals if r["step"] == step), None)
+    if row is None:
+        newest = f"; its newest is step {evals[-1]['step']}" if evals else ""
+        return (f"The magrpo row scores step {step}, which the held-out section did not evaluate{newest} (`kit eval "
+                f"--steps {step} --n {n}` adds it).")
+    if team.get(key) is not None and row.get(key) is not None and abs(team[key] - row[key]) < 1e-9:
+        return f"The magrpo row is the held-out section's step {step}: the same samples, the same {key}."
+    why = (f"{n} samples per item here, {row.get('num_samples')} there" if row.get("num_samples") != n else
+           f"{team.get('num_items')} items here, {row.get('num_items')} there" if
+           row.get("num_items") != team.get("num_items") else "scored at different times")
+    return (f"The magrpo row and the held-out section's step {step} are different samplings ({why}), so their "
+            f"{key} differ: {stats.fmt(team.get(key))} here, {stats.fmt(row.get(key))} there. `kit baselines --n "
+            f"{row.get('num_samples')}` puts this table on the held-out section's footing.")
 
 
 def diff_cell(team: dict, row: dict, key: str) -> str:
@@ -306,8 +332,9 @@ def schemes_section(run: dict, out: Path) -> str:
                 if fresh else "On fresh samples: not computed (`kit.report.save_fresh_shares`, run by 07_report).")
     for scheme, found in schemes.examples(run["path"], per_scheme=2).items():
         for ex in found:
-            text.append(f"**{scheme}** (step {ex['step']}, {ex['item']}, reward {ex['reward']:.2f})\n\n"
-                        f"```python\n{clip(ex['helper'])}\n\n{clip(ex['main'])}\n```")
+            code = "\n\n".join(clip(ex[part]) for part in ("helper", "main") if ex[part].strip())
+            text.append(f"**{scheme}** (step {ex['step']}, {ex['item']}, reward {ex['reward']:.2f})\n\n" +
+                        (f"```python\n{code}\n```" if code else "(no code in either completion)"))
     return "\n\n".join(text)
 
 

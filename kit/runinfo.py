@@ -5,6 +5,7 @@ comparison (kit/compare.py), plus the environment record the trainer writes for 
                                  a missing file is an empty value, never an error (older runs still read)
     record_environment(run_dir)  environment.json: kit version and commit, packages, Python, GPU, peak GPU memory
     nearest_preset(config)       the preset a run differs least from, and the training fields that differ
+    final_train_reward(train)    where the training reward ended: the one definition the report and compare say
     figure(), raw_and_smoothed() the figures' shared look: a bare matplotlib Figure, raw points faint under a
                                  trailing mean
 Nothing here runs a model.
@@ -106,6 +107,17 @@ def smooth(values, window: int) -> np.ndarray:
 
 def window_for(num_points: int) -> int:
     return max(1, min(25, num_points // 10))
+
+
+def final_train_reward(train: list[dict]) -> tuple[float, int] | None:
+    """(the final training reward, k): the mean of `reward/mean` over the run's last k logged steps, k =
+    window_for(steps) (a tenth of them, 1 to 25), i.e. the last point of the smoothed curve the report and compare
+    draw. Both say this number, so it has one definition, here. None before the first step."""
+    rewards = [r["reward/mean"] for r in train]
+    if not rewards:
+        return None
+    k = window_for(len(rewards))
+    return float(np.mean(rewards[-k:])), k
 
 
 def figure(ncols: int = 1, width: float = 6.0, height: float = 3.4):

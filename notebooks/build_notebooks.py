@@ -341,26 +341,15 @@ LABELS = None  # one label per run (this one first), or None for the folder name
 from pathlib import Path
 from kit import report
 
-if EVALUATE_MISSING and not list(Path(RUN_DIR, "eval").glob("step_*.json")):
-    from kit.evaluate import evaluate_run
-    evaluate_run(RUN_DIR, "newest" if SMOKE else "all", n=N)
-if EVALUATE_MISSING and not Path(RUN_DIR, "eval", "baselines.json").exists():
-    from kit.baselines import compare
-    compare(RUN_DIR, ["naive"] if SMOKE else None, n=N)
-is_code = report.read_run(RUN_DIR)["config"].get("task") == "code"
-if EVALUATE_MISSING and is_code and not Path(RUN_DIR, "eval", "schemes_fresh.json").exists():
-    report.save_fresh_shares(RUN_DIR, n=N)  # cooperation schemes on fresh samples from the newest checkpoint
+if EVALUATE_MISSING:  # Table 1 at the held-out evaluation's samples per item, so the two tables agree
+    colab.evaluate_missing(RUN_DIR, N, steps="newest" if SMOKE else "all")
 results = report.write_report(RUN_DIR)
 report.show(results)
 """),
                  code("""
-# Colab: the report beside the run on Drive (the mirror copies checkpoints and logs, not the report)
-import shutil
-if globals().get("drive") is not None:
-    target = Path(drive) / DRIVE_FOLDER / Path(RUN_DIR).name / "report"
-    if Path(RUN_DIR).resolve() != target.parent.resolve():
-        shutil.copytree(results.parent, target, dirs_exist_ok=True)
-    print("report on Drive:", target)
+# Colab: the report beside the run on Drive (the mirror copies checkpoints and logs, not the report); smoke mode
+# puts it under DRIVE_FOLDER/_smoke/, never into a real run's folder
+colab.report_to_drive(results, RUN_DIR, globals().get("drive"), DRIVE_FOLDER, RUN_NAME)
 """, tags=["colab"]),
                  md("""
 ## Compare runs

@@ -120,3 +120,181 @@ def test_the_setup_cell_stays_in_its_folder_where_the_kit_is_installed(tmp_path,
     monkeypatch.syspath_prepend(str(ROOT))  # `kit` importable: installed
     exec(compile(setup_cell(), "setup-cell", "exec"), {})
     assert Path.cwd() == tmp_path / "notebooks"
+
+
+# 3. tables that agree, 5. compare, 6. figures: from run folders written by hand (no model runs) ------------------
+
+def fake_run(path: Path, seed: int = 0, steps: int = 60, held_out: dict | None = None, baselines=None) -> Path:
+    """A run folder as the trainer, `kit eval` and `kit baselines` leave it: training reward step/100 at each step
+    1..`steps`; the held-out rows and baselines given."""
+    import json
+
+    from kit.config import to_dict
+
+    path.mkdir(parents=True)
+    cfg = to_dict(load_config("tiny_cpu", overrides=[f"run_dir={path}", f"seed={seed}", f"num_steps={steps}"]))
+    (path / "config.json").write_text(json.dumps(cfg))
+    (path / "metrics.jsonl").write_text("".join(json.dumps({"step": s, "reward/mean": s / 100, "reward/sum": s / 100})
+                                                + "\n" for s in range(1, steps + 1)))
+    (path / "eval").mkdir()
+    for row in [held_out] if held_out else []:
+        (path / "eval" / f"step_{row['step']:06d}.json").write_text(json.dumps(row))
+    if baselines:
+        (path / "eval" / "baselines.json").write_text(json.dumps(baselines))
+    return path
+
+
+def held_row(step=60, n=4, pass1=0.092, reward=0.5):
+    return {"step": step, "pass@1": pass1, "reward/mean": reward, "num_items": 8, "num_samples": n, "split": "eval"}
+
+
+def section(text: str, title: str) -> str:
+    return text[text.index(f"## {title}"):].split("\n## ")[0]
+
+
+def test_table_1_states_its_samples_per_item_and_says_why_it_differs_from_the_held_out_section(tmp_path):
+    from kit.report import write_report
+
+    team = {**held_row(n=10, pass1=0.111), "method": "magrpo"}
+    run = fake_run(tmp_path / "run", held_out=held_row(n=4), baselines=[{**held_row(n=10, pass1=0.05),
+                                                                          "method": "naive"}, team])
+    text = write_report(run, log=lambda *_: None).read_text()
+    table1 = section(text, "Table 1")
+    assert "10 samples per item" in table1 and "4 samples per item" in section(text, "Held-out")
+    assert "different samplings (10 samples per item here, 4 there)" in table1
+    assert "0.111 here, 0.092 there" in table1
+
+
+def test_the_report_and_compare_give_the_same_final_train_reward(tmp_path):
+    from kit.compare import compare_runs
+    from kit.report import write_report
+
+    run = fake_run(tmp_path / "run")
+    # 60 steps: the last 6 (a tenth), steps 55..60, rewards 0.55..0.60: mean 0.575
+    assert "0.575 over the last 6" in write_report(run, log=lambda *_: None).read_text()
+    compared = compare_runs([run], out_dir=tmp_path / "cmp", log=lambda *_: None).read_text()
+    assert "| run | 0 | 60 | 0.575 (last 6) |" in compared
+
+
+def test_compare_names_a_seed_group_by_its_label_or_config_fills_its_held_out_cells_and_counts_one_run(tmp_path):
+    from kit.compare import compare_runs
+
+    runs = [fake_run(tmp_path / f"seed{s}", seed=s, held_out=held_row(pass1=0.1 * (s + 1), reward=0.5 + s / 10))
+            for s in range(3)]
+    by_config = compare_runs(runs, out_dir=tmp_path / "a", log=lambda *_: None).read_text()
+    group = next(line for line in by_config.splitlines() if "(3 seeds): mean" in line)
+    assert group.startswith("| **tiny_cpu (3 seeds): mean** |"), group  # the preset it is, not "seed0"
+    # the held-out columns: pass@1 0.1, 0.2, 0.3 and reward 0.5, 0.6, 0.7: mean [lowest, highest]
+    assert "| 0.200 [0.100, 0.300] | 0.600 [0.500, 0.700] |" in group
+    shared = compare_runs(runs, ["shared"] * 3, out_dir=tmp_path / "b", log=lambda *_: None).read_text()
+    assert "| **shared (3 seeds): mean** |" in shared
+    one = compare_runs(runs[:1], out_dir=tmp_path / "c", log=lambda *_: None).read_text()
+    assert one.startswith("# Comparison of 1 run\n")
+
+
+def test_every_report_and_compare_figure_labels_its_y_axis(tmp_path, monkeypatch):
+    from kit import compare, report, runinfo
+
+    figures = []
+
+    def recording(*args, **kwargs):
+        fig, axes = runinfo.figure(*args, **kwargs)
+        figures.append(fig)
+        return fig, axes
+
+    monkeypatch.setattr(report, "figure", recording)
+    monkeypatch.setattr(compare, "figure", recording)
+    run = fake_run(tmp_path / "run", held_out=held_row())
+    report.write_report(run, log=lambda *_: None)
+    compare.compare_runs([run], out_dir=tmp_path / "cmp", log=lambda *_: None)
+    axes = [ax for fig in figures for ax in fig.axes]
+    assert len(axes) >= 5 and all(ax.get_ylabel() for ax in axes), [ax.get_title() for ax in axes]
+
+
+def test_a_scheme_example_without_code_shows_no_empty_code_block(tmp_path, monkeypatch):
+    from kit import report, schemes
+
+    shares = [{"step": 1, "count": 1, **{k: 0.0 for k in schemes.SCHEMES}}]
+    shares[0][schemes.SCHEMES[0]] = 1.0
+    monkeypatch.setattr(schemes, "scheme_shares", lambda run_dir: shares)
+    monkeypatch.setattr(schemes, "examples", lambda run_dir, per_scheme=2: {
+        schemes.SCHEMES[0]: [{"step": 1, "item": "p1", "reward": 0.0, "helper": "", "main": "  "}]})
+    text = report.schemes_section({"path": tmp_path}, tmp_path)
+    assert "```" not in text and "(no code in either completion)" in text
+
+
+def test_the_curves_title_states_the_window_it_really_averages(tmp_path):
+    from kit import plots
+
+    fig = plots.learning_curves(fake_run(tmp_path / "run", steps=3))
+    assert "mean over the last 3 steps" in fig.axes[0].get_title()
+
+
+# 4. smoke mode never touches a real run's folders -------------------------------------------------------------
+
+def test_smoke_mode_analyses_the_run_01_trained_in_smoke_mode(tmp_path, monkeypatch):
+    monkeypatch.setenv("KIT_SMOKE", "1")
+    monkeypatch.setenv("KIT_SMOKE_DIR", str(tmp_path / "smoke"))
+    cfg = colab.notebook_config("colab_a100", "code", {}, "mine", smoke=True, log=lambda *_: None)  # 01, smoke mode
+    (Path(cfg.run_dir) / "ckpt" / f"step_{cfg.num_steps:06d}").mkdir(parents=True)  # as 01 leaves it: trained
+    (Path(cfg.run_dir) / "ckpt" / f"step_{cfg.num_steps:06d}" / "COMPLETE").write_text("")
+    (Path(cfg.run_dir) / "config.json").write_text("{}")
+    assert colab.run_to_analyse("mine", log=lambda *_: None) == Path(cfg.run_dir)
+
+
+def test_07_in_smoke_mode_copies_its_report_only_under_smoke_on_drive(tmp_path, monkeypatch):
+    import nbformat
+
+    monkeypatch.setenv("KIT_SMOKE", "1")
+    drive, report_dir = tmp_path / "MyDrive", tmp_path / "smoke" / "report"
+    report_dir.mkdir(parents=True)
+    (report_dir / "RESULTS.md").write_text("# Results")
+    cells = nbformat.read(ROOT / "notebooks" / "07_report.ipynb", as_version=4).cells
+    source = next(c.source for c in cells if "report on Drive" in c.source or "report_to_drive" in c.source)
+    exec(compile(source, "07-drive-cell", "exec"), {"colab": colab, "Path": Path, "drive": drive,
+                                                   "DRIVE_FOLDER": "magrpo-kit/runs", "RUN_NAME": "mine",
+                                                   "RUN_DIR": str(tmp_path / "smoke"),
+                                                   "results": report_dir / "RESULTS.md"})
+    written = sorted(str(p.relative_to(drive)) for p in drive.rglob("RESULTS.md"))
+    assert written == ["magrpo-kit/runs/_smoke/mine/report/RESULTS.md"]
+
+
+# 6. small things ---------------------------------------------------------------------------------------------
+
+def test_00_full_mode_on_a_cpu_says_fail_once_and_how_to_set_smoke_mode_in_colab(monkeypatch):
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    said = []
+    line = colab.preset_smoke_test("colab_a100", log=said.append)  # no traceback repeating it
+    assert said == [line] and line.startswith("FAIL: preset 'colab_a100' needs a GPU")
+    assert "%env KIT_SMOKE=1" in line
+
+
+def test_a_resume_after_a_kill_says_which_logged_steps_are_dropped_and_redone(tmp_path):
+    run = tmp_path / "run"
+    trainer = Trainer(cfg_for(run, "num_steps=5", "save_every=2"), log=lambda *_: None)
+    trainer.train(max_steps=4)  # a kill after step 4: checkpoint at 2 and 4 ...
+    trainer.close()
+    import json
+
+    rows = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
+    (run / "metrics.jsonl").write_text("".join(json.dumps({**r, "step": s}) + "\n"
+                                              for s in (1, 2, 3, 4) for r in rows[:1]))
+    shutil.rmtree(run / "ckpt" / "step_000004")  # ... the newest checkpoint at 2, steps 3 and 4 logged after it
+    said = []
+    colab.start_or_resume(cfg_for(run, "num_steps=5", "save_every=2"), log=said.append)
+    line = next(s for s in said if "continuing the run" in s)
+    assert "from its checkpoint at step 2; the 2 logged steps after it (steps 3-4) are dropped" in line
+    assert "trained again" in line
+
+
+def test_07_scores_table_1_at_the_held_out_evaluations_samples_per_item(tmp_path, monkeypatch):
+    from kit import baselines
+
+    run = fake_run(tmp_path / "run", held_out=held_row(n=4))
+    asked = []
+    monkeypatch.setattr(baselines, "compare", lambda run_dir, methods=None, n=10, log=print: asked.append(n))
+    said = []
+    colab.evaluate_missing(run, 10, log=said.append)  # 07's N = 10; `kit eval --n 4` made the held-out rows
+    assert asked == [4] and any("as the held-out evaluation (not 10)" in s for s in said)

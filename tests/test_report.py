@@ -215,7 +215,7 @@ def test_compare_groups_seeds_and_pairs_runs_on_the_same_items(runs, tmp_path):
     assert images_render(path) == ["compare_curves.png"]
     lines = path.read_text().splitlines()
     finals = [json.loads(sorted((runs[n] / "eval").glob("step_*.json"))[-1].read_text()) for n in ("toy", "toy_seed1")]
-    mean_row = next(line for line in lines if "mean of 2 seeds" in line)
+    mean_row = next(line for line in lines if "**toy (2 seeds): mean**" in line)  # issue 34: named by the label
     pass1 = [r["pass@1"] for r in finals]
     assert stats.fmt(float(np.mean(pass1)), min(pass1), max(pass1)) in mean_row  # the range over seeds
     seed1 = next(line for line in lines if line.startswith("| toy | 1 |"))
@@ -229,6 +229,14 @@ def test_compare_groups_seeds_and_pairs_runs_on_the_same_items(runs, tmp_path):
         "score/mean | held-out reward/mean |" in game.read_text()
     with pytest.raises(ValueError, match="one label per run"):
         compare_runs([runs["toy"]], ["a", "b"], tmp_path)
+
+
+@pytest.mark.slow
+def test_table_1_and_the_held_out_section_agree_on_the_same_checkpoint_sampled_alike(runs, reports):
+    # issue 34: both sampled 2 completions per item of the newest checkpoint (step 2): the same numbers
+    table1 = reports["toy"].read_text().split("## Table 1")[1].split("\n## ")[0]
+    assert "2 samples per item" in table1
+    assert "The magrpo row is the held-out section's step 2: the same samples, the same pass@1." in table1
 
 
 @pytest.mark.slow
