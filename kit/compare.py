@@ -117,7 +117,8 @@ def compare_runs(run_dirs: list[str | Path], labels: list[str] | None = None, ou
     ax_held.set_ylabel(f"held-out {held_key}")
     step_axes(ax_train, ax_held)
     fig.savefig(out / "compare_curves.png", dpi=110)
-    text = [f"# Comparison of {len(runs)} run{'' if len(runs) == 1 else 's'}\n\nMade by `python -m kit compare` from: " +
+    runs_word = "run" if len(runs) == 1 else "runs"
+    text = [f"# Comparison of {len(runs)} {runs_word}\n\nMade by `python -m kit compare` from: " +
             ", ".join(f"`{r['path']}` ({lab})" for r, lab in zip(runs, labels)) + ".",
             "![training and held-out curves](compare_curves.png)", final_table(runs, labels, groups, held_key)]
     path = out / "COMPARE.md"

@@ -115,5 +115,5 @@ def require_gpu(preset: str) -> None:
     if not preset.startswith("tiny") and not torch.cuda.is_available():
         raise GPUNeeded(f"preset {preset!r} needs a GPU and this runtime has none. In Colab: Runtime > Change "
                         "runtime type > GPU (A100 for colab_a100, T4 for colab_t4), then Run all again. To try "
-                        "the kit on a CPU, set PRESET = 'tiny_cpu', or use smoke mode: in Colab, add a cell at the top with "
-                        "`%env KIT_SMOKE=1` and Run all (a shell: export KIT_SMOKE=1).")
+                        "the kit on a CPU, set PRESET = 'tiny_cpu', or use smoke mode: in Colab, add a cell at the top "
+                        "with `%env KIT_SMOKE=1` and Run all (a shell: export KIT_SMOKE=1).")

@@ -64,7 +64,7 @@ def test_a_wheel_in_a_fresh_venv_trains_the_tiny_demo_from_another_directory(tmp
     shutil.copytree(ROOT / "kit", src / "kit", ignore=shutil.ignore_patterns("__pycache__"))
     for name in ("pyproject.toml", "README.md", "requirements.txt"):
         shutil.copy(ROOT / name, src / name)
-    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONHOME")}
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONHOME")} | {"OMP_NUM_THREADS": "1"}
     run = dict(capture_output=True, text=True, env=env, timeout=300)
     built = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", str(src),
                             "-w", str(tmp_path / "dist")], **run)
