@@ -3,13 +3,15 @@
     python bench/tiny_seeds.py                                   # the preset, seeds 0-7
     python bench/tiny_seeds.py --variant scale_rewards=group --variant loss_type=grpo,learning_rate=5e-3
     python bench/tiny_seeds.py --seeds 0 1 2 --workers 2 --out bench/out/tiny_seeds.jsonl
+    python bench/tiny_seeds.py --reward words --variant task=writing,max_new_tokens=16   # a second reward function
 
 Each variant is a comma-separated list of `key=value` overrides on top of tiny_cpu ("" is the preset itself). Runs go
 to separate processes (`--workers` at a time, one torch thread each); one JSON line per run is appended to --out,
 and a table per variant is printed: the final greedy reward (eval_end) of every seed, its min and mean, the number
 of seeds at >= 0.85, the mean seconds of train() alone (building the model is not counted) and s/step, and the
 mean |advantage| of the last 20 steps (near 0 when the samples of every group agree: the policy has stopped
-exploring and learns nothing more).
+exploring and learns nothing more). `--reward words` adds `words`, a reward function of the texts' lengths, beside
+the task's own reward (issue 33's rows with two rewards under each multi_objective_aggregation).
 """
 
 from __future__ import annotations
@@ -26,7 +28,15 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 
-def run(variant: str, seed: int) -> dict:
+def words(item, completions) -> float:
+    """A dense length reward: each agent's text scores min(words / 8, 1), averaged over the agents."""
+    return sum(min(len(c.split()) / 8, 1.0) for c in completions) / len(completions)
+
+
+REWARDS = {"": [], "words": [words]}
+
+
+def run(variant: str, seed: int, reward: str = "") -> dict:
     import torch
 
     torch.set_num_threads(1)
@@ -38,7 +48,7 @@ def run(variant: str, seed: int) -> dict:
     with tempfile.TemporaryDirectory() as tmp:
         cfg = load_config("tiny_cpu", overrides=[*overrides, f"seed={seed}", f"run_dir={tmp}/run", "progress=false",
                                                  "log_rollouts=false", "save_every=0"])
-        trainer = Trainer(cfg, log=lambda *_: None)  # builds (and for a new seed warms up) the tiny model: not timed
+        trainer = Trainer(cfg, reward_funcs=REWARDS[reward], log=lambda *_: None)  # builds (and for a new seed warms up) the tiny model: not timed
         t0 = time.perf_counter()
         summary = trainer.train()
         seconds = time.perf_counter() - t0
@@ -48,7 +58,7 @@ def run(variant: str, seed: int) -> dict:
     # |advantage| over the last 20 steps: ~0 when every group's samples agree (the policy has collapsed)
     last = [r["advantage/abs_mean"] for r in rows if "advantage/abs_mean" in r][-20:]
     adv_end = sum(last) / max(len(last), 1)
-    return {"variant": variant, "seed": seed, "eval_end": summary["eval_end"], "seconds": round(seconds, 1),
+    return {"variant": variant, "reward_funcs": reward, "seed": seed, "eval_end": summary["eval_end"], "seconds": round(seconds, 1),
             "s_per_step": round(seconds / cfg.num_steps, 3), "adv_end": round(adv_end, 4), "evals": curve}
 
 
@@ -58,6 +68,7 @@ def main() -> None:
     ap.add_argument("--seeds", type=int, nargs="+", default=list(range(8)))
     ap.add_argument("--workers", type=int, default=2)
     ap.add_argument("--out", default="bench/out/tiny_seeds.jsonl")
+    ap.add_argument("--reward", choices=sorted(REWARDS), default="", help="reward functions beside the task's own")
     args = ap.parse_args()
     variants = args.variant or [""]
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
@@ -65,7 +76,7 @@ def main() -> None:
     jobs = [(v, s) for v in variants for s in args.seeds]
     results = []
     with ProcessPoolExecutor(args.workers) as pool, open(args.out, "a") as out:
-        for row in pool.map(run, *zip(*jobs)):
+        for row in pool.map(run, *zip(*jobs), [args.reward] * len(jobs)):
             results.append(row)
             out.write(json.dumps(row) + "\n")
             out.flush()

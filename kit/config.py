@@ -76,6 +76,16 @@ class TrainConfig:
     rollout_is_cap: float = 2.0  # importance ratios above this are truncated (or their sequences masked)
     score_at_sampling_temperature: bool = True  # the update's log-probs at `temperature` (false: at 1, older runs)
     beta: float = 0.0  # KL weight to the base model (adapter off); 0 skips the reference pass
+    # --- more of TRL's update options (issue 33; kit/magrpo.py has the equations, README the papers)
+    importance_sampling_level: str = "token"  # the ratio per token, or per completion (sequence: GSPO)
+    delta: float | None = None  # cap the unclipped ratio at delta (INTELLECT-2's two-sided clip; None: off)
+    sapo_temperature_pos: float = 1.0  # loss_type=sapo: the gate's temperature for positive advantages
+    sapo_temperature_neg: float = 1.05  # ... and for negative ones
+    off_policy_mask_threshold: float | None = None  # drop completions with A < 0 and mean KL(sampler || policy) above
+    use_bias_correction_kl: bool = False  # the KL term's tokens weighted by their importance ratio
+    top_entropy_quantile: float = 1.0  # the policy term on this top share of tokens by entropy (1: every token)
+    entropy_coef: float = 0.0  # entropy bonus, the entropy reduced like the loss (0: off, no entropy computed)
+    multi_objective_aggregation: str = "sum_then_normalize"  # or normalize_then_sum: each reward normalised first
     reward_weights: list[float] | None = None  # weights of the reward functions (None: all 1)
     reward_processor: str = "identity"  # applied before advantages, e.g. "scale(0.25)|clamp(-1,1)"
     reward_workers: int = 0  # 0: rewards in the trainer thread; > 0: a pool of this many workers
@@ -111,7 +121,9 @@ CHOICES = {
     "joint_mode": ("aligned", "cross"),
     "advantage_mode": ("mean", "rloo", "max", "raw", "none"),
     "scale_rewards": ("group", "batch", "none"),
-    "loss_type": ("sum", "grpo", "dr_grpo", "token_mean", "dapo", "bnpo"),
+    "loss_type": ("sum", "grpo", "dr_grpo", "token_mean", "dapo", "bnpo", "cispo", "sapo"),
+    "importance_sampling_level": ("token", "sequence"),
+    "multi_objective_aggregation": ("sum_then_normalize", "normalize_then_sum"),
     "rollout_correction": ("auto", "none", "token_truncate", "sequence_mask"),
     "lr_scheduler": ("constant", "linear", "cosine"),
     "reward_pool": ("thread", "process"),
@@ -362,6 +374,18 @@ def validate(cfg: TrainConfig) -> TrainConfig:
     need(0 <= cfg.epsilon < 1, "epsilon", "a number in [0, 1)")
     need(cfg.epsilon_high is None or cfg.epsilon_high >= 0, "epsilon_high", "null (= epsilon) or a number >= 0")
     need(cfg.rollout_is_cap >= 1, "rollout_is_cap", "a number >= 1")
+    high = cfg.epsilon if cfg.epsilon_high is None else cfg.epsilon_high
+    need(cfg.delta is None or cfg.delta > 1 + high, "delta", f"null or a number > 1 + epsilon_high ({1 + high:g})")
+    need(cfg.sapo_temperature_pos > 0, "sapo_temperature_pos", "a number > 0")
+    need(cfg.sapo_temperature_neg > 0, "sapo_temperature_neg", "a number > 0")
+    need(cfg.off_policy_mask_threshold is None or cfg.off_policy_mask_threshold >= 0, "off_policy_mask_threshold",
+         "null (off) or a number >= 0 (nats per token)")
+    need(0 < cfg.top_entropy_quantile <= 1, "top_entropy_quantile", "a number in (0, 1] (1: every token)")
+    need(cfg.entropy_coef >= 0, "entropy_coef", "a number >= 0")
+    need(cfg.multi_objective_aggregation == "sum_then_normalize" or cfg.scale_rewards == "none",
+         "multi_objective_aggregation", "sum_then_normalize with scale_rewards "
+         f"{cfg.scale_rewards!r}: normalize_then_sum divides each reward by its group's std and the sum by its std "
+         "over the step itself, so it needs scale_rewards=none")
     need(cfg.num_steps >= 1, "num_steps", "an integer >= 1")
     need(cfg.batch_size >= 1, "batch_size", "an integer >= 1")
     need(cfg.micro_batch_size >= 0, "micro_batch_size", "an integer >= 0")

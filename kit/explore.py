@@ -132,6 +132,7 @@ def reward_bounds(rows: list[dict]) -> tuple[float, float]:
 def breakdown(row: dict) -> list[tuple[str, float]]:
     """(name, value) for each reward part, then the total, the return and each agent's advantage."""
     out = [(k, float(v)) for k, v in row.get("parts", {}).items()]
+    out += [(f"logged {k}", float(v)) for k, v in row.get("logged", {}).items()]  # kit.rewards.log_metric
     out += [(k, float(row[k])) for k in ("score", "illegal", "length") if k in row]  # a game episode
     out.append(("total", float(row["reward"])))
     if "return" in row:

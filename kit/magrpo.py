@@ -23,6 +23,29 @@ follow TRL's GRPOConfig and CoMLRL where they exist (README: "The update's optio
     KL (optional)   beta * k3, k3 = exp(ref - logp) - (ref - logp) - 1 per completion token, reduced like the loss
                     and not weighted by the rollout correction (as TRL adds it)
 
+More of TRL's GRPOTrainer (issue 33; `_compute_loss` and `_generate_and_score_completions` of TRL's main branch,
+2025-26, followed term by term; where the kit differs it says so):
+    importance_sampling_level  token: r_t as above; sequence (GSPO): one ratio per completion,
+                    s = exp(sum_t m_t (logp_t - old_t) / |o|), clipped like r_t; the gradient flows through the
+                    mean (TRL's GRPOTrainer; its experimental GSPO-token's stop-gradient form has the same value)
+    delta           (INTELLECT-2) the unclipped branch uses min(r, delta): l_t = -min(min(r, delta) A, clip(r) A)
+    loss_type cispo (MiniMax-M1) l_t = -sg(min(r_t, 1 + eps_high)) A log pi(a_t), reduced like token_mean
+                    (TRL caps at `epsilon_high` itself; here at 1 + epsilon_high, the paper's and the kit's clip)
+    loss_type sapo  (SAPO) l_t = -(4 / tau) sigmoid(tau (r_t - 1)) A, tau = sapo_temperature_pos if A > 0 else
+                    sapo_temperature_neg, reduced like grpo; its gradient at r = 1 is Eq. 2's
+    off-policy mask (DeepSeek-V3.2) M = 0 for a completion with A < 0 and mean_t (logp_sampler - logp) > delta:
+                    the k1 estimate of KL(sampler || policy) over its tokens, against the sampler's log-probs as
+                    TRL does (its `sampling_per_token_logps`; the kit always has them)
+    use_bias_correction_kl  the KL term's k3 times the ratio r (with its gradient), as TRL
+    top_entropy_quantile  ("Beyond the 80/20 rule") the policy term only where H_t >= the (1 - q) quantile of the
+                    completion tokens' entropies (torch.quantile, linear), H_t = -sum_v p log p of the policy at the
+                    sampling temperature, detached; per micro-batch (TRL: per device batch)
+    entropy_coef    loss -= entropy_coef * (H reduced like the loss), with its gradient
+    normalize_then_sum (GDPO) A = sum_k w_k (R_k - mean_g R_k) / (std_g R_k + eps), then divided by its std over
+                    the step (TRL; sum_then_normalize, the default, takes the advantage of sum_k w_k R_k)
+At ratio 1 (the on-policy step) every form's gradient is Eq. 2's, so with num_iterations = 1 the step is Eq. 2's
+whatever the loss_type (its logged value too), except the masks, the entropy terms and the bias-corrected KL.
+
 Sampler vs trainer. The engine returns the log-prob of every sampled token under the distribution it sampled from
 (temperature, then top-k/top-p, renormalised; kit/sampling.py), and the update scores the same tokens with the
 trainer's forward at the sampling temperature (rollout.completion_logprobs). Exact: the temperature. Corrected:
@@ -54,8 +77,11 @@ import torch
 JOINT_MODES = ("aligned", "cross")
 ADVANTAGE_MODES = ("mean", "rloo", "max", "raw", "none")  # none: raw, the name older configs use
 SCALE_REWARDS = ("group", "batch", "none")
-LOSS_TYPES = ("sum", "grpo", "dr_grpo", "token_mean", "dapo", "bnpo")
-PER_ROW_LOSSES = ("sum", "grpo", "dr_grpo")  # a mean over rows; the others are a mean over completion tokens
+LOSS_TYPES = ("sum", "grpo", "dr_grpo", "token_mean", "dapo", "bnpo", "cispo", "sapo")
+PER_ROW_LOSSES = ("sum", "grpo", "dr_grpo", "sapo")  # a mean over rows; the others are a mean over completion tokens
+REDUCTIONS = {"cispo": "token_mean", "sapo": "grpo"}  # how TRL reduces these two forms; the others name theirs
+IMPORTANCE_SAMPLING_LEVELS = ("token", "sequence")
+MULTI_OBJECTIVE_AGGREGATIONS = ("sum_then_normalize", "normalize_then_sum")
 ROLLOUT_CORRECTIONS = ("none", "token_truncate", "sequence_mask")
 
 
@@ -137,6 +163,23 @@ def advantages(returns, mode: str = "mean", scale: str | bool = "none", clip: fl
     return a
 
 
+def normalize_then_sum(returns, weights, mode: str = "mean", eps: float = 1e-6) -> np.ndarray:
+    """GDPO's aggregation before the step's normalisation: (K, ..., G) returns, one per reward function ->
+    sum_k w_k A_k / (std_g R_k + eps), A_k the group advantage of reward k (advantage_mode), std its group's
+    population std. The trainer then divides by the std of the sum over the step (`advantages(.., "raw", "batch")`).
+    """
+    returns = np.asarray(returns, dtype=np.float64)
+    if len(weights) != len(returns):
+        raise ValueError(f"{len(returns)} rewards but {len(weights)} reward_weights")
+    return sum(w * advantages(r, mode, "group", eps=eps) for w, r in zip(weights, returns))
+
+
+def tied_groups(returns, *, axis: int = -1) -> np.ndarray:
+    """True where every return of a group (the last axis) is the same: its advantages are all 0 (or all equal)."""
+    r = np.asarray(returns, dtype=np.float64)
+    return np.isclose(r, r.take([0], axis=axis)).all(axis)
+
+
 def token_logprobs(logits: torch.Tensor, targets: torch.Tensor, temperature: float = 1.0) -> torch.Tensor:
     """log softmax(logits / temperature)[target] per position without materialising the full log-softmax twice.
 
@@ -149,36 +192,64 @@ def token_logprobs(logits: torch.Tensor, targets: torch.Tensor, temperature: flo
     return picked - torch.logsumexp(logits, dim=-1)
 
 
-class _HeadLogProbs(torch.autograd.Function):
-    """log softmax(h W^T / tau)[target] for N positions, CHUNK positions at a time, recomputed in backward.
+def token_entropy(logits: torch.Tensor, temperature: float = 1.0) -> torch.Tensor:
+    """H = -sum_v p_v log p_v of softmax(logits / temperature) per position; (R, T, V) -> (R, T)."""
+    logp = torch.log_softmax(logits.float() / temperature, -1)
+    return -(logp.exp() * logp).sum(-1)
 
-    d logp_n / d h_n = (W[target_n] - sum_v p_nv W[v]) / tau,  p_n = softmax(h_n W^T / tau)   (W frozen)
-    Only one (CHUNK, V) block of logits is alive at a time, in the forward and in the backward; with a
-    151,936-token vocabulary the full fp32 logits of a step's rows are gigabytes.
+
+class _HeadLogProbs(torch.autograd.Function):
+    """log softmax(h W^T / tau)[target] for N positions and, when asked, the entropy H_n = -sum_v p_nv log p_nv,
+    CHUNK positions at a time, recomputed in backward (W frozen, z = h W^T / tau, p = softmax(z)):
+
+        d logp_n / d h_n = (W[target_n] - sum_v p_nv W[v]) / tau
+        d H_n / d h_n    = -sum_v p_nv (log p_nv + H_n) W[v] / tau
+    At most two (CHUNK, V) blocks are alive at a time, in the forward and in the backward; with a
+    151,936-token vocabulary the full fp32 logits of a step's rows are gigabytes. Without `entropy` the entropy
+    output is empty and costs nothing.
     """
 
     @staticmethod
-    def forward(ctx, hidden, weight, targets, chunk, temperature):  # (N, H), (V, H), (N,) -> (N,) float32
+    def forward(ctx, hidden, weight, targets, chunk, temperature, entropy):  # (N, H), (V, H), (N,) -> (N,), (N,)
         out = torch.empty(hidden.shape[0], dtype=torch.float32, device=hidden.device)
+        ent = torch.empty(hidden.shape[0] if entropy else 0, dtype=torch.float32, device=hidden.device)
         for i in range(0, hidden.shape[0], chunk):
             logits = _logits(hidden[i:i + chunk], weight, temperature)  # (c, V)
-            out[i:i + chunk] = logits.gather(-1, targets[i:i + chunk, None])[:, 0] - logits.logsumexp(-1)
-        ctx.save_for_backward(hidden, weight, targets)
+            lse = logits.logsumexp(-1)
+            out[i:i + chunk] = logits.gather(-1, targets[i:i + chunk, None])[:, 0] - lse
+            if entropy:  # H = logsumexp(z) - sum_v p_v z_v
+                ent[i:i + chunk] = lse - torch.softmax(logits, -1).mul_(logits).sum(-1)
+        ctx.save_for_backward(hidden, weight, targets, ent)  # ent: (N,), what the entropy's backward needs
         ctx.chunk, ctx.temperature = chunk, temperature
-        return out
+        ctx.set_materialize_grads(False)  # an output the loss does not use sends None: its term is skipped
+        if not entropy:
+            ctx.mark_non_differentiable(ent)
+        return out, ent
 
     @staticmethod
-    def backward(ctx, grad):  # grad: (N,)
-        hidden, weight, targets = ctx.saved_tensors
+    def backward(ctx, grad, grad_ent):  # (N,) each, or None
+        hidden, weight, targets, ent = ctx.saved_tensors
+        if grad is None and grad_ent is None:
+            return None, None, None, None, None, None
         grad_hidden = torch.empty_like(hidden)
         for i in range(0, hidden.shape[0], ctx.chunk):
             logits = _logits(hidden[i:i + ctx.chunk], weight, ctx.temperature)  # (c, V)
-            g = torch.softmax(logits, -1).mul_(-grad[i:i + ctx.chunk, None])  # -grad * p
-            g.scatter_add_(-1, targets[i:i + ctx.chunk, None], grad[i:i + ctx.chunk, None].float())  # + grad * onehot
+            g = torch.softmax(logits, -1)  # p; becomes the gradient in place (two (c, V) blocks: logits and g)
+            h = None
+            if grad_ent is not None:  # -grad_ent * p (log p + H), with log p + H = z - logsumexp(z) + H
+                shift = (logits.logsumexp(-1) - ent[i:i + ctx.chunk])[:, None]
+                h = logits.sub_(shift).mul_(g).mul_(-grad_ent[i:i + ctx.chunk, None])
+            if grad is None:
+                g = h
+            else:
+                g.mul_(-grad[i:i + ctx.chunk, None])  # -grad * p
+                g.scatter_add_(-1, targets[i:i + ctx.chunk, None], grad[i:i + ctx.chunk, None].float())  # + onehot
+                if h is not None:
+                    g.add_(h)
             if ctx.temperature != 1.0:
                 g.div_(ctx.temperature)
             grad_hidden[i:i + ctx.chunk] = (g.to(weight.dtype) @ weight).to(hidden.dtype)
-        return grad_hidden, None, None, None, None
+        return grad_hidden, None, None, None, None, None
 
 
 def _logits(hidden: torch.Tensor, weight: torch.Tensor, temperature: float) -> torch.Tensor:
@@ -187,15 +258,18 @@ def _logits(hidden: torch.Tensor, weight: torch.Tensor, temperature: float) -> t
     return logits.div_(temperature) if temperature != 1.0 else logits
 
 
-def head_logprobs(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor,
-                  chunk: int = 1024, temperature: float = 1.0) -> torch.Tensor:
-    """token_logprobs(hidden @ weight^T, targets, temperature) without materialising the logits of all positions.
+def head_logprobs(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor, chunk: int = 1024,
+                  temperature: float = 1.0, entropy: bool = False):
+    """token_logprobs(hidden @ weight^T, targets, temperature) without materialising the logits of all positions;
+    with `entropy`, also token_entropy of the same logits (differentiable: detach it where no gradient is wanted).
 
-    hidden: (R, T, H) final hidden states, weight: (V, H) the frozen output layer, targets: (R, T) -> (R, T)
+    hidden: (R, T, H) final hidden states, weight: (V, H) the frozen output layer, targets: (R, T) -> (R, T), or
+    ((R, T), (R, T)) with `entropy`
     """
     R, T, H = hidden.shape
-    out = _HeadLogProbs.apply(hidden.reshape(R * T, H), weight, targets.reshape(R * T), chunk, float(temperature))
-    return out.view(R, T)
+    out, ent = _HeadLogProbs.apply(hidden.reshape(R * T, H), weight, targets.reshape(R * T), chunk,
+                                   float(temperature), entropy)
+    return (out.view(R, T), ent.view(R, T)) if entropy else out.view(R, T)
 
 
 def rollout_weights(old_logp: torch.Tensor, sampler_logp: torch.Tensor, mask: torch.Tensor,
@@ -230,33 +304,101 @@ def rollout_weights(old_logp: torch.Tensor, sampler_logp: torch.Tensor, mask: to
     return torch.where(m, w, 0.0).to(old_logp.dtype), sums
 
 
+def log_importance_weights(logp: torch.Tensor, old_logp: torch.Tensor, mask: torch.Tensor,
+                           level: str = "token") -> torch.Tensor:
+    """log r: (R, T) per token (`token`), or (R, 1) the masked mean of the row's log-ratios (`sequence`, GSPO)."""
+    log_ratio = logp - old_logp.detach()
+    if level == "token":
+        return log_ratio
+    if level == "sequence":
+        m = mask.to(logp.dtype)
+        return (torch.where(m.bool(), log_ratio, 0.0).sum(-1, keepdim=True) / m.sum(-1, keepdim=True).clamp(min=1))
+    raise ValueError(f"importance_sampling_level={level!r}; allowed: {IMPORTANCE_SAMPLING_LEVELS}")
+
+
+def cispo_terms(ratio: torch.Tensor, logp: torch.Tensor, adv: torch.Tensor, epsilon_high: float) -> torch.Tensor:
+    """CISPO (MiniMax-M1): -sg(min(r, 1 + epsilon_high)) * A * log pi; every token keeps a gradient."""
+    return -ratio.clamp(max=1 + epsilon_high).detach() * adv * logp
+
+
+def sapo_terms(ratio: torch.Tensor, adv: torch.Tensor, temperature_pos: float = 1.0,
+               temperature_neg: float = 1.05) -> torch.Tensor:
+    """SAPO: -(4 / tau) sigmoid(tau (r - 1)) * A, a soft gate in place of the clip; tau by the advantage's sign."""
+    tau = torch.where(adv > 0, temperature_pos, temperature_neg).to(ratio.dtype)
+    return -(torch.sigmoid(tau * (ratio - 1)) * 4 / tau) * adv
+
+
+def off_policy_mask(logp: torch.Tensor, sampler_logp: torch.Tensor, mask: torch.Tensor, adv: torch.Tensor,
+                    threshold: float) -> torch.Tensor:
+    """(R, 1): 0 for a completion with A < 0 whose mean k1 = logp_sampler - logp over its tokens (an estimate of
+    KL(sampler || policy)) exceeds `threshold`, else 1 (DeepSeek-V3.2's off-policy sequence masking)."""
+    m = mask.bool()
+    k1 = torch.where(m, sampler_logp - logp.detach(), 0.0)  # not a product: the sampler's padding may be -inf
+    kl = k1.sum(-1) / m.sum(-1).clamp(min=1)
+    return ((adv >= 0) | (kl <= threshold)).to(logp.dtype)[:, None]
+
+
+def high_entropy_mask(entropy: torch.Tensor, mask: torch.Tensor, quantile: float) -> torch.Tensor:
+    """(R, T) 0/1: the completion tokens whose entropy is at or above the (1 - quantile) quantile of the completion
+    tokens' entropies (torch.quantile's linear interpolation, as TRL): the top `quantile` share of them."""
+    m = mask.bool()
+    values = entropy.detach()[m].float()
+    if not len(values):
+        return torch.zeros_like(entropy)
+    threshold = torch.quantile(values, 1 - quantile)
+    return ((entropy.detach() >= threshold) & m).to(entropy.dtype)
+
+
 def policy_loss(logp: torch.Tensor, mask: torch.Tensor, adv: torch.Tensor, loss_type: str = "sum",
                 ref_logp: torch.Tensor | None = None, beta: float = 0.0, *, weights: torch.Tensor | None = None,
                 old_logp: torch.Tensor | None = None, epsilon: float = 0.2, epsilon_high: float | None = None,
-                max_tokens: int | None = None) -> tuple[torch.Tensor, dict]:
+                max_tokens: int | None = None, importance_sampling_level: str = "token", delta: float | None = None,
+                sapo_temperature_pos: float = 1.0, sapo_temperature_neg: float = 1.05,
+                sampler_logp: torch.Tensor | None = None, off_policy_mask_threshold: float | None = None,
+                use_bias_correction_kl: bool = False, entropy: torch.Tensor | None = None,
+                top_entropy_quantile: float = 1.0, entropy_coef: float = 0.0) -> tuple[torch.Tensor, dict]:
     """MAGRPO loss for one agent's rows.
 
     logp, mask: (R, T) completion-token log-probs and a 0/1 mask (prompt and padding are 0); adv: (R,).
     weights: (R, T) rollout-correction weights (`rollout_weights`, no gradient), or None for 1.
-    old_logp: None for the on-policy loss (Eq. 2); given, the clipped-ratio loss against these log-probs.
-    max_tokens: the completion cap, which dr_grpo divides by.
-    Returns (loss, stats) with stats holding floats for logging.
+    old_logp: None for the on-policy loss (Eq. 2); given, the ratio's loss (loss_type's form) against these.
+    max_tokens: the completion cap, which dr_grpo divides by. sampler_logp: the sampler's log-probs (the off-policy
+    mask's KL); entropy: (R, T) the policy's entropy per token (the entropy mask, detached, and the bonus).
+    The module docstring has every option's equation. Returns (loss, stats) with stats holding floats for logging.
     """
     mask = mask.to(logp.dtype)
     adv = adv.to(logp.dtype)[:, None]  # (R, 1)
+    reduction = REDUCTIONS.get(loss_type, loss_type)
+    clipped = None
     if old_logp is None:
         per_token = -adv * logp
-        clipped = None
     else:
-        ratio = torch.exp(logp - old_logp.detach())
+        ratio = torch.exp(log_importance_weights(logp, old_logp, mask, importance_sampling_level)).expand_as(logp)
         high = epsilon if epsilon_high is None else epsilon_high
-        bounded = ratio.clamp(1 - epsilon, 1 + high)
-        per_token = -torch.min(ratio * adv, bounded * adv)
-        clipped = ((bounded * adv < ratio * adv) & (mask > 0)).to(logp.dtype)  # the clipped branch is taken
+        if loss_type == "cispo":
+            per_token = cispo_terms(ratio, logp, adv, high)
+        elif loss_type == "sapo":
+            per_token = sapo_terms(ratio, adv, sapo_temperature_pos, sapo_temperature_neg)
+        else:
+            bounded = ratio.clamp(1 - epsilon, 1 + high)
+            unclipped = ratio if delta is None else ratio.clamp(max=delta)  # INTELLECT-2's two-sided clip
+            per_token = -torch.min(unclipped * adv, bounded * adv)
+            clipped = ((bounded * adv < unclipped * adv) & (mask > 0)).to(logp.dtype)  # the clipped branch is taken
+    stats = {}
+    if off_policy_mask_threshold is not None:
+        if sampler_logp is None:
+            raise ValueError("off_policy_mask_threshold needs the sampler's log-probs (sampler_logp)")
+        keep = off_policy_mask(logp, sampler_logp, mask, adv[:, 0], off_policy_mask_threshold)  # (R, 1)
+        per_token = per_token * keep
+        stats["masked_rows"] = float((1 - keep).sum())
+    if top_entropy_quantile < 1.0:
+        if entropy is None:
+            raise ValueError("top_entropy_quantile < 1 needs the policy's entropy per token (entropy)")
+        per_token = per_token * high_entropy_mask(entropy, mask, top_entropy_quantile)
     if weights is not None:
         per_token = per_token * weights.detach()
-    loss = reduce(per_token, mask, loss_type, max_tokens)
-    stats = {"pg_loss": float(loss.detach())}
+    loss = reduce(per_token, mask, reduction, max_tokens)
+    stats["pg_loss"] = float(loss.detach())
     if clipped is not None:  # counts, so that micro-batches add up (the fraction is clipped / tokens)
         stats["clipped"], stats["tokens"] = float(clipped.sum()), float(mask.sum())
         stats["clip_fraction"] = stats["clipped"] / max(stats["tokens"], 1.0)
@@ -265,9 +407,18 @@ def policy_loss(logp: torch.Tensor, mask: torch.Tensor, adv: torch.Tensor, loss_
             raise ValueError("beta > 0 needs ref_logp (log-probs under the base model)")
         diff = ref_logp - logp
         k3 = (torch.exp(diff) - diff - 1) * mask  # (R, T), >= 0
-        kl = reduce(k3, mask, loss_type, max_tokens)
+        if use_bias_correction_kl:  # times the ratio to the policy that sampled, its gradient kept (TRL)
+            old = logp.detach() if old_logp is None else old_logp
+            k3 = k3 * torch.exp(log_importance_weights(logp, old, mask, importance_sampling_level))
+        kl = reduce(k3, mask, reduction, max_tokens)
         loss = loss + beta * kl
         stats["kl"] = float(kl.detach())
+    if entropy_coef > 0 and entropy is None:
+        raise ValueError("entropy_coef > 0 needs the policy's entropy per token (entropy)")
+    if entropy is not None:  # logged whenever computed; a bonus with entropy_coef
+        bonus = reduce(entropy, mask, reduction, max_tokens)
+        loss = loss - entropy_coef * bonus if entropy_coef > 0 else loss
+        stats["entropy"] = float(bonus.detach())
     return loss, stats
 
 

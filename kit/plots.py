@@ -280,7 +280,9 @@ class LiveCurve:
             self._mismatch(ax_mismatch, steps, mismatch)
         else:  # a run from before the sampler's log-probs were kept
             fig, (ax,) = _figure(1, width=7.0, height=3.0)
-        for key in ("reward/mean",) + tuple(k for k in ("reward/tests", "reward/cooperation") if k in self.rows[-1]):
+        keys = ("reward/mean", *(k for k in ("reward/tests", "reward/cooperation") if k in self.rows[-1]),
+                *sorted(k for k in self.rows[-1] if k.startswith("reward_log/")))  # kit.rewards.log_metric's
+        for key in keys:
             _band(ax, steps, [r.get(key, np.nan) for r in self.rows], self.window, key.removeprefix("reward/"))
         _steps_axis(ax)
         ax.set_ylabel("reward (sampled)")

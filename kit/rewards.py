@@ -7,13 +7,20 @@ A reward is the joint reward of one joint action. Three ways to give one, all ac
     reward_funcs=[f, g], reward_weights=[1.0, 0.5]               # several, weighted, each logged separately
 
 Processors (`scale(0.25)|clamp(-1,1)`, also `sigmoid`, `shift(x)`, `identity`) transform the combined total before
-advantages; they compose left to right. Scoring a batch runs either in the trainer's thread or in a pool of
+advantages (each reward's value under `multi_objective_aggregation=normalize_then_sum`); they compose left to right.
+
+Logging from a reward: inside any reward function, `kit.rewards.log_metric("length", n)` records one value for
+the joint action being scored (the last call per name wins). The values travel with the Reward (details["logged"]),
+so they work in the trainer's thread, in worker threads and in worker processes; each step's mean lands in
+metrics.jsonl as `reward_log/<name>`, in the live curve, and in the joint action's rollout row (`logged`). Outside
+a scoring call (or from a thread the reward function starts itself) log_metric does nothing. Scoring a batch runs either in the trainer's thread or in a pool of
 worker threads or processes (`reward_workers`, `reward_pool`); code-executing rewards should use threads and
 start their own sandboxed subprocesses.
 """
 
 from __future__ import annotations
 
+import contextvars
 import functools
 import math
 import re
@@ -93,6 +100,18 @@ def parse_processor(spec: str) -> Callable[[float], float]:
     return compose(*fns)
 
 
+# --- logging from a reward function
+
+_LOGGED: contextvars.ContextVar[dict | None] = contextvars.ContextVar("kit_reward_log", default=None)
+
+
+def log_metric(name: str, value: float) -> None:
+    """Record `value` under `name` for the joint action being scored (see the module docstring)."""
+    logged = _LOGGED.get()
+    if logged is not None:
+        logged[str(name)] = float(value)
+
+
 # --- combining
 
 
@@ -115,11 +134,16 @@ class RewardModel:
 
     def __call__(self, item: dict, completions: tuple[str, ...]) -> Reward:
         """Combined raw reward; parts hold the task's parts and each function's value by name."""
-        sources = ([self.task.reward] if self._has_task_reward() else []) + list(self.funcs)
+        sources = self._sources()
         weights = self.weights or [1.0] * len(sources)
         total, parts, details, unscored = 0.0, {}, {}, {}
-        for i, (fn, w) in enumerate(zip(sources, weights)):
-            r = as_reward(fn(item, tuple(completions)))
+        logged = {}
+        token = _LOGGED.set(logged)  # this call's own dict: a thread or process scores one joint action at a time
+        try:
+            scored = [as_reward(fn(item, tuple(completions))) for fn in sources]
+        finally:
+            _LOGGED.reset(token)
+        for i, (fn, w, r) in enumerate(zip(sources, weights, scored)):
             total += w * r.total
             parts.update(r.parts)
             own = dict(r.details)
@@ -130,7 +154,23 @@ class RewardModel:
                 parts[_name(fn, i)] = r.total
         if unscored:
             details["unscored"] = unscored
+        if logged:
+            details["logged"] = logged
         return Reward(total, parts, details)
+
+    def _sources(self) -> list[Callable]:
+        return ([self.task.reward] if self._has_task_reward() else []) + list(self.funcs)
+
+    def source_names(self) -> list[str]:
+        """The name of each reward (the task's first), under which a Reward's parts hold its value."""
+        return [_name(fn, i) for i, fn in enumerate(self._sources())]
+
+    def source_values(self, reward: Reward) -> list[float]:
+        """Each reward's own value in a combined Reward (after `impute_unscored`), in `source_names` order."""
+        names = self.source_names()
+        if len(names) == 1:
+            return [reward.total]
+        return [reward.parts[name] for name in names]
 
     def _has_task_reward(self) -> bool:
         from kit.tasks import has

@@ -32,7 +32,7 @@ from typing import Protocol
 
 import torch
 
-from kit.magrpo import head_logprobs, token_logprobs
+from kit.magrpo import head_logprobs, token_entropy, token_logprobs
 from kit.sampling import row_seed, sampled_logprobs, seeded_config
 
 
@@ -398,13 +398,14 @@ def _decoder_and_head(model):
     return (decoder, head.weight) if decoder is not None and decoder is not hf and plain_head else None
 
 
-def completion_logprobs(model, seg: Segment, temperature: float = 1.0) -> torch.Tensor:
+def completion_logprobs(model, seg: Segment, temperature: float = 1.0, entropy: bool = False):
     """Log-probs of the segment's completion tokens under the model's active adapter at the sampling
-    `temperature` (softmax(logits / temperature), as the sampler drew them); (R, T).
+    `temperature` (softmax(logits / temperature), as the sampler drew them); (R, T). With `entropy`, also the
+    policy's entropy at each of those positions (differentiable), as a second (R, T).
 
     With a frozen plain output layer (the usual LoRA setup) the decoder's hidden states go through
     `magrpo.head_logprobs`, which never holds all positions' logits at once (the update's memory peak with a
-    150k vocabulary); otherwise the model's own logits are used.
+    150k vocabulary), the entropy included; otherwise the model's own logits are used.
     """
     T = seg.completion_mask.shape[1]
     kwargs = dict(input_ids=seg.input_ids, attention_mask=seg.attention_mask,
@@ -413,7 +414,8 @@ def completion_logprobs(model, seg: Segment, temperature: float = 1.0) -> torch.
     if parts is not None:
         decoder, weight = parts
         hidden = decoder(**kwargs).last_hidden_state[:, -T - 1:-1]  # (R, T, H): position t predicts token t
-        return head_logprobs(hidden, weight, seg.input_ids[:, -T:], temperature=temperature)
+        return head_logprobs(hidden, weight, seg.input_ids[:, -T:], temperature=temperature, entropy=entropy)
     out = model(**kwargs, logits_to_keep=T + 1)
     logits = out.logits[:, :-1]  # (R, T, V): position t predicts completion token t
-    return token_logprobs(logits, seg.input_ids[:, -T:], temperature)
+    logp = token_logprobs(logits, seg.input_ids[:, -T:], temperature)
+    return (logp, token_entropy(logits, temperature)) if entropy else logp

@@ -56,6 +56,7 @@ class Level:
     rewards: list[list[Reward]]  # [node][joint]
     returns: np.ndarray | None = None  # (nodes, J) processed returns
     advantages: np.ndarray | None = None  # (nodes, N, G)
+    ties: np.ndarray | None = None  # (nodes, N): groups whose returns all tie (no advantage to learn from)
 
 
 def lr_schedule(optimizer, cfg: TrainConfig):
@@ -112,6 +113,11 @@ class Trainer:
             task = task_for(cfg)
         self.task = task
         self.reward_model = self.build_reward_model(cfg, task, reward_funcs or (), log)
+        if cfg.multi_objective_aggregation == "normalize_then_sum":
+            names = getattr(self.reward_model, "source_names", lambda: None)()
+            if names is None or len(set(names)) < len(names):
+                raise ValueError(f"multi_objective_aggregation=normalize_then_sum needs reward functions with distinct "
+                                 f"names (each reward is normalised on its own); got {names}")
         log(f"[kit] {describe(task)}")
         if cfg.num_turns > 1 and not has(task, "feedback"):
             raise ValueError(f"num_turns={cfg.num_turns} needs a task with feedback(item, completions, reward)")
@@ -264,6 +270,8 @@ class Trainer:
     def _returns_and_advantages(self, levels: list[Level]) -> None:
         cfg, N, G = self.cfg, self.cfg.num_agents, self.cfg.num_generations
         child_returns = None
+        per_reward = cfg.multi_objective_aggregation == "normalize_then_sum"
+        child_parts = None  # normalize_then_sum: each reward's returns, (J, K) per node
         for level in reversed(levels):
             joints = level.joints
             returns = []
@@ -274,15 +282,43 @@ class Trainer:
                 returns.append(magrpo.node_returns(r, kids, cfg.discount))
             level.returns = np.array(returns)  # (nodes, J)
             per_agent = np.stack([magrpo.per_agent_returns(R, joints, N, G) for R in level.returns])
-            level.advantages = magrpo.advantages(per_agent, cfg.advantage_mode, cfg.scale_rewards, cfg.advantage_clip,
-                                                 batch_std=self.batch_std(per_agent))  # (nodes, N, G)
+            level.ties = magrpo.tied_groups(per_agent)  # (nodes, N); advantages below: (nodes, N, G)
+            if per_reward:
+                level.advantages, child_parts, level.ties = self._normalize_then_sum(level, child_parts)
+            else:
+                level.advantages = magrpo.advantages(per_agent, cfg.advantage_mode, cfg.scale_rewards,
+                                                     cfg.advantage_clip, batch_std=self.batch_std(per_agent))
             child_returns = list(level.returns)
+
+    def _normalize_then_sum(self, level: Level, child_parts):
+        """multi_objective_aggregation=normalize_then_sum: each reward's own returns through the tree (processed,
+        discounted like the total), its group advantage over its group's std, the weighted sum, divided by the
+        sum's std over the step and clipped (kit/magrpo.py). Returns (advantages, each node's per-reward returns
+        (J, K), ties: the groups where every reward ties)."""
+        cfg, N, G, model = self.cfg, self.cfg.num_agents, self.cfg.num_generations, self.reward_model
+        J, K = len(level.joints), len(model.source_names())
+        parts = []
+        for n, node_rewards in enumerate(level.rewards):
+            values = np.array([[model.process(v) for v in model.source_values(x)] for x in node_rewards])  # (J, K)
+            kids = None if child_parts is None else [child_parts[n * J + j] for j in range(J)]
+            parts.append(np.stack([magrpo.node_returns(values[:, k], None if kids is None else
+                                                       [kid[:, k] for kid in kids], cfg.discount)
+                                   for k in range(K)], -1))  # (J, K)
+        per_agent = np.stack([np.stack([magrpo.per_agent_returns(p[:, k], level.joints, N, G) for p in parts])
+                              for k in range(K)])  # (K, nodes, N, G)
+        summed = magrpo.normalize_then_sum(per_agent, model.weights or [1.0] * K, cfg.advantage_mode)
+        adv = magrpo.advantages(summed, "raw", "batch", cfg.advantage_clip, batch_std=self.step_std(summed))
+        return adv, parts, magrpo.tied_groups(per_agent).all(0)
 
     def batch_std(self, returns: np.ndarray) -> float | None:
         """scale_rewards=batch: the std of the returns of the whole step, over every process (else None)."""
         if magrpo.scale_mode(self.cfg.scale_rewards) != "batch":
             return None
-        every = np.concatenate([np.ravel(part) for part in self.dist.gather(np.ravel(returns).tolist())])
+        return self.step_std(returns)
+
+    def step_std(self, values: np.ndarray) -> float:
+        """The population std of `values` over the whole step, every process's share included."""
+        every = np.concatenate([np.ravel(part) for part in self.dist.gather(np.ravel(values).tolist())])
         return float(every.std())
 
     # ---- update
@@ -312,11 +348,14 @@ class Trainer:
             first: dict = {}
             clipped = [0.0, 0.0]  # clipped tokens, tokens (iterations after the first)
             temperature = cfg.temperature if cfg.score_at_sampling_temperature else 1.0
+            need_entropy = cfg.top_entropy_quantile < 1 or cfg.entropy_coef > 0  # else never computed
+            extra = {"entropy": 0.0, "masked_rows": 0.0}  # the first iteration's, over the chunks
             for iteration in range(cfg.num_iterations):
                 opt.zero_grad(set_to_none=True)
                 loss_sum, kl_sum = 0.0, 0.0
                 for c, ((sub, adv), mask, share) in enumerate(zip(chunks, masks, shares)):
-                    logp = completion_logprobs(model, sub, temperature)  # (R, T), at the sampling temperature
+                    got = completion_logprobs(model, sub, temperature, entropy=need_entropy)  # at the sampling temp.
+                    logp, entropy = got if need_entropy else (got, None)  # (R, T) each
                     if iteration == 0:  # before any step on this batch: the policy that sampled, as trained
                         # (with LoRA dropout, a forward without it: the sampler drew without dropout)
                         old[c] = self._eval_logprobs(model, sub, temperature) if cfg.lora_dropout else logp.detach()
@@ -332,8 +371,16 @@ class Trainer:
                         logp, mask, adv, cfg.loss_type, refs[c], cfg.beta,
                         weights=None if self.correction == "none" else weights[c],
                         old_logp=old[c] if cfg.num_iterations > 1 else None, epsilon=cfg.epsilon,
-                        epsilon_high=cfg.epsilon_high, max_tokens=cfg.max_new_tokens)
+                        epsilon_high=cfg.epsilon_high, max_tokens=cfg.max_new_tokens,
+                        importance_sampling_level=cfg.importance_sampling_level, delta=cfg.delta,
+                        sapo_temperature_pos=cfg.sapo_temperature_pos, sapo_temperature_neg=cfg.sapo_temperature_neg,
+                        sampler_logp=sub.sampler_logprobs, off_policy_mask_threshold=cfg.off_policy_mask_threshold,
+                        use_bias_correction_kl=cfg.use_bias_correction_kl, entropy=entropy,
+                        top_entropy_quantile=cfg.top_entropy_quantile, entropy_coef=cfg.entropy_coef)
                     (loss * share).backward()  # the sum over chunks is the loss over all rows (or tokens)
+                    if iteration == 0:
+                        extra["entropy"] += st.get("entropy", 0.0) * share
+                        extra["masked_rows"] += st.get("masked_rows", 0.0)
                     loss_sum += float(loss.detach()) * share
                     kl_sum += st.get("kl", 0.0) * share
                     clipped[0] += st.get("clipped", 0.0) if iteration else 0.0
@@ -347,6 +394,7 @@ class Trainer:
                 first["loss"], first["kl"], clipped[0], clipped[1], *sums = self.dist.sum(
                     [first["loss"], first["kl"], *clipped, *mismatch.values()])
                 mismatch = dict(zip(mismatch, sums))
+                extra = dict(zip(extra, self.dist.sum(list(extra.values()))))
                 rho_max = max(self.dist.gather(rho_max))
             stats[f"loss/{adapter}"] = first["loss"]  # the first iteration's: the loss of the samples as drawn
             stats[f"grad_norm/{adapter}"] = first["norm"]
@@ -354,6 +402,10 @@ class Trainer:
                 stats[f"kl/{adapter}"] = first["kl"]
             if cfg.num_iterations > 1:
                 stats[f"clip_fraction/{adapter}"] = clipped[0] / max(clipped[1], 1.0)
+            if need_entropy:  # the policy's entropy per token, reduced like the loss
+                stats[f"entropy/{adapter}"] = extra["entropy"]
+            if cfg.off_policy_mask_threshold is not None:  # the share of completions the mask dropped
+                stats[f"off_policy_masked/{adapter}"] = extra["masked_rows"] / max(total_rows, 1)
             if mismatch["tokens"]:
                 n = mismatch["tokens"]
                 stats.update({f"mismatch/kl/{adapter}": mismatch["k3"] / n,
@@ -426,6 +478,10 @@ class Trainer:
         mine = {"rewards": [[(r.total, r.parts) for node in lv.rewards for r in node] for lv in levels],
                 "returns": levels[0].returns.ravel().tolist(),
                 "advantages": [(float(np.abs(lv.advantages).sum()), int(lv.advantages.size)) for lv in levels],
+                "ties": [lv.ties.sum(0).tolist() for lv in levels if lv.ties is not None],  # per agent
+                "groups": sum(lv.ties.shape[0] for lv in levels if lv.ties is not None),
+                "logged": [r.details["logged"] for lv in levels for node in lv.rewards for r in node
+                           if (r.details or {}).get("logged")],
                 "tokens": sum(lv.rollout.num_tokens for lv in levels)}
         every = self.dist.gather(mine)
         per_level = [[r for part in every for r in part["rewards"][t]] for t in range(len(levels))]
@@ -441,6 +497,13 @@ class Trainer:
         row["advantage/abs_mean"] = float(np.mean([sum(part["advantages"][t][0] for part in every) /
                                                    sum(part["advantages"][t][1] for part in every)
                                                    for t in range(len(levels))]))
+        groups = sum(part["groups"] for part in every)
+        for a in range(self.cfg.num_agents if groups else 0):  # a share near 1: nothing left to learn from
+            ties = sum(t[a] for part in every for t in part["ties"])
+            row[f"advantage/zero_groups/agent_{a}"] = ties / groups
+        logged = [d for part in every for d in part["logged"]]
+        for name in sorted({k for d in logged for k in d}):  # log_metric's values: the mean of those logged
+            row[f"reward_log/{name}"] = float(np.mean([d[name] for d in logged if name in d]))
         return self.finish_row(row, update_stats, times, sum(part["tokens"] for part in every))
 
     def finish_row(self, row: dict, update_stats: dict, times: dict, tokens: int) -> dict:
@@ -468,6 +531,8 @@ class Trainer:
                                  "_order": (lv.turn, node["id"], j)})
                     if (r.details or {}).get("violation"):  # what the program tried, beside the 0/1 part
                         rows[-1]["violation"] = r.details["violation"]
+                    if (r.details or {}).get("logged"):  # what the reward functions logged (log_metric)
+                        rows[-1]["logged"] = r.details["logged"]
         return self.in_order(rows)
 
     def in_order(self, rows: list[dict]) -> list[dict]:

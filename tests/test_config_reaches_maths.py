@@ -6,10 +6,12 @@ of the tiny model)
 
 One table per stage, one row per field (or per pair of fields that act together):
     advantages   scale_rewards, advantage_mode, advantage_clip, reward_processor, reward_weights, joint_mode,
-                 num_turns with discount, batch_size and num_generations
+                 num_turns with discount, batch_size and num_generations, multi_objective_aggregation
     loss         loss_type, beta (and its reference: the model with the adapter off), temperature (the update
                  scores at it), rollout_correction with rollout_is_cap, num_iterations (the clipped form),
-                 mask_truncated_completions
+                 mask_truncated_completions; issue 33: importance_sampling_level, delta, loss_type cispo and sapo
+                 with sapo_temperature_pos/_neg, use_bias_correction_kl, top_entropy_quantile, entropy_coef,
+                 off_policy_mask_threshold
     optimizer    learning_rate, weight_decay, max_grad_norm
     schedule     lr_scheduler, warmup_steps, num_steps (tests/test_trainer.py: the trainer applies and logs it)
     sampling     seed (the row seeds, each step's global RNGs), temperature, top_p, top_k, max_new_tokens;
@@ -380,3 +382,180 @@ def test_lora_rank_and_alpha_shape_the_adapters(tmp_path):
     layers = [m for m in trainer.team.models[0].modules() if hasattr(m, "lora_A") and "agent_0" in m.lora_A]
     assert layers and all(m.r["agent_0"] == 4 and m.scaling["agent_0"] == 3.0 for m in layers)
     assert all(m.lora_A["agent_0"].weight.shape[0] == 4 for m in layers)
+
+
+# ---- issue 33: more of TRL's update options reach the loss and the advantages
+
+OLD_SHIFT = torch.tensor([0.4, -0.4, 0.1])  # per completion position: the first iteration's ratios e^0.4, e^-0.4, e^0.1
+
+
+def old_policy_shifted(monkeypatch):
+    """Make the update's old log-probs OLD_SHIFT below the current ones at each position (the trainer's own are
+    the current ones at the first iteration), so the ratio's forms differ from their values at 1."""
+    from kit import magrpo
+
+    real = magrpo.policy_loss
+
+    def shifted(*args, old_logp=None, **kwargs):
+        if old_logp is not None:
+            old_logp = old_logp - OLD_SHIFT[: old_logp.shape[1]].to(old_logp.dtype)
+        return real(*args, old_logp=old_logp, **kwargs)
+
+    monkeypatch.setattr(magrpo, "policy_loss", shifted)
+
+
+def full_logprobs(model, seg, temperature: float) -> torch.Tensor:
+    """log softmax(logits / temperature) over the vocabulary at each completion position; (R, T, V)."""
+    T = seg.completion_mask.shape[1]
+    positions = (seg.attention_mask.cumsum(-1) - 1).clamp(min=0)
+    logits = model(input_ids=seg.input_ids, attention_mask=seg.attention_mask, position_ids=positions).logits
+    return torch.log_softmax(logits[:, -T - 1:-1].double() / temperature, -1)
+
+
+def hand_issue33(trainer, level, adapter: str, term, reduction: str = "sum", beta: float = 0.0,
+                 kl_times_ratio: bool = False) -> float:
+    """One adapter's loss by hand: term(logp, ratio, adv, mask, sampler, entropy) gives the (R, T) policy term
+    (ratio = e^OLD_SHIFT per position), reduced by `reduction`, plus beta * k3 (times the ratio if asked)."""
+    agents = trainer.team.agents_of_adapter(adapter)
+    model = trainer.team.model_of(agents[0])
+    model.set_adapter(adapter)
+    seg = level.rollout.segment(0).rows(agents)
+    adv = torch.tensor(level.advantages.reshape(-1)[seg.sample.numpy()], dtype=torch.float64)[:, None]  # (R, 1)
+    T = seg.completion_mask.shape[1]
+    targets = seg.input_ids[:, -T:, None]
+    with torch.no_grad():
+        full = full_logprobs(model, seg, trainer.cfg.temperature)
+        with model.disable_adapter():
+            ref = full_logprobs(model, seg, trainer.cfg.temperature).gather(-1, targets)[..., 0]
+    logp, entropy = full.gather(-1, targets)[..., 0], -(full.exp() * full).sum(-1)
+    mask = seg.completion_mask.double()
+    ratio = torch.exp(OLD_SHIFT[:T].double()).expand_as(logp)
+    x = term(logp=logp, ratio=ratio, adv=adv, mask=mask, sampler=seg.sampler_logprobs.double(), entropy=entropy)
+
+    def reduce(y):
+        y = torch.where(mask.bool(), y, 0.0)
+        if reduction == "sum":
+            return y.sum(-1).mean()
+        if reduction == "grpo":
+            return (y.sum(-1) / mask.sum(-1)).mean()
+        return y.sum() / mask.sum()  # token_mean
+
+    k3 = torch.exp(ref - logp) - (ref - logp) - 1
+    return float(reduce(x) + beta * reduce(k3 * ratio if kl_times_ratio else k3))
+
+
+def clipped(r, adv, high=0.2):
+    return -torch.minimum(r * adv, r.clamp(0.8, 1 + high) * adv)
+
+
+def sequence_ratio(mask):
+    return torch.exp((OLD_SHIFT[: mask.shape[1]].double() * mask).sum(-1, keepdim=True) / mask.sum(-1, keepdim=True))
+
+
+def sapo(ratio, adv, pos, neg):
+    tau = torch.where(adv > 0, pos, neg).double()
+    return -(4 / tau) * torch.sigmoid(tau * (ratio - 1)) * adv
+
+
+def entropy_top_half(entropy, mask):
+    threshold = np.quantile(entropy[mask.bool()].numpy(), 0.5)  # numpy's linear interpolation, as torch's
+    return ((entropy >= threshold) & mask.bool()).double()
+
+
+def kl_of_row(sampler, logp, mask):
+    return (torch.where(mask.bool(), sampler - logp, 0.0).sum(-1) / mask.sum(-1))[:, None]
+
+
+ISSUE33_LOSSES = [  # overrides, whether the old policy is shifted, the hand term, its reduction, beta, k3 x ratio
+    (("num_iterations=2",), True, lambda logp, ratio, adv, **_: clipped(ratio, adv), "sum", 0.0, False),
+    (("num_iterations=2", "importance_sampling_level=sequence"), True,
+     lambda logp, ratio, adv, mask, **_: clipped(sequence_ratio(mask).expand_as(logp), adv), "sum", 0.0, False),
+    (("num_iterations=2", "delta=1.3"), True,
+     lambda logp, ratio, adv, **_: -torch.minimum(ratio.clamp(max=1.3) * adv, ratio.clamp(0.8, 1.2) * adv),
+     "sum", 0.0, False),
+    (("num_iterations=2", "loss_type=cispo", "epsilon_high=0.3"), True,
+     lambda logp, ratio, adv, **_: -ratio.clamp(max=1.3) * adv * logp, "token_mean", 0.0, False),
+    (("num_iterations=2", "loss_type=sapo"), True, lambda logp, ratio, adv, **_: sapo(ratio, adv, 1.0, 1.05),
+     "grpo", 0.0, False),
+    (("num_iterations=2", "loss_type=sapo", "sapo_temperature_pos=2", "sapo_temperature_neg=3"), True,
+     lambda logp, ratio, adv, **_: sapo(ratio, adv, 2.0, 3.0), "grpo", 0.0, False),
+    (("num_iterations=2", "beta=0.5", "use_bias_correction_kl=true"), True,
+     lambda logp, ratio, adv, **_: clipped(ratio, adv), "sum", 0.5, True),
+    (("top_entropy_quantile=0.5",), False,
+     lambda logp, adv, mask, entropy, **_: -adv * logp * entropy_top_half(entropy, mask), "sum", 0.0, False),
+    (("entropy_coef=0.1",), False, lambda logp, adv, entropy, **_: -adv * logp - 0.1 * entropy, "sum", 0.0, False),
+    (("entropy_coef=0.1", "loss_type=token_mean"), False,
+     lambda logp, adv, entropy, **_: -adv * logp - 0.1 * entropy, "token_mean", 0.0, False),
+    # the sampler 0.3 nats per token above the policy: completions with A < 0 are past 0.2 and dropped
+    (("off_policy_mask_threshold=0.2",), False,
+     lambda logp, adv, mask, sampler, **_: -adv * logp * ((adv >= 0) | (kl_of_row(sampler, logp, mask) <= 0.2)),
+     "sum", 0.0, False),
+    (("off_policy_mask_threshold=0.4",), False, lambda logp, adv, **_: -adv * logp, "sum", 0.0, False),
+]
+
+
+@pytest.mark.parametrize("overrides, shifted, term, reduction, beta, kl_times_ratio", ISSUE33_LOSSES,
+                         ids=[" ".join(r[0]) for r in ISSUE33_LOSSES])
+def test_more_update_options_reach_the_loss(tmp_path, monkeypatch, overrides, shifted, term, reduction, beta,
+                                            kl_times_ratio):
+    trainer, levels = sampled(tmp_path, *overrides)
+    if shifted:
+        old_policy_shifted(monkeypatch)
+    if any(o.startswith("off_policy") for o in overrides):
+        shift_sampler(levels, -0.3)
+    hand = {a: hand_issue33(trainer, levels[0], a, term, reduction, beta, kl_times_ratio) for a in trainer.team.adapters}
+    stats = trainer.update(levels)
+    for adapter, loss in hand.items():
+        assert stats[f"loss/{adapter}"] == pytest.approx(loss, rel=1e-5), adapter
+    if any(o.startswith("off_policy_mask_threshold=0.2") for o in overrides):  # some dropped, some kept
+        assert 0 < stats["off_policy_masked/agent_0"] < 1
+
+
+def two_rewards(tmp_path, aggregation: str):
+    return levels_of(tmp_path, (f"multi_objective_aggregation={aggregation}", "reward_weights=[1.0, 0.5]"), (bonus,))
+
+
+def test_normalize_then_sum_normalises_each_reward_before_the_weighted_sum(tmp_path):
+    # R = [0, 3, 15] and bonus = [0, 0, 1] per group (both items, both agents alike): each over its group's
+    # population std (+ eps), weighted 1 and 0.5, then over the std of the sum over the step (+ eps)
+    eps = 1e-6
+    summed = (np.array([-6.0, -3.0, 9.0]) / (math.sqrt(42) + eps)
+              + 0.5 * np.array([-1 / 3, -1 / 3, 2 / 3]) / (math.sqrt(2 / 9) + eps))
+    expected = summed / (summed.std() + eps)
+    for item in two_rewards(tmp_path, "normalize_then_sum")[0].advantages:
+        np.testing.assert_allclose(item, [expected, expected], rtol=1e-9)
+    summed_first = two_rewards(tmp_path / "b", "sum_then_normalize")[0].advantages  # R = [0, 3, 15.5]
+    np.testing.assert_allclose(summed_first[0], [[-6 - 1 / 6, -3 - 1 / 6, 9 + 1 / 3]] * 2)
+
+
+def test_normalize_then_sum_carries_each_reward_through_the_turns(tmp_path):
+    from kit.rewards import Reward
+
+    task = from_functions([{"id": "a"}], lambda it: ["x", "y"], joint_reward,
+                          feedback_fn=lambda it, comps, reward: [f"again {c}" for c in comps])
+    cfg = config(tmp_path, "batch_size=1", "num_generations=3", "num_turns=2", "discount=0.5",
+                 "multi_objective_aggregation=normalize_then_sum", "reward_weights=[1.0, 0.5]")
+    trainer = Trainer(cfg, task=task, sampler=Scripted(), reward_funcs=[bonus], **QUIET)
+    levels = trainer.sample(trainer.batch_items(0))
+    first, second = trainer.reward_model.source_names()
+    # turn 1: the first reward is 4 after joint action 0 and 0 after the others, the bonus is 0 everywhere
+    for n, node in enumerate(levels[1].rewards):
+        levels[1].rewards[n] = [Reward(4.0 if n == 0 else 0.0, {first: 4.0 if n == 0 else 0.0, second: 0.0})] * 3
+    trainer._returns_and_advantages(levels)
+    r1 = np.array([0.0, 3.0, 15.0]) + 0.5 * np.array([4.0, 0.0, 0.0])  # r + discount * (the child's mean)
+    r2 = np.array([0.0, 0.0, 1.0])  # the bonus of turn 0 only
+    eps = 1e-6
+    summed = (r1 - r1.mean()) / (r1.std() + eps) + 0.5 * (r2 - r2.mean()) / (r2.std() + eps)
+    np.testing.assert_allclose(levels[0].advantages[0], [summed / (summed.std() + eps)] * 2, rtol=1e-9)
+
+
+def test_the_zero_advantage_groups_are_counted_per_agent(tmp_path):
+    def first_agent_only(item, completions) -> float:  # agent 1's samples never change the reward
+        return float(completions[0] == "1")
+
+    task = from_functions([{"id": "a"}, {"id": "b"}], lambda it: ["x", "y"], first_agent_only)
+    trainer = Trainer(config(tmp_path, "batch_size=2", "num_generations=3", "joint_mode=cross"), task=task,
+                      sampler=Scripted(), **QUIET)
+    levels = trainer.sample(trainer.batch_items(0))
+    # cross: agent 0's returns [0, 1, 0] differ, agent 1's (each the mean over agent 0's partners) all tie at 1/3
+    assert levels[0].ties.tolist() == [[False, True], [False, True]]
