@@ -49,6 +49,10 @@ class GameTrainer(Trainer):
         self.returns = returns.reshape(-1)
         for r in rounds:
             r.advantages = adv[r.episodes]
+        per_decision = self.algorithm.game_advantages(self, rounds, self.episodes)  # critics: per decision
+        if per_decision is not None:
+            for r, lo in zip(rounds, np.cumsum([0] + [len(r.episodes) for r in rounds])):
+                r.advantages = per_decision[lo:lo + len(r.episodes)]
         self._advantages = adv
         return rounds
 

@@ -34,6 +34,7 @@ import numpy as np
 import torch
 
 from kit import checkpoint, magrpo, rundir
+from kit.critic import algorithm_for
 from kit.checkpoint import seed_everything, step_seed
 from kit import config as config_mod
 from kit.config import TrainConfig, validate
@@ -133,6 +134,8 @@ class Trainer:
                                     weight_decay=cfg.weight_decay)
             self.optimizers[adapter] = opt
             self.schedulers[adapter] = lr_schedule(opt, cfg)
+        # the algorithm (kit/critic.py): its advantages, its own models (critics) and their fit after the update
+        self.algorithm = algorithm_for(cfg, team, log)
         self.step = 0
         self._torn_step = None  # the step whose update ran but whose log lines are not written yet
         self._closed = False
@@ -167,8 +170,10 @@ class Trainer:
     # ---- run directory
 
     def _resume(self) -> None:
-        state = checkpoint.resume_latest(self.run_dir, self.team, self.optimizers, self.schedulers, log=self.log,
-                                         mirror_dir=self.cfg.mirror_dir)  # all damaged: stops, logs untouched
+        optimizers, schedulers = self.all_optimizers()
+        state = checkpoint.resume_latest(self.run_dir, self.team, optimizers, schedulers, log=self.log,
+                                         mirror_dir=self.cfg.mirror_dir,
+                                         models=self.algorithm.models)  # all damaged: stops, logs untouched
         self.step = state["step"] if state else 0
         if state and self.cfg.rollout_correction == "auto":
             # rollout_engine and generation_weights may change on resume (a run moved from a CPU to a GPU): the
@@ -277,6 +282,7 @@ class Trainer:
             level.advantages = magrpo.advantages(per_agent, cfg.advantage_mode, cfg.scale_rewards, cfg.advantage_clip,
                                                  batch_std=self.batch_std(per_agent))  # (nodes, N, G)
             child_returns = list(level.returns)
+        self.algorithm.advantages(self, levels)  # MAGRPO keeps these; a critic replaces them (kit/critic.py)
 
     def batch_std(self, returns: np.ndarray) -> float | None:
         """scale_rewards=batch: the std of the returns of the whole step, over every process (else None)."""
@@ -293,6 +299,8 @@ class Trainer:
         micro-batched, each micro-batch weighted by its share of all rows (or tokens) over every process."""
         cfg, team = self.cfg, self.team
         stats = {"lr": self.optimizers[team.adapters[0]].param_groups[0]["lr"]}  # the rate this step uses
+        if self.algorithm.actors_wait(self.step):  # critic_warmup_steps: the critics fit, the actors wait
+            return stats
         for adapter in team.adapters:
             agents = team.agents_of_adapter(adapter)
             model = team.model_of(agents[0])
@@ -376,7 +384,10 @@ class Trainer:
 
     def _step(self, adapter: str, opt, total_rows: int) -> float:
         """Sum the gradient over processes, clip it, step the adapter's optimizer; the gradient norm."""
-        params = self.team.parameters_of(adapter)
+        return self.step_parameters(self.team.parameters_of(adapter), opt, total_rows)
+
+    def step_parameters(self, params: list, opt, total_rows: int) -> float:
+        """`_step` for any parameters (an algorithm's critic too); the gradient norm."""
         # No rows on any process (a game's player who never acted): every grad stays None and opt.step() leaves
         # the adapter alone, as with one process; zeros would still move it (AdamW's momentum, weight decay).
         if self.dist.world > 1 and total_rows > 0:  # the global loss's gradient: the sum of every process's part
@@ -520,6 +531,7 @@ class Trainer:
             t1 = time.perf_counter()
             self._torn_step = self.step  # until the step is logged and saved (see _back_to_checkpoint)
             stats = self.update(levels)
+            stats.update(self.algorithm.fit(self))  # the algorithm's own models (critics), after the actors
             t2 = time.perf_counter()
             rollouts = self.rollout_rows(levels, items) if cfg.log_rollouts else []
             self.step += 1
@@ -559,8 +571,12 @@ class Trainer:
         state = {"data": {"seed": self.cfg.seed, "num_items": len(self.train_items),
                           "items_seen": self.step * self.cfg.batch_size},
                  "update": {"rollout_correction": self.correction}}
-        return checkpoint.save(self.run_dir, self.step, self.team, self.optimizers, self.schedulers, state,
-                               self.cfg.keep_last, self.cfg.keep_history)
+        return checkpoint.save(self.run_dir, self.step, self.team, *self.all_optimizers(), state,
+                               self.cfg.keep_last, self.cfg.keep_history, models=self.algorithm.models)
+
+    def all_optimizers(self) -> tuple[dict, dict]:
+        """The agents' optimizers and schedulers with the algorithm's (its critics'), as the checkpoint holds them."""
+        return {**self.optimizers, **self.algorithm.optimizers}, {**self.schedulers, **self.algorithm.schedulers}
 
     def summary(self) -> dict:
         """Reward at the start and end of the whole run (read back from metrics.jsonl, so resumes count)."""
