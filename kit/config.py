@@ -412,6 +412,9 @@ def validate(cfg: TrainConfig) -> TrainConfig:
          "null (= learning_rate) or a number > 0")
     need(cfg.critic_warmup_steps >= 0, "critic_warmup_steps", "an integer >= 0")
     need(0 <= cfg.gae_lambda <= 1, "gae_lambda", "a number in [0, 1] (0: TD(0), 1: Monte Carlo)")
+    need(cfg.algorithm != "centralized" or cfg.task != "game", "algorithm",
+         "magrpo, iac or maac for a game (centralized writes every part in one completion; in a turn-based game "
+         "one policy in every seat is share_adapter=true)")
     need(cfg.use_separate_critic or cfg.algorithm != "iac", "use_separate_critic",
          "true (a value head on the actor's own adapter is not built yet: README, Algorithms)")
     need(cfg.baseline == "mean" or (cfg.algorithm == "maac" and cfg.critic_type == "q"), "baseline",

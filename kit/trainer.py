@@ -76,7 +76,10 @@ def lr_schedule(optimizer, cfg: TrainConfig):
 class Trainer:
     def __init__(self, cfg: TrainConfig, task=None, reward_funcs=None, team=None, resume: bool = False,
                  log=print, sampler=None, from_scratch: bool = False):
-        self.cfg = validate(cfg)
+        from kit.centralized import team_config, wrap
+
+        cfg = validate(cfg)  # the run's config (config.json); self.cfg: the team's (centralized: one agent)
+        self.cfg = team_config(cfg)
         self.dist = Dist()  # one process, or this one's place among several (accelerate launch / torchrun)
         self.log = log if self.dist.is_main else (lambda *_: None)
         log = self.log
@@ -95,7 +98,7 @@ class Trainer:
             raise FileExistsError(f"run_dir {str(self.run_dir)!r} already holds a run; resume it (resume=True, "
                                   "--resume) or choose another run_dir")
         if exists:  # refuse a changed setting, or a run whose checkpoints are all damaged, before model loading
-            config_mod.check_resume(saved, self.cfg)
+            config_mod.check_resume(saved, cfg)
             checkpoint.check_resumable(self.run_dir, cfg.mirror_dir)
         elif resume:
             log(f"[kit] nothing to resume in {self.run_dir} (no run there yet): starting a new run")
@@ -111,7 +114,7 @@ class Trainer:
             from kit.tasks import task_for
 
             task = task_for(cfg)
-        self.task = task
+        self.task = task = wrap(cfg, task)
         self.reward_model = self.build_reward_model(cfg, task, reward_funcs or (), log)
         log(f"[kit] {describe(task)}")
         if cfg.num_turns > 1 and not has(task, "feedback"):
@@ -152,7 +155,7 @@ class Trainer:
         if resume:
             self._resume()
         if self.dist.is_main:
-            config_mod.save(self.cfg, saved)
+            config_mod.save(cfg, saved)
 
     def build_reward_model(self, cfg, task, reward_funcs, log):
         """The run's reward model (kit.rewards.reward_model_for); a game scores episodes itself (kit/games.py)."""
