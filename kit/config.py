@@ -91,6 +91,10 @@ class TrainConfig:
     reward_processor: str = "identity"  # applied before advantages, e.g. "scale(0.25)|clamp(-1,1)"
     reward_workers: int = 0  # 0: rewards in the trainer thread; > 0: a pool of this many workers
     reward_pool: str = "thread"  # thread or process (process: task and reward must be picklable)
+    # --- credit assignment without a critic (issue 31)
+    grouping: str = "node"  # multi-turn groups: node (an agent's G samples at a node, AT-GRPO's), turn, agent (README)
+    local_reward_weight: float = 0.0  # r_i = (1 - w) team + w local_i, local_i = Reward.parts["local_<i>"] (0: team)
+    role_baseline_decay: float = 0.95  # advantage_mode=role: b <- decay * b + (1 - decay) * the role's mean return
     # --- optimisation
     num_steps: int = 200  # training steps (each: batch_size items, all agents, all turns)
     batch_size: int = 4  # items per step
@@ -120,7 +124,8 @@ CHOICES = {
     "generation_weights": ("auto", "copy", "4bit"),
     "dtype": ("auto", "float32", "bfloat16", "float16"),
     "joint_mode": ("aligned", "cross"),
-    "advantage_mode": ("mean", "rloo", "max", "raw", "none"),
+    "advantage_mode": ("mean", "rloo", "max", "raw", "none", "marginal", "role", "mareinforce", "marloo", "maremax"),
+    "grouping": ("node", "turn", "agent"),
     "scale_rewards": ("group", "batch", "none"),
     "loss_type": ("sum", "grpo", "dr_grpo", "token_mean", "dapo", "bnpo"),
     "rollout_correction": ("auto", "none", "token_truncate", "sequence_mask"),
@@ -260,9 +265,13 @@ SAVED_DEFAULTS = {"rollout_correction": "none", "score_at_sampling_temperature":
 
 
 def _legacy(key: str, value):
-    """Values older configs hold for a field whose type has changed since."""
+    """Values older configs hold for a field whose type has changed since, and other names of a value."""
     if key == "scale_rewards" and (isinstance(value, bool) or str(value).lower() in ("true", "false")):
         return "group" if str(value).lower() == "true" else "none"  # a bool, or one as a `key=value` string
+    if key == "advantage_mode":  # CoMLRL's names (marloo ...): config.json holds the kit's (rloo ...)
+        from kit.magrpo import ADVANTAGE_ALIASES  # the maths' table (imports torch: only when asked)
+
+        return ADVANTAGE_ALIASES.get(value, value)
     return value
 
 
@@ -348,6 +357,7 @@ def load_config(preset_name: str | None = None, path: str | Path | None = None,
 def validate(cfg: TrainConfig) -> TrainConfig:
     """Raise ConfigError on the first bad value; return cfg unchanged otherwise."""
     cfg.scale_rewards = _legacy("scale_rewards", cfg.scale_rewards)  # True/False set from Python: group/none
+    cfg.advantage_mode = _legacy("advantage_mode", cfg.advantage_mode)  # marloo set from Python: rloo
     from_dict(dataclasses.asdict(cfg))  # types
     for name, hint in _field_types().items():  # inf and nan pass every range check below: refuse them first
         value = getattr(cfg, name)
@@ -372,6 +382,17 @@ def validate(cfg: TrainConfig) -> TrainConfig:
     need(0 <= cfg.discount <= 1, "discount", "a number in [0, 1]")
     need(cfg.advantage_clip is None or cfg.advantage_clip > 0, "advantage_clip", "null or a number > 0")
     need(cfg.beta >= 0, "beta", "a number >= 0")
+    game = cfg.task == "game"
+    need(cfg.advantage_mode != "marginal" or cfg.joint_mode == "cross", "advantage_mode",
+         "marginal only with joint_mode=cross (aligned pairs each sample with one partner sample, so there is no "
+         "mean over the partners' samples to take); or mean, rloo, max, raw, role with aligned")
+    need(not (game and cfg.advantage_mode == "role" and cfg.joint_mode == "cross"), "advantage_mode",
+         "role with joint_mode=aligned in games (cross games branch the first move; use marginal or mean there)")
+    need(not game or cfg.grouping == "node", "grouping", "node for game tasks (a deal's G episodes are the group)")
+    need(0 <= cfg.local_reward_weight <= 1, "local_reward_weight", "a number in [0, 1]")
+    need(not game or cfg.local_reward_weight == 0, "local_reward_weight",
+         "0 for game tasks (a game's return is its score; there are no local rewards)")
+    need(0 <= cfg.role_baseline_decay < 1, "role_baseline_decay", "a number in [0, 1)")
     need(cfg.num_iterations >= 1, "num_iterations", "an integer >= 1 (1: on-policy, the paper's setting)")
     need(0 <= cfg.epsilon < 1, "epsilon", "a number in [0, 1)")
     need(cfg.epsilon_high is None or cfg.epsilon_high >= 0, "epsilon_high", "null (= epsilon) or a number >= 0")

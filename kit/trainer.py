@@ -56,6 +56,7 @@ class Level:
     joints: list[tuple[int, ...]]  # the joint actions of every node (one completion index per agent)
     rewards: list[list[Reward]]  # [node][joint]
     returns: np.ndarray | None = None  # (nodes, J) processed returns
+    per_agent: np.ndarray | None = None  # (nodes, N, G) the return of each agent's sample (mixed with local ones)
     advantages: np.ndarray | None = None  # (nodes, N, G)
 
 
@@ -140,6 +141,7 @@ class Trainer:
         # the algorithm (kit/critic.py): its advantages, its own models (critics) and their fit after the update
         self.algorithm = algorithm_for(cfg, team, log)
         self.step = 0
+        self.role_baseline = None  # advantage_mode=role: the moving baseline per (turn, agent), in checkpoints
         self._torn_step = None  # the step whose update ran but whose log lines are not written yet
         self._closed = False
         self.scorer = Scorer(self.reward_model, cfg.reward_workers, cfg.reward_pool)
@@ -178,6 +180,8 @@ class Trainer:
                                          mirror_dir=self.cfg.mirror_dir,
                                          models=self.algorithm.models)  # all damaged: stops, logs untouched
         self.step = state["step"] if state else 0
+        saved = (state or {}).get("advantage", {}).get("role_baseline")  # None: unset (JSON has no NaN)
+        self.role_baseline = None if saved is None else np.array(saved, dtype=np.float64)
         if state and self.cfg.rollout_correction == "auto":
             # rollout_engine and generation_weights may change on resume (a run moved from a CPU to a GPU): the
             # objective stays the trainer's policy gradient, and `auto` follows the new sampler to keep it so
@@ -270,22 +274,63 @@ class Trainer:
         return tuple(ro.texts[node * N + a][g] for a, g in enumerate(idx))
 
     def _returns_and_advantages(self, levels: list[Level]) -> None:
+        """Returns up the tree (the team's; per agent with a team/local mix), then advantages per `grouping` or
+        against the moving role baseline (kit/magrpo.py)."""
         cfg, N, G = self.cfg, self.cfg.num_agents, self.cfg.num_generations
-        child_returns = None
+        w = cfg.local_reward_weight
+        child_returns, child_mixed = None, None
         for level in reversed(levels):
             joints = level.joints
-            returns = []
+            returns, mixed = [], []
             for n, node_rewards in enumerate(level.rewards):
                 r = [self.reward_model.process(x.total) for x in node_rewards]
                 kids = None if child_returns is None else [child_returns[n * len(joints) + j]
                                                           for j in range(len(joints))]
                 returns.append(magrpo.node_returns(r, kids, cfg.discount))
-            level.returns = np.array(returns)  # (nodes, J)
-            per_agent = np.stack([magrpo.per_agent_returns(R, joints, N, G) for R in level.returns])
+                if w > 0:  # r_i = (1 - w) r + w local_i, each processed as the team's reward is
+                    local = [[self.reward_model.process(v) for v in magrpo.local_parts(x.parts, N)]
+                             for x in node_rewards]
+                    mine = None if child_mixed is None else [child_mixed[n * len(joints) + j]
+                                                             for j in range(len(joints))]
+                    mixed.append(magrpo.node_returns(magrpo.mix_rewards(r, local, w), mine, cfg.discount))
+            level.returns = np.array(returns)  # (nodes, J) the team's
+            agent_returns = np.array(mixed) if w > 0 else level.returns  # (nodes, J, N) or (nodes, J)
+            level.per_agent = np.stack([magrpo.per_agent_returns(R, joints, N, G) for R in agent_returns])
+            child_returns, child_mixed = list(level.returns), list(agent_returns) if w > 0 else None
+        if cfg.advantage_mode == "role":
+            self._role_advantages(levels)
+        elif cfg.grouping == "agent":  # one group per agent and item over every turn
+            every = np.concatenate([lv.per_agent for lv in levels])  # (all nodes, N, G)
+            adv = magrpo.grouped_advantages(every, [node["item"] for lv in levels for node in lv.nodes],
+                                            cfg.advantage_mode, cfg.scale_rewards, cfg.advantage_clip,
+                                            batch_std=self.batch_std(every))
+            for lv, part in zip(levels, np.split(adv, np.cumsum([len(lv.nodes) for lv in levels])[:-1])):
+                lv.advantages = part
+        for level in levels if cfg.advantage_mode != "role" and cfg.grouping != "agent" else []:
+            per_agent = level.per_agent
+            if cfg.grouping == "turn":  # one group per agent, item and turn
+                level.advantages = magrpo.grouped_advantages(
+                    per_agent, [node["item"] for node in level.nodes], cfg.advantage_mode, cfg.scale_rewards,
+                    cfg.advantage_clip, batch_std=self.batch_std(per_agent))
+                continue
             level.advantages = magrpo.advantages(per_agent, cfg.advantage_mode, cfg.scale_rewards, cfg.advantage_clip,
                                                  batch_std=self.batch_std(per_agent))  # (nodes, N, G)
-            child_returns = list(level.returns)
         self.algorithm.advantages(self, levels)  # MAGRPO keeps these; a critic replaces them (kit/critic.py)
+
+    def _role_advantages(self, levels: list[Level]) -> None:
+        """advantage_mode=role: A = R - b[turn, agent], then the baseline moves toward this step's mean return of
+        each (turn, agent) over every process (kit/magrpo.py role_baseline)."""
+        cfg, N = self.cfg, self.cfg.num_agents
+        if self.role_baseline is None:
+            self.role_baseline = np.full((cfg.num_turns, N), np.nan)
+        sums = self.dist.sum([float(x) for lv in levels for x in lv.per_agent.sum(axis=(0, 2))] +
+                             [float(lv.per_agent[:, 0].size) for lv in levels])  # (turns x N) sums, then counts
+        means = np.array(sums[:len(levels) * N]).reshape(len(levels), N) / np.array(sums[len(levels) * N:])[:, None]
+        for lv, mean in zip(levels, means):
+            used, self.role_baseline[lv.turn] = magrpo.role_baseline(self.role_baseline[lv.turn], mean,
+                                                                     cfg.role_baseline_decay)
+            lv.advantages = magrpo.role_advantages(lv.per_agent, used, cfg.scale_rewards, cfg.advantage_clip,
+                                                   batch_std=self.batch_std(lv.per_agent))
 
     def batch_std(self, returns: np.ndarray) -> float | None:
         """scale_rewards=batch: the std of the returns of the whole step, over every process (else None)."""
@@ -574,6 +619,9 @@ class Trainer:
         state = {"data": {"seed": self.cfg.seed, "num_items": len(self.train_items),
                           "items_seen": self.step * self.cfg.batch_size},
                  "update": {"rollout_correction": self.correction}}
+        if self.role_baseline is not None:
+            state["advantage"] = {"role_baseline": [[None if np.isnan(b) else float(b) for b in row]
+                                                    for row in self.role_baseline]}
         return checkpoint.save(self.run_dir, self.step, self.team, *self.all_optimizers(), state,
                                self.cfg.keep_last, self.cfg.keep_history, models=self.algorithm.models)
 
