@@ -200,3 +200,11 @@ def test_a_game_trains_with_critics(tmp_path, algo):
     assert len(texts) == sum(len(r.episodes) for r in trainer.sample(trainer.batch_items(0)))  # one per decision
     if "algorithm=maac" in algo:
         assert all(t.startswith("[Agent 0]") and "[Agent 1]" in t for t in texts)  # both players' observations
+
+
+def test_the_training_notebook_passes_its_algorithm(tmp_path, monkeypatch):
+    from kit import colab
+
+    monkeypatch.setenv("KIT_SMOKE_DIR", str(tmp_path / "smoke"))
+    cfg = colab.notebook_config("tiny_cpu", "toy", {}, "r", smoke=True, algorithm="maac", log=lambda *_: None)
+    assert cfg.algorithm == "maac"
