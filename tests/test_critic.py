@@ -208,3 +208,65 @@ def test_the_training_notebook_passes_its_algorithm(tmp_path, monkeypatch):
     monkeypatch.setenv("KIT_SMOKE_DIR", str(tmp_path / "smoke"))
     cfg = colab.notebook_config("tiny_cpu", "toy", {}, "r", smoke=True, algorithm="maac", log=lambda *_: None)
     assert cfg.algorithm == "maac"
+
+
+class _Episode:
+    def __init__(self, seed):
+        self.seed, self.decisions = seed, []
+
+    @property
+    def length(self):
+        return len(self.decisions)
+
+
+class _TwoMoveGame:
+    """Player 0 moves, then player 1; the return is 10. An observation names the player and the decision."""
+
+    def reset(self, seed):
+        return _Episode(seed)
+
+    def prompt(self, ep, player):
+        return f"o{player}t{ep.length}"
+
+    def step(self, ep, text):
+        ep.decisions.append({"player": ep.length, "completion": text})
+
+    def score(self, ep):
+        return 10.0
+
+
+def game_values(text: str) -> float:
+    """IAC: V(player 0's first observation) = 4, V(player 1's) = 6; MAAC: the joint observation of decision t."""
+    return {"o0t0": 4.0, "o1t1": 6.0}.get(text, {0: 4.0, 1: 6.0}[int(text.split("\n")[0][-1])])
+
+
+@pytest.mark.parametrize("algo, lam, expected", [
+    ("iac", 0.0, [10 - 4, 10 - 6]),  # each player's own sequence: one decision, then the end (return 10)
+    ("maac", 0.0, [0 + 6 - 4, 10 - 6]),  # TD(0) over both decisions: V(s_1) - V(s_0), then R - V(s_1)
+    ("maac", 1.0, [10 - 4, 10 - 6]),  # Monte Carlo
+    ("maac", 0.5, [2 + 0.5 * 4, 4]),  # GAE: delta_0 + lam * delta_1
+])
+def test_game_advantages_by_hand(algo, lam, expected):
+    from types import SimpleNamespace
+
+    from kit.critic import ActorCritic
+    from kit.games import Decisions
+    from kit.rollout import Rollout
+
+    algorithm = ActorCritic.__new__(ActorCritic)  # no model: the values are a lookup
+    algorithm.name = algo
+    algorithm.models = {n: None for n in (["critic_0", "critic_1"] if algo == "iac" else ["critic"])}
+    algorithm.cfg = SimpleNamespace(critic_type="v", num_agents=2, discount=1.0, gae_lambda=lam,
+                                    advantage_normalization=False, use_chat_template=False)
+    algorithm.fmt = lambda prompt: prompt
+    algorithm.values = lambda name, texts: np.array([game_values(t) for t in texts])
+    task, ep = _TwoMoveGame(), _Episode(7)
+    rounds = [Decisions(t, [0], Rollout([(t, f"o{t}t{t}")], [[f"m{t}"]])) for t in range(2)]
+    for t in range(2):
+        task.step(ep, f"m{t}")
+    trainer = SimpleNamespace(task=task, dist=SimpleNamespace(gather=lambda x: [x]))
+    adv = algorithm.game_advantages(trainer, rounds, [ep])
+    np.testing.assert_allclose(adv, expected)
+    texts, targets, _ = algorithm.batch["critic" if algo == "maac" else "critic_0"]
+    if algo == "maac":
+        assert texts == ["[Agent 0] o0t0\n[Agent 1] o1t0", "[Agent 0] o0t1\n[Agent 1] o1t1"]  # both observations
