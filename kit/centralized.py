@@ -18,7 +18,10 @@ from __future__ import annotations
 
 import dataclasses
 
-from kit.tasks import has
+
+def has(task, hook: str) -> bool:
+    """The task has `hook` as a method (kit.tasks.has, here without importing kit.tasks, which imports this)."""
+    return callable(getattr(task, hook, None))
 
 
 def team_config(cfg):

@@ -51,7 +51,7 @@ class MAGRPO:
 
     name = "magrpo"
 
-    def __init__(self, cfg=None, team=None, log=print):
+    def __init__(self, cfg=None, team=None, log=print, schedule=None):
         self.cfg = cfg
         self.models, self.optimizers, self.schedulers = {}, {}, {}
 
@@ -81,11 +81,10 @@ def joint_prompt(prompts, completions=None) -> str:
 class ActorCritic(MAGRPO):
     """IAC (one critic per agent) or MAAC (one centralized critic); see the module docstring."""
 
-    def __init__(self, cfg, team, log=print):
+    def __init__(self, cfg, team, log=print, schedule=None):
         super().__init__(cfg, team, log)
         from kit.heads import ScalarModel
         from kit.models import lora_config
-        from kit.trainer import lr_schedule
 
         self.name, self.team = cfg.algorithm, team
         names = [f"critic_{i}" for i in range(cfg.num_agents)] if cfg.algorithm == "iac" else ["critic"]
@@ -95,7 +94,7 @@ class ActorCritic(MAGRPO):
             model = ScalarModel(team, name, lcfg, seed=cfg.seed + 1 + k)
             self.models[name] = model
             self.optimizers[name] = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=cfg.weight_decay)
-            self.schedulers[name] = lr_schedule(self.optimizers[name], cfg)
+            self.schedulers[name] = schedule(self.optimizers[name], cfg)  # the agents' schedule (Trainer's)
         self.batch: dict[str, tuple[list[str], list[float], list[float]]] = {}  # texts, targets, old values
         log(f"[kit] algorithm={cfg.algorithm} critic_type={cfg.critic_type}: {len(names)} critic(s) on the shared "
             f"base ({', '.join(names)})")
@@ -331,8 +330,9 @@ class ActorCritic(MAGRPO):
         return stats
 
 
-def algorithm_for(cfg, team, log=print) -> MAGRPO:
-    """The algorithm object of a run (centralized trains as MAGRPO on its wrapped one-agent task)."""
+def algorithm_for(cfg, team, log=print, schedule=None) -> MAGRPO:
+    """The algorithm object of a run (centralized trains as MAGRPO on its wrapped one-agent task). `schedule(opt,
+    cfg)`: the LR schedule its models' optimizers follow (the Trainer passes its own, lr_schedule)."""
     if cfg.algorithm in ("iac", "maac"):
-        return ActorCritic(cfg, team, log)
-    return MAGRPO(cfg, team, log)
+        return ActorCritic(cfg, team, log, schedule)
+    return MAGRPO(cfg, team, log, schedule)

@@ -139,7 +139,7 @@ class Trainer:
             self.optimizers[adapter] = opt
             self.schedulers[adapter] = lr_schedule(opt, cfg)
         # the algorithm (kit/critic.py): its advantages, its own models (critics) and their fit after the update
-        self.algorithm = algorithm_for(cfg, team, log)
+        self.algorithm = algorithm_for(cfg, team, log, lr_schedule)
         self.step = 0
         self.role_baseline = None  # advantage_mode=role: the moving baseline per (turn, agent), in checkpoints
         self._torn_step = None  # the step whose update ran but whose log lines are not written yet
