@@ -62,7 +62,7 @@ def run(method: str, game: str, seed: int, steps: int, every: int) -> dict:
     import torch
 
     from kit.config import load_config
-    from kit.coordination import exact_eval
+    from kit.coordination import exact_eval, greedy_moves
     from kit.game_trainer import GameTrainer
 
     torch.set_num_threads(1)
@@ -79,12 +79,14 @@ def run(method: str, game: str, seed: int, steps: int, every: int) -> dict:
             seconds += time.perf_counter() - start
             curve.append(exact_eval(trainer.sampler, trainer.task, sampled=False)["eval/exact_greedy"])
         final = exact_eval(trainer.sampler, trainer.task)
+        first, second = greedy_moves(trainer.sampler, trainer.task)
         trainer.close()
     return {"method": method, "game": game, "seed": seed, "steps": steps, "curve": curve,
             "greedy": final["eval/exact_greedy"], "sampled": final["eval/exact_sampled"],
             "unresolved": final["eval/exact_unresolved"], "optimum": final["eval/exact_optimum"],
             "reached": bool(abs(final["eval/exact_greedy"] - final["eval/exact_optimum"]) < 1e-9),
-            "train_s": seconds, "s_per_step": seconds / steps}
+            "train_s": seconds, "s_per_step": seconds / steps,
+            "moves": {"player_0": first, "player_1": second}}  # greedy moves per card / per (card, seen move)
 
 
 def table(rows: list[dict]) -> str:

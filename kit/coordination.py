@@ -221,9 +221,7 @@ def exact_eval(sampler, task, sampled: bool = True, min_prob: float = 1e-3) -> d
     C, A = table.shape[0], table.shape[-1]
     first, second = observations(task, table)
     policies = {"greedy": []}
-    for player, eps in ((0, first), (1, second)):
-        ro = sampler.sample([(player, task.prompt(ep, player)) for ep in eps], 1, sampler.greedy)
-        moves = [task.parse(ep, ro.texts[k][0]) for k, ep in enumerate(eps)]
+    for moves in greedy_moves(sampler, task, (first, second)):
         policies["greedy"].append((np.array([np.eye(A)[m] if m is not None else np.full(A, 1 / A) for m in moves]),
                                    np.array([m is None for m in moves], dtype=float)))
     out = {"eval/exact_optimum": float(optimum(table))}
@@ -239,6 +237,18 @@ def exact_eval(sampler, task, sampled: bool = True, min_prob: float = 1e-3) -> d
         penalty = bad0.mean() + (bad1.reshape(C, A) * reach[None, :]).sum() / C
         out[f"eval/exact_{name}"] = float(value(table, p0, p1) - task.illegal_penalty * penalty)
     return out
+
+
+def greedy_moves(sampler, task, states=None) -> tuple[list, list]:
+    """The greedy team's move (an index into the legal moves, None: names none) at each information state: player
+    0's per card (C), player 1's per card and seen move (C x A, row-major)."""
+    first, second = states or observations(task, table_of(task.game))
+    out = []
+    for player, eps in ((0, first), (1, second)):
+        ro = sampler.sample([(player, task.prompt(ep, player)) for ep in eps], 1, sampler.greedy)
+        moves = [task.parse(ep, ro.texts[k][0]) for k, ep in enumerate(eps)]
+        out.append([None if m is None else task.legal(ep).index(m) for m, ep in zip(moves, eps)])
+    return out[0], out[1]
 
 
 def is_suite_game(task) -> bool:

@@ -49,8 +49,7 @@ class GameTrainer(Trainer):
         keys = [("game", self.step, p) for p in positions]
         self.episodes, rounds = play(self.sampler, self.task, [it["seed"] for it in items], E, keys,
                                      branch=G if cross else 1)
-        returns = np.array([self.task.score(ep) for ep in self.episodes]).reshape(len(items), 1, E)
-        self.returns = returns.reshape(-1)
+        self.returns = np.array([self.task.score(ep) for ep in self.episodes])  # (deals x E,)
         per_decision = self.algorithm.game_advantages(self, rounds, self.episodes)  # critics (kit/critic.py)
         if per_decision is not None:  # each decision its own advantage; an episode logs the mean of its decisions'
             per_episode = [[] for _ in self.episodes]
@@ -63,14 +62,15 @@ class GameTrainer(Trainer):
         mode, scale, clip = cfg.advantage_mode, cfg.scale_rewards, cfg.advantage_clip
         if cross:  # decision 0: the first move k's return is the mean over its G continuations (the partners'
             # samples it was paired with), grouped over k; later decisions: grouped over the G continuations of k
-            grid = returns.reshape(len(items), G, G)
+            grid = self.returns.reshape(len(items), G, G)
             first = magrpo.advantages(grid.mean(-1)[:, None, :], mode, scale, clip,
                                       batch_std=self.batch_std(grid.mean(-1))).reshape(-1)  # (deals x G,)
-            later = magrpo.advantages(grid, mode, scale, clip, batch_std=self.batch_std(returns)).reshape(-1)
+            later = magrpo.advantages(grid, mode, scale, clip, batch_std=self.batch_std(grid)).reshape(-1)
             for r in rounds:
                 r.advantages = first[np.array(r.episodes) // G] if r.index == 0 else later[r.episodes]
             self._advantages = later
             return rounds
+        returns = self.returns.reshape(len(items), 1, G)
         if mode == "role":  # A = R - b_player (kit/magrpo.py role_baseline)
             per_player = np.repeat(returns, cfg.num_agents, axis=1)  # (deals, N, G): a cooperative game's
             adv = self._role_advantages_of(per_player)  # (deals, N, G)

@@ -297,21 +297,20 @@ class Trainer:
             agent_returns = np.array(mixed) if w > 0 else level.returns  # (nodes, J, N) or (nodes, J)
             level.per_agent = np.stack([magrpo.per_agent_returns(R, joints, N, G) for R in agent_returns])
             child_returns, child_mixed = list(level.returns), list(agent_returns) if w > 0 else None
+        how = dict(mode=cfg.advantage_mode, scale=cfg.scale_rewards, clip=cfg.advantage_clip)
         if cfg.advantage_mode == "role":
             self._role_advantages(levels)
         elif cfg.grouping == "agent":  # one group per agent and item over every turn
             every = np.concatenate([lv.per_agent for lv in levels])  # (all nodes, N, G)
-            adv = magrpo.grouped_advantages(every, [node["item"] for lv in levels for node in lv.nodes],
-                                            cfg.advantage_mode, cfg.scale_rewards, cfg.advantage_clip,
+            adv = magrpo.grouped_advantages(every, [node["item"] for lv in levels for node in lv.nodes], **how,
                                             batch_std=self.batch_std(every))
             for lv, part in zip(levels, np.split(adv, np.cumsum([len(lv.nodes) for lv in levels])[:-1])):
                 lv.advantages = part
         for level in levels if cfg.advantage_mode != "role" and cfg.grouping != "agent" else []:
             per_agent = level.per_agent
             if cfg.grouping == "turn":  # one group per agent, item and turn
-                level.advantages = magrpo.grouped_advantages(
-                    per_agent, [node["item"] for node in level.nodes], cfg.advantage_mode, cfg.scale_rewards,
-                    cfg.advantage_clip, batch_std=self.batch_std(per_agent))
+                level.advantages = magrpo.grouped_advantages(per_agent, [node["item"] for node in level.nodes],
+                                                             **how, batch_std=self.batch_std(per_agent))
                 continue
             level.advantages = magrpo.advantages(per_agent, cfg.advantage_mode, cfg.scale_rewards, cfg.advantage_clip,
                                                  batch_std=self.batch_std(per_agent))  # (nodes, N, G)
@@ -329,8 +328,8 @@ class Trainer:
         for lv, mean in zip(levels, means):
             used, self.role_baseline[lv.turn] = magrpo.role_baseline(self.role_baseline[lv.turn], mean,
                                                                      cfg.role_baseline_decay)
-            lv.advantages = magrpo.role_advantages(lv.per_agent, used, cfg.scale_rewards, cfg.advantage_clip,
-                                                   batch_std=self.batch_std(lv.per_agent))
+            lv.advantages = magrpo.role_advantages(lv.per_agent, used, scale=cfg.scale_rewards,
+                                                   clip=cfg.advantage_clip, batch_std=self.batch_std(lv.per_agent))
 
     def batch_std(self, returns: np.ndarray) -> float | None:
         """scale_rewards=batch: the std of the returns of the whole step, over every process (else None)."""
