@@ -203,7 +203,7 @@ def report_to_drive(report: str | Path, run_dir: str | Path, drive: Path | None,
 def notebook_config(preset: str, task: str, task_args: dict, run_name: str, drive: Path | None = None,
                     drive_folder: str = DRIVE_FOLDER, num_steps: int | None = None,
                     judge_model: str | None = None, judge_budget_usd: float = 15.0, smoke: bool = False, log=print,
-                    save_every: int | None = None):
+                    save_every: int | None = None, algorithm: str = "magrpo"):
     """01_train's parameters as a validated TrainConfig: the run on this disk, mirrored to Drive when mounted.
     `smoke` (KIT_SMOKE=1) swaps in the tiny CPU preset and a few steps of the code task (a game task: the same
     game, 6 decisions per episode), mirrored (if at all) to its own Drive folder `<drive_folder>/_smoke/<run_name>`,
@@ -212,7 +212,8 @@ def notebook_config(preset: str, task: str, task_args: dict, run_name: str, driv
 
     folder = Path(drive) / drive_folder if drive else None
     values = {"task": task, "task_args": dict(task_args), "run_dir": f"{LOCAL_ROOT}/{run_name}",
-              "mirror_dir": str(folder / run_name) if folder else None}
+              "mirror_dir": str(folder / run_name) if folder else None,
+              "algorithm": algorithm}  # magrpo, iac, maac, centralized (README: Algorithms)
     if num_steps:
         values["num_steps"] = num_steps
     if save_every is not None:  # 0: only the last step

@@ -60,6 +60,17 @@ class TrainConfig:
     top_p: float = 0.9  # nucleus sampling mass, in (0, 1]
     top_k: int = 0  # top-k sampling (0: off)
     use_chat_template: bool = True  # wrap prompts in the tokenizer's chat template when it has one
+    # --- algorithm and critics (issue 31)
+    algorithm: str = "magrpo"  # magrpo, iac, maac or centralized (CoMLRL's trainers; README: Algorithms)
+    critic_type: str = "v"  # iac/maac: v = V(prompt), q = Q(prompt, completion)
+    use_separate_critic: bool = True  # iac: a critic adapter + head per agent (false: not built yet; README)
+    baseline: str = "mean"  # critic_type q: Q minus the group mean of Q, or counterfactual (maac: COMA's)
+    value_loss_coef: float = 0.6  # weight of the value loss (CoMLRL's default)
+    value_clip_range: float | None = None  # clip V to V_old +- this in the value loss (num_iterations > 1)
+    advantage_normalization: bool = True  # iac/maac: each agent's advantages to mean 0, std 1 over the step
+    critic_learning_rate: float | None = None  # AdamW rate of the critics (None: learning_rate)
+    critic_warmup_steps: int = 0  # iac/maac: the first steps fit the critics only, the actors wait
+    gae_lambda: float = 0.0  # multi-turn and games: 0 = TD(0) (CoMLRL's), 1 = Monte Carlo, between: GAE
     # --- MAGRPO
     joint_mode: str = "aligned"  # aligned (G joint actions) or cross (G^N)
     num_turns: int = 1  # turns per episode; > 1 uses the task's feedback
@@ -132,6 +143,9 @@ CHOICES = {
     "rollout_correction": ("auto", "none", "token_truncate", "sequence_mask"),
     "lr_scheduler": ("constant", "linear", "cosine"),
     "reward_pool": ("thread", "process"),
+    "algorithm": ("magrpo", "iac", "maac", "centralized"),
+    "critic_type": ("v", "q"),
+    "baseline": ("mean", "counterfactual"),
 }
 # Fields that do not change what is trained: a resumed run may differ in these. The rollout engine and its weights
 # change how samples are drawn, not the objective (the trainer's policy gradient): under rollout_correction=auto
@@ -441,6 +455,21 @@ def validate(cfg: TrainConfig) -> TrainConfig:
     need(not (cfg.use_judge_reward or cfg.judge_feedback) or cfg.judge_model is not None, "judge_model",
          "a model name when use_judge_reward or judge_feedback is on")
     need(cfg.num_eval_items >= 0, "num_eval_items", "an integer >= 0")
+    need(cfg.value_loss_coef > 0, "value_loss_coef", "a number > 0")
+    need(cfg.value_clip_range is None or cfg.value_clip_range > 0, "value_clip_range", "null or a number > 0")
+    need(cfg.critic_learning_rate is None or cfg.critic_learning_rate > 0, "critic_learning_rate",
+         "null (= learning_rate) or a number > 0")
+    need(cfg.critic_warmup_steps >= 0, "critic_warmup_steps", "an integer >= 0")
+    need(0 <= cfg.gae_lambda <= 1, "gae_lambda", "a number in [0, 1] (0: TD(0), 1: Monte Carlo)")
+    need(cfg.algorithm != "centralized" or cfg.task != "game", "algorithm",
+         "magrpo, iac or maac for a game (centralized writes every part in one completion; in a turn-based game "
+         "one policy in every seat is share_adapter=true)")
+    need(cfg.use_separate_critic or cfg.algorithm != "iac", "use_separate_critic",
+         "true (a value head on the actor's own adapter is not built yet: README, Algorithms)")
+    need(cfg.baseline == "mean" or (cfg.algorithm == "maac" and cfg.critic_type == "q"), "baseline",
+         "mean, or counterfactual with algorithm=maac and critic_type=q (COMA's baseline needs a joint Q)")
+    need(cfg.baseline == "mean" or cfg.joint_mode == "aligned", "baseline",
+         "mean with joint_mode=cross (counterfactual swaps one agent's action in aligned joint actions)")
     need(bool(cfg.model_name), "model_name", "a hub name, a local path, or 'tiny'")
     if cfg.agent_models is not None:
         need(len(cfg.agent_models) == cfg.num_agents, "agent_models",

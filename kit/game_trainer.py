@@ -50,6 +50,15 @@ class GameTrainer(Trainer):
         self.episodes, rounds = play(self.sampler, self.task, [it["seed"] for it in items], E, keys,
                                      branch=G if cross else 1)
         self.returns = np.array([self.task.score(ep) for ep in self.episodes])  # (deals x E,)
+        per_decision = self.algorithm.game_advantages(self, rounds, self.episodes)  # critics (kit/critic.py)
+        if per_decision is not None:  # each decision its own advantage; an episode logs the mean of its decisions'
+            per_episode = [[] for _ in self.episodes]
+            for r, lo in zip(rounds, np.cumsum([0] + [len(r.episodes) for r in rounds])):
+                r.advantages = per_decision[lo:lo + len(r.episodes)]
+                for e, a in zip(r.episodes, r.advantages):
+                    per_episode[e].append(a)
+            self._advantages = np.array([np.mean(a) for a in per_episode])
+            return rounds
         mode, scale, clip = cfg.advantage_mode, cfg.scale_rewards, cfg.advantage_clip
         if cross:  # decision 0: the first move k's return is the mean over its G continuations (the partners'
             # samples it was paired with), grouped over k; later decisions: grouped over the G continuations of k

@@ -34,6 +34,7 @@ import numpy as np
 import torch
 
 from kit import checkpoint, magrpo, rundir
+from kit.critic import algorithm_for
 from kit.checkpoint import seed_everything, step_seed
 from kit import config as config_mod
 from kit.config import TrainConfig, validate
@@ -77,7 +78,10 @@ def lr_schedule(optimizer, cfg: TrainConfig):
 class Trainer:
     def __init__(self, cfg: TrainConfig, task=None, reward_funcs=None, team=None, resume: bool = False,
                  log=print, sampler=None, from_scratch: bool = False):
-        self.cfg = validate(cfg)
+        from kit.centralized import team_config, wrap
+
+        cfg = validate(cfg)  # the run's config (config.json); self.cfg: the team's (centralized: one agent)
+        self.cfg = team_config(cfg)
         self.dist = Dist()  # one process, or this one's place among several (accelerate launch / torchrun)
         self.log = log if self.dist.is_main else (lambda *_: None)
         log = self.log
@@ -96,7 +100,7 @@ class Trainer:
             raise FileExistsError(f"run_dir {str(self.run_dir)!r} already holds a run; resume it (resume=True, "
                                   "--resume) or choose another run_dir")
         if exists:  # refuse a changed setting, or a run whose checkpoints are all damaged, before model loading
-            config_mod.check_resume(saved, self.cfg)
+            config_mod.check_resume(saved, cfg)
             checkpoint.check_resumable(self.run_dir, cfg.mirror_dir)
         elif resume:
             log(f"[kit] nothing to resume in {self.run_dir} (no run there yet): starting a new run")
@@ -112,7 +116,7 @@ class Trainer:
             from kit.tasks import task_for
 
             task = task_for(cfg)
-        self.task = task
+        self.task = task = wrap(cfg, task)
         self.reward_model = self.build_reward_model(cfg, task, reward_funcs or (), log)
         if cfg.multi_objective_aggregation == "normalize_then_sum":
             names = getattr(self.reward_model, "source_names", lambda: None)()
@@ -140,6 +144,8 @@ class Trainer:
                                     weight_decay=cfg.weight_decay)
             self.optimizers[adapter] = opt
             self.schedulers[adapter] = lr_schedule(opt, cfg)
+        # the algorithm (kit/critic.py): its advantages, its own models (critics) and their fit after the update
+        self.algorithm = algorithm_for(cfg, team, log, lr_schedule)
         self.step = 0
         self.role_baseline = None  # advantage_mode=role: the moving baseline per (turn, agent), in checkpoints
         self._torn_step = None  # the step whose update ran but whose log lines are not written yet
@@ -157,7 +163,7 @@ class Trainer:
         if resume:
             self._resume()
         if self.dist.is_main:
-            config_mod.save(self.cfg, saved)
+            config_mod.save(cfg, saved)
 
     def build_reward_model(self, cfg, task, reward_funcs, log):
         """The run's reward model (kit.rewards.reward_model_for); a game scores episodes itself (kit/games.py)."""
@@ -175,8 +181,10 @@ class Trainer:
     # ---- run directory
 
     def _resume(self) -> None:
-        state = checkpoint.resume_latest(self.run_dir, self.team, self.optimizers, self.schedulers, log=self.log,
-                                         mirror_dir=self.cfg.mirror_dir)  # all damaged: stops, logs untouched
+        optimizers, schedulers = self.all_optimizers()
+        state = checkpoint.resume_latest(self.run_dir, self.team, optimizers, schedulers, log=self.log,
+                                         mirror_dir=self.cfg.mirror_dir,
+                                         models=self.algorithm.models)  # all damaged: stops, logs untouched
         self.step = state["step"] if state else 0
         saved = (state or {}).get("advantage", {}).get("role_baseline")  # None: unset (JSON has no NaN)
         self.role_baseline = None if saved is None else np.array(saved, dtype=np.float64)
@@ -320,6 +328,7 @@ class Trainer:
                     continue
                 level.advantages = magrpo.advantages(per_agent, cfg.advantage_mode, cfg.scale_rewards,
                                                      cfg.advantage_clip, batch_std=self.batch_std(per_agent))
+        self.algorithm.advantages(self, levels)  # MAGRPO keeps these; a critic replaces them (kit/critic.py)
 
     def _role_advantages(self, levels: list[Level]) -> None:
         """advantage_mode=role: A = R - b[turn, agent], then the baseline moves toward this step's mean return of
@@ -375,6 +384,8 @@ class Trainer:
         micro-batched, each micro-batch weighted by its share of all rows (or tokens) over every process."""
         cfg, team = self.cfg, self.team
         stats = {"lr": self.optimizers[team.adapters[0]].param_groups[0]["lr"]}  # the rate this step uses
+        if self.algorithm.actors_wait(self.step):  # critic_warmup_steps: the critics fit, the actors wait
+            return stats
         for adapter in team.adapters:
             agents = team.agents_of_adapter(adapter)
             model = team.model_of(agents[0])
@@ -474,7 +485,10 @@ class Trainer:
 
     def _step(self, adapter: str, opt, total_rows: int) -> float:
         """Sum the gradient over processes, clip it, step the adapter's optimizer; the gradient norm."""
-        params = self.team.parameters_of(adapter)
+        return self.step_parameters(self.team.parameters_of(adapter), opt, total_rows)
+
+    def step_parameters(self, params: list, opt, total_rows: int) -> float:
+        """`_step` for any parameters (an algorithm's critic too); the gradient norm."""
         # No rows on any process (a game's player who never acted): every grad stays None and opt.step() leaves
         # the adapter alone, as with one process; zeros would still move it (AdamW's momentum, weight decay).
         if self.dist.world > 1 and total_rows > 0:  # the global loss's gradient: the sum of every process's part
@@ -631,6 +645,7 @@ class Trainer:
             t1 = time.perf_counter()
             self._torn_step = self.step  # until the step is logged and saved (see _back_to_checkpoint)
             stats = self.update(levels)
+            stats.update(self.algorithm.fit(self))  # the algorithm's own models (critics), after the actors
             t2 = time.perf_counter()
             rollouts = self.rollout_rows(levels, items) if cfg.log_rollouts else []
             self.step += 1
@@ -673,8 +688,12 @@ class Trainer:
         if self.role_baseline is not None:
             state["advantage"] = {"role_baseline": [[None if np.isnan(b) else float(b) for b in row]
                                                     for row in self.role_baseline]}
-        return checkpoint.save(self.run_dir, self.step, self.team, self.optimizers, self.schedulers, state,
-                               self.cfg.keep_last, self.cfg.keep_history)
+        return checkpoint.save(self.run_dir, self.step, self.team, *self.all_optimizers(), state,
+                               self.cfg.keep_last, self.cfg.keep_history, models=self.algorithm.models)
+
+    def all_optimizers(self) -> tuple[dict, dict]:
+        """The agents' optimizers and schedulers with the algorithm's (its critics'), as the checkpoint holds them."""
+        return {**self.optimizers, **self.algorithm.optimizers}, {**self.schedulers, **self.algorithm.schedulers}
 
     def summary(self) -> dict:
         """Reward at the start and end of the whole run (read back from metrics.jsonl, so resumes count)."""
