@@ -60,9 +60,10 @@ def dropped(run_dir, step: int) -> str:
     later = sorted({r["step"] for r in read_jsonl(path) if r.get("step", 0) > step}) if path.exists() else []
     if not later:
         return ""
-    span = f"step {later[0]}" if len(later) == 1 else f"steps {later[0]}-{later[-1]}"
-    return (f"; the {len(later)} logged step{'s' if len(later) > 1 else ''} after it ({span}) are dropped from the "
-            "logs and will be trained again, exactly as before")
+    if len(later) == 1:
+        return f"; the logged step after it (step {later[0]}) is dropped from the logs and will be trained again"
+    return (f"; the {len(later)} logged steps after it (steps {later[0]}-{later[-1]}) are dropped from the logs and "
+            "will be trained again")
 
 
 def train_to_end(trainer, every: int = 5) -> dict:

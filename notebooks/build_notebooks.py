@@ -68,7 +68,7 @@ if "google.colab" in sys.modules:
 """, tags=["colab"])
 
 SETUP = code("""
-# The kit is installed (Colab: the cell above; locally: pip install -e .). A checkout that is not installed is
+# The kit is installed (Colab: the cell above; locally: the checkout, editable). A checkout that is not installed is
 # used from its root, the folder above notebooks/.
 import importlib.util, os
 if importlib.util.find_spec("kit") is None and os.path.isdir("../kit"):

@@ -37,18 +37,19 @@ def test_a_half_copied_checkpoint_on_drive_is_never_taken_as_complete(tmp_path):
     (src / "COMPLETE").write_text("2")
     (src / "big.bin").write_bytes(b"x" * 1000)
     dst = tmp_path / "drive" / "ckpt" / "step_000002"
-    real_copytree = shutil.copytree
+    real_copyfile = shutil.copyfile
 
-    def dies_midway(a, b, **kw):
-        real_copytree(a, b, ignore=lambda d, names: [n for n in names if n == "COMPLETE"])
-        raise OSError("runtime disconnected")
+    def dies_midway(a, b, **kw):  # COMPLETE is copied first (sorted), then the copy dies: the worst moment
+        if not str(a).endswith("COMPLETE"):
+            raise OSError("runtime disconnected")
+        return real_copyfile(a, b, **kw)
 
-    shutil.copytree = dies_midway
+    shutil.copyfile = dies_midway
     try:
         with pytest.raises(OSError):
             rundir._copy_tree(src, dst)
     finally:
-        shutil.copytree = real_copytree
+        shutil.copyfile = real_copyfile
     assert complete_checkpoints(tmp_path / "drive") == [] and not dst.exists()
 
 

@@ -50,16 +50,15 @@ def test_a_slow_drive_reports_no_failure_that_did_not_happen_and_leaves_no_parti
     monkeypatch.setattr(checkpoint, "prune", prune)
     monkeypatch.setattr(shutil, "copyfile", slow_copy)
     said = []
-    trainer = Trainer(cfg_for(run, "num_steps=4", "keep_last=1", "keep_history=3", f"mirror_dir={drive}"),
+    trainer = Trainer(cfg_for(run, "num_steps=3", "keep_last=1", "keep_history=2", f"mirror_dir={drive}"),
                       log=said.append)
     summary = colab.train_to_end(trainer, every=100)
     assert pruned.is_set()
     assert not [s for s in said if "fail" in s.lower()], said
-    assert summary["backup"] == f"last good backup: step 4 ({drive})"
+    assert summary["backup"] == f"last good backup: step 3 ({drive})"
     assert leftovers(drive) == []
-    assert [p.name for p in checkpoint.complete_checkpoints(drive)] == ["step_000004"]
-    assert [p.name for p in checkpoint.complete_checkpoints(drive, "history")] == \
-        ["step_000003", "step_000002", "step_000001"]
+    assert [p.name for p in checkpoint.complete_checkpoints(drive)] == ["step_000003"]
+    assert [p.name for p in checkpoint.complete_checkpoints(drive, "history")] == ["step_000002", "step_000001"]
 
 
 def test_a_partial_copy_left_by_an_earlier_runtime_is_removed_by_the_next_copy(tmp_path):
@@ -76,29 +75,38 @@ def test_a_partial_copy_left_by_an_earlier_runtime_is_removed_by_the_next_copy(t
 
 # 2. a full or read-only Drive --------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("code, reason", [(errno.ENOSPC, "Drive is full (No space left on device)"),
-                                          (errno.EROFS, "Drive is read-only (Read-only file system)")])
-def test_a_full_or_read_only_drive_is_one_clear_reason_said_once_and_leaves_no_partial_copy(tmp_path, monkeypatch,
-                                                                                             code, reason):
+@pytest.mark.parametrize("code, why", [(errno.ENOSPC, "Drive is full (No space left on device)"),
+                                       (errno.EROFS, "Drive is read-only (Read-only file system)"),
+                                       (errno.EACCES, "no permission to write to Drive (Permission denied)")])
+def test_a_failed_copy_says_why_in_words(code, why):
+    from kit.rundir import reason
+
+    assert reason(OSError(code, os.strerror(code), "/content/drive/MyDrive/x")) == why
+    listed = shutil.Error([("/a", "/b", f"[Errno {code}] {os.strerror(code)}: '/b'")])  # copytree's list of tuples
+    assert reason(listed) == f"[Errno {code}] {os.strerror(code)}: '/b'"
+
+
+def test_a_full_drive_is_one_clear_reason_said_once_and_leaves_no_partial_copy(tmp_path, monkeypatch):
+    code, reason = errno.ENOSPC, "Drive is full (No space left on device)"
     run, drive = tmp_path / "run", tmp_path / "drive"
     real_copy = shutil.copyfile
 
-    def failing_copy(src, dst, *args, **kwargs):
-        if os.fspath(dst).startswith(str(drive)):
+    def failing_copy(src, dst, *args, **kwargs):  # the logs still fit; a checkpoint (the big files) does not
+        if os.fspath(dst).startswith(str(drive / "ckpt")):
             Path(dst).write_bytes(b"half a file")  # what a full disk leaves: the start of the file
             raise OSError(code, os.strerror(code), str(dst))
         return real_copy(src, dst, *args, **kwargs)
 
     monkeypatch.setattr(shutil, "copyfile", failing_copy)
     said = []
-    trainer = Trainer(cfg_for(run, "num_steps=6", f"mirror_dir={drive}"), log=said.append)
+    trainer = Trainer(cfg_for(run, "num_steps=4", f"mirror_dir={drive}"), log=said.append)
     summary = colab.train_to_end(trainer, every=100)
-    assert summary["steps"] == 6 and summary["backup"].startswith("last good backup: none yet")
+    assert summary["steps"] == 4 and summary["backup"].startswith("last good backup: none yet")
     failures = [s for s in said if "fail" in s.lower()]
     assert failures and all(reason in s for s in failures), failures
     assert not any("[(" in s or "Errno" in s for s in failures), failures  # no raw shutil.Error or errno
     assert sum("!!!!" in s for s in failures) == 1  # the loud banner once ...
-    assert len(failures) <= 4  # ... then "still failing" now and then, not a line per save (7 copies failed)
+    assert len(failures) <= 4  # ... then "still failing" now and then, not a line per save (5 copies failed)
     assert any("still failing" in s for s in failures)
     assert leftovers(drive) == []
 
@@ -273,20 +281,16 @@ def test_00_full_mode_on_a_cpu_says_fail_once_and_how_to_set_smoke_mode_in_colab
 
 def test_a_resume_after_a_kill_says_which_logged_steps_are_dropped_and_redone(tmp_path):
     run = tmp_path / "run"
-    trainer = Trainer(cfg_for(run, "num_steps=5", "save_every=2"), log=lambda *_: None)
-    trainer.train(max_steps=4)  # a kill after step 4: checkpoint at 2 and 4 ...
-    trainer.close()
-    import json
-
-    rows = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
-    (run / "metrics.jsonl").write_text("".join(json.dumps({**r, "step": s}) + "\n"
-                                              for s in (1, 2, 3, 4) for r in rows[:1]))
-    shutil.rmtree(run / "ckpt" / "step_000004")  # ... the newest checkpoint at 2, steps 3 and 4 logged after it
+    trainer = Trainer(cfg_for(run, "num_steps=4", "save_every=2"), log=lambda *_: None)
+    trainer.train(max_steps=3)  # killed after step 3: the checkpoint is step 2's, step 3 is logged after it
     said = []
-    colab.start_or_resume(cfg_for(run, "num_steps=5", "save_every=2"), log=said.append)
+    colab.start_or_resume(cfg_for(run, "num_steps=4", "save_every=2"), log=said.append)
     line = next(s for s in said if "continuing the run" in s)
-    assert "from its checkpoint at step 2; the 2 logged steps after it (steps 3-4) are dropped" in line
-    assert "trained again" in line
+    assert line.endswith("from its checkpoint at step 2; the logged step after it (step 3) is dropped from the logs "
+                         "and will be trained again")
+    (run / "metrics.jsonl").write_text("".join(f'{{"step": {s}}}\n' for s in (1, 2, 3, 4, 4)))  # two more, by hand
+    assert colab.dropped(run, 2) == ("; the 2 logged steps after it (steps 3-4) are dropped from the logs and will "
+                                     "be trained again")
 
 
 def test_07_scores_table_1_at_the_held_out_evaluations_samples_per_item(tmp_path, monkeypatch):

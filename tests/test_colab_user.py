@@ -259,8 +259,7 @@ def test_full_mode_without_a_gpu_stops_with_how_to_switch_the_runtime(tmp_path, 
     for preset in ("colab_a100", "colab_t4"):
         with pytest.raises(RuntimeError, match="Change runtime type > GPU"):
             colab.notebook_config(preset, "code", {}, "x", **QUIET)
-        with pytest.raises(RuntimeError, match="Change runtime type > GPU"):
-            colab.preset_smoke_test(preset, **QUIET)
+        assert "Change runtime type > GPU" in colab.preset_smoke_test(preset, **QUIET)  # a FAIL line (issue 34)
     assert colab.notebook_config("tiny_cpu", "toy", {}, "x", **QUIET).model_name == "tiny"
     assert colab.notebook_config("colab_a100", "code", {}, "x", smoke=True, **QUIET).model_name == "tiny"
 
