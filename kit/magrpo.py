@@ -37,7 +37,7 @@ More of TRL's GRPOTrainer (issue 33; `_compute_loss` and `_generate_and_score_co
                     (TRL caps at `epsilon_high` itself; here at 1 + epsilon_high, the paper's and the kit's clip)
     loss_type sapo  (SAPO) l_t = -(4 / tau) sigmoid(tau (r_t - 1)) A, tau = sapo_temperature_pos if A > 0 else
                     sapo_temperature_neg, reduced like grpo; its gradient at r = 1 is Eq. 2's
-    off-policy mask (DeepSeek-V3.2) M = 0 for a completion with A < 0 and mean_t (logp_sampler - logp) > delta:
+    off-policy mask (DeepSeek-V3.2) M = 0 for a completion with A < 0 and mean_t (logp_sampler - logp) > threshold:
                     the k1 estimate of KL(sampler || policy) over its tokens, against the sampler's log-probs as
                     TRL does (its `sampling_per_token_logps`; the kit always has them)
     use_bias_correction_kl  the KL term's k3 times the ratio r (with its gradient), as TRL
@@ -47,8 +47,9 @@ More of TRL's GRPOTrainer (issue 33; `_compute_loss` and `_generate_and_score_co
     entropy_coef    loss -= entropy_coef * (H reduced like the loss), with its gradient
     normalize_then_sum (GDPO) A = sum_k w_k (R_k - mean_g R_k) / (std_g R_k + eps), then divided by its std over
                     the step (TRL; sum_then_normalize, the default, takes the advantage of sum_k w_k R_k)
-At ratio 1 (the on-policy step) every form's gradient is Eq. 2's, so with num_iterations = 1 the step is Eq. 2's
-whatever the loss_type (its logged value too), except the masks, the entropy terms and the bias-corrected KL.
+At ratio 1 every form's gradient is Eq. 2's (tests/test_trl_options.py), so with num_iterations = 1 the kit takes
+-A log pi per token for every loss_type (reduced as that loss_type reduces; the logged loss is that one, where TRL
+logs the form's value, e.g. SAPO's -2A / tau); the masks, the entropy terms and the bias-corrected KL still act.
 
 Sampler vs trainer. The engine returns the log-prob of every sampled token under the distribution it sampled from
 (temperature, then top-k/top-p, renormalised; kit/sampling.py), and the update scores the same tokens with the
