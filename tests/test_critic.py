@@ -147,7 +147,8 @@ def critic_weights(trainer):
     return {name: [p.detach().clone() for p in m.parameters()] for name, m in trainer.algorithm.models.items()}
 
 
-@pytest.mark.parametrize("algo", [("algorithm=iac", "critic_type=q"), ("algorithm=maac",)], ids=["iac-q", "maac-v"])
+@pytest.mark.parametrize("algo", [("algorithm=iac", "critic_type=q"),
+                                  pytest.param(("algorithm=maac",), marks=pytest.mark.slow)], ids=["iac-q", "maac-v"])
 def test_resume_with_critics_is_exact(tmp_path, algo):
     """k steps, stop, resume, k more == 2k straight: bitwise actors, critics (adapters and heads), metrics."""
     common = ["progress=false", "num_steps=4", "save_every=2", "eval_every=0", "batch_size=2", "num_generations=2",
@@ -183,8 +184,9 @@ def test_a_damaged_critic_head_falls_back_to_the_older_checkpoint(tmp_path):
     assert resumed.step == 1
 
 
-@pytest.mark.parametrize("algo", [("algorithm=iac",), ("algorithm=maac", "critic_type=q",
-                                                      "baseline=counterfactual")], ids=["iac", "maac-q-cf"])
+@pytest.mark.parametrize("algo", [("algorithm=iac",), pytest.param(("algorithm=maac", "critic_type=q",
+                                                                   "baseline=counterfactual"), marks=pytest.mark.slow)],
+                         ids=["iac", "maac-q-cf"])
 def test_a_game_trains_with_critics(tmp_path, algo):
     from kit.game_trainer import GameTrainer
 
