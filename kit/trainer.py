@@ -569,7 +569,8 @@ class Trainer:
         end = cfg.num_steps if max_steps is None else min(cfg.num_steps, self.step + max_steps)
         if self.step == 0 and cfg.eval_every and self.eval_items and self.dist.is_main and not self._logged(0):
             self._append("metrics.jsonl", [{"step": 0, **self.evaluate()}])
-        bar = tqdm(total=cfg.num_steps, initial=self.step, desc=cfg.algorithm.upper(), disable=not (cfg.progress and self.dist.is_main))
+        bar = tqdm(total=cfg.num_steps, initial=self.step, desc=cfg.algorithm.upper(),
+                   disable=not (cfg.progress and self.dist.is_main))
         while self.step < end:
             t0 = time.perf_counter()
             items = self.batch_items(self.step)
