@@ -19,7 +19,9 @@ rest of the batch.
 Several GPUs: data parallelism over items (kit/distributed.py: `accelerate launch -m kit train ...`), or one
 base per GPU for a heterogeneous team (`agent_devices`). The update is on-policy by default (one step per batch,
 the paper's); `num_iterations > 1` reuses the batch with the clipped ratio, and the rollout correction weighs
-whatever separates the sampler from the trainer (kit/magrpo.py). Not covered: early termination of tree branches
+whatever separates the sampler from the trainer (kit/magrpo.py). Other algorithms (algorithm=iac, maac) change only
+the advantages and fit their own models after the update, behind one object (kit/critic.py); centralized trains
+this loop on a one-agent form of the task (kit/centralized.py). Not covered: early termination of tree branches
 (CoMLRL's early_termination_threshold).
 """
 
@@ -635,7 +637,8 @@ class Trainer:
         end = cfg.num_steps if max_steps is None else min(cfg.num_steps, self.step + max_steps)
         if self.step == 0 and cfg.eval_every and self.eval_items and self.dist.is_main and not self._logged(0):
             self._append("metrics.jsonl", [{"step": 0, **self.evaluate()}])
-        bar = tqdm(total=cfg.num_steps, initial=self.step, desc="MAGRPO", disable=not (cfg.progress and self.dist.is_main))
+        bar = tqdm(total=cfg.num_steps, initial=self.step, desc=cfg.algorithm.upper(),
+                   disable=not (cfg.progress and self.dist.is_main))
         while self.step < end:
             t0 = time.perf_counter()
             items = self.batch_items(self.step)

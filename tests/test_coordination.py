@@ -96,16 +96,30 @@ def test_move_probabilities_are_a_distribution_and_exact_for_one_token_answers(t
     assert out["eval/exact_unresolved"] == 0 and -1.0 <= out["eval/exact_sampled"] <= 10.0
 
 
+class ByEpisode:
+    """Answers by the sample's key ("game", step, deal, episode, decision): player 0 plays move 1 or 2 by its
+    episode index mod 2, player 1 too, so the returns of a deal's episodes differ."""
+
+    def sample(self, requests, n, params=None, keys=None):
+        return Rollout(requests, [[str(1 + key[3] % 2)] * n for key in keys])
+
+
 def test_cross_games_branch_the_first_move_and_score_it_by_its_continuations(tmp_path):
-    t = trainer(tmp_path, "joint_mode=cross", "advantage_mode=marginal")
+    cfg = load_config("tiny_hanabi", overrides=[f"run_dir={tmp_path / 'run'}", "progress=false", "eval_every=0",
+                                                "batch_size=2", "num_generations=2", "joint_mode=cross",
+                                                "advantage_mode=marginal"])
+    t = GameTrainer(cfg, sampler=ByEpisode(), **QUIET)
     rounds = t.sample(t.batch_items(0))
     assert len(t.episodes) == 2 * 4  # deals x G^2
-    first = [ep.decisions[0]["completion"] for ep in t.episodes]
-    assert first[0::2] == first[1::2]  # episodes 2k and 2k+1 share their first move
+    first = [ep.decisions[0]["move"] for ep in t.episodes]
+    assert first == ["p0a0", "p0a0", "p0a1", "p0a1"] * 2  # episodes 2k and 2k+1 share their first move
+    assert [ep.decisions[1]["move"] for ep in t.episodes] == ["p1a0", "p1a1"] * 4
     R = t.returns.reshape(2, 2, 2)  # (deal, first move, continuation)
+    assert R[:, 1].tolist() == [[4.0, 8.0]] * 2  # (a1, a0) pays 4 and (a1, a1) 8 on every deal
     M = R.mean(-1)  # a first move's return: the mean over its continuations
     np.testing.assert_allclose(rounds[0].advantages, np.repeat(M - M.mean(-1, keepdims=True), 2).ravel())
     np.testing.assert_allclose(rounds[1].advantages, (R - R.mean(-1, keepdims=True)).ravel())
+    assert not np.allclose(rounds[0].advantages, rounds[1].advantages)
 
 
 def test_the_role_baseline_is_checkpointed_and_a_resumed_run_continues_it_exactly(tmp_path):
