@@ -39,7 +39,7 @@ def start_or_resume(cfg, log=print, **trainer_kwargs):
         step = newest_step(cfg.run_dir)
         log(f"[kit] continuing the run in {cfg.run_dir} from its checkpoint at step {step}" if step >= 0 else
             f"[kit] {cfg.run_dir} holds a run stopped before its first checkpoint: starting it again from step 0")
-    return trainer_class(cfg.task)(cfg, resume=resume, log=log, **trainer_kwargs)
+    return trainer_class(cfg.task, cfg.algorithm)(cfg, resume=resume, log=log, **trainer_kwargs)
 
 
 def train_to_end(trainer, every: int = 5) -> dict:
@@ -97,7 +97,7 @@ def preset_smoke_test(preset: str, log=print) -> str:
     with tempfile.TemporaryDirectory() as tmp:
         try:
             cfg = load_config(preset, overrides=[f"run_dir={tmp}/smoke", *overrides])
-            trainer = trainer_class(cfg.task)(cfg, log=log)
+            trainer = trainer_class(cfg.task, cfg.algorithm)(cfg, log=log)
             try:
                 summary = trainer.train()
             finally:

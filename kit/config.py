@@ -90,6 +90,15 @@ class TrainConfig:
     lr_scheduler: str = "constant"  # after the warm-up: constant, linear or cosine decay to 0 at num_steps
     max_grad_norm: float = 1.0  # clip each agent's gradient norm (0: off)
     seed: int = 0  # drives weights init, data order, sampling: the same seed gives the same run
+    # --- preferences (issue 32): MADPO and MARLHF (kit/preference.py, kit/preference_trainer.py; CoMLRL's names)
+    algorithm: str = "magrpo"  # magrpo; madpo (multi-agent DPO on pairs); marlhf (a reward model from pairs, then MAGRPO)
+    preference_num_candidates: int = 4  # joint answers sampled per prompt for pairs (one batched call, aligned)
+    pair_selection: str = "reward_gap"  # reward_gap (largest reward gaps first), all, random (seeded)
+    preference_pairs_per_sample: int | None = 2  # pairs kept per prompt (None: every pair that is not a tie)
+    preference_source: str = "reward"  # who prefers: reward (the joint reward) or judge (Claude, both orders)
+    dpo_beta: float = 0.1  # madpo: beta in -log sigmoid(beta * sum_i Delta_i)
+    dpo_reference: str = "base"  # madpo: base (Delta minus the base's, adapter off: DPO) or none (CoMLRL's MADPO)
+    preference_refresh_every: int = 1  # madpo: new candidates from the current policy every this many steps
     # --- run directory, logging, checkpoints
     run_dir: str = "checkpoints/run"  # where config, metrics, rollouts and checkpoints go
     mirror_dir: str | None = None  # also copy logs and each checkpoint here after saving (a Drive folder)
@@ -115,6 +124,10 @@ CHOICES = {
     "rollout_correction": ("auto", "none", "token_truncate", "sequence_mask"),
     "lr_scheduler": ("constant", "linear", "cosine"),
     "reward_pool": ("thread", "process"),
+    "algorithm": ("magrpo", "madpo", "marlhf"),
+    "pair_selection": ("reward_gap", "all", "random"),
+    "preference_source": ("reward", "judge"),
+    "dpo_reference": ("base", "none"),
 }
 # Fields that do not change what is trained: a resumed run may differ in these. The rollout engine and its weights
 # change how samples are drawn, not the objective (the trainer's policy gradient): under rollout_correction=auto
@@ -392,6 +405,18 @@ def validate(cfg: TrainConfig) -> TrainConfig:
     need(not (cfg.use_judge_reward or cfg.judge_feedback) or cfg.judge_model is not None, "judge_model",
          "a model name when use_judge_reward or judge_feedback is on")
     need(cfg.num_eval_items >= 0, "num_eval_items", "an integer >= 0")
+    if cfg.algorithm != "magrpo":  # the preference trainers (kit/preference_trainer.py)
+        need(cfg.preference_num_candidates >= 2, "preference_num_candidates", "an integer >= 2 (a pair needs two)")
+        need(cfg.preference_pairs_per_sample is None or cfg.preference_pairs_per_sample >= 1,
+             "preference_pairs_per_sample", "null (every pair) or an integer >= 1")
+        need(cfg.dpo_beta > 0, "dpo_beta", "a number > 0")
+        need(cfg.preference_refresh_every >= 1, "preference_refresh_every", "an integer >= 1 (1: every step)")
+        need(cfg.num_turns == 1, "num_turns", f"1 with algorithm={cfg.algorithm} (pairs of one-turn joint answers)")
+        need(cfg.task != "game", "algorithm", "magrpo for a game task (its episodes are not joint answers)")
+        need(cfg.preference_source != "judge" or cfg.judge_model is not None, "judge_model",
+             "a model name when preference_source=judge")
+        need(cfg.preference_source != "judge" or cfg.pair_selection != "reward_gap", "pair_selection",
+             "all or random when preference_source=judge (a judge gives labels, not the scores reward_gap ranks by)")
     need(bool(cfg.model_name), "model_name", "a hub name, a local path, or 'tiny'")
     if cfg.agent_models is not None:
         need(len(cfg.agent_models) == cfg.num_agents, "agent_models",

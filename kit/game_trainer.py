@@ -79,6 +79,11 @@ class GameTrainer(Trainer):
         return greedy_eval(self.sampler, self.task, self.eval_items if items is None else items)
 
 
-def trainer_class(task: str) -> type[Trainer]:
-    """The loop a task trains with: episodes for game tasks, joint actions (Trainer) for the others."""
+def trainer_class(task: str, algorithm: str = "magrpo") -> type[Trainer]:
+    """The loop a run trains with: MADPO or MARLHF (kit/preference_trainer.py) when its algorithm says so,
+    episodes for game tasks, joint actions (Trainer) for the others."""
+    if algorithm in ("madpo", "marlhf"):
+        from kit import preference_trainer
+
+        return preference_trainer.TRAINERS[algorithm]
     return GameTrainer if task == "game" else Trainer
