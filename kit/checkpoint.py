@@ -5,6 +5,8 @@ Layout of `<run_dir>/ckpt/step_000100/`:
     adapters/<adapter>/      PEFT format (adapter_config.json + adapter_model.safetensors); load it with
                              PeftModel.from_pretrained(base, ".../adapters/agent_0")
     optim.pt                 per adapter: AdamW and LR-scheduler state
+    models/<name>/           an algorithm's extra models (a critic, a reward model: kit/heads.py), each its
+                             PEFT adapter and head.safetensors; their optimizers and schedulers are in optim.pt
     rng.pt                   python, numpy and torch RNG states
     state.json               step, data-order state, anything else the trainer needs
     preferences.pt           MADPO/MARLHF: the pair buffer of every process (kit/preference_trainer.py)
@@ -92,10 +94,12 @@ def restore_rng(path: Path) -> None:
 
 
 def save(run_dir: str | Path, step: int, team, optimizers: dict, schedulers: dict, state: dict,
-         keep_last: int = 3, keep_history: int = 0, files: dict | None = None) -> Path:
+         keep_last: int = 3, keep_history: int = 0, models: dict | None = None, files: dict | None = None) -> Path:
     """Write checkpoint `step` atomically and prune to the newest `keep_last` (older ones' adapters go to the
-    thinned history of `keep_history` steps). Returns its folder. `files`: more state by file name (torch.save),
-    e.g. MADPO's pair buffer; the history drops them with the optimizer state."""
+    thinned history of `keep_history` steps). Returns its folder. `models`: an algorithm's extra models by name
+    (kit/heads.py ScalarModel); `optimizers` / `schedulers` hold the agents' adapters and those models' alike.
+    `files`: more state by file name (torch.save), e.g. MADPO's pair buffer; the history drops them with the
+    optimizer state."""
     root = ckpt_dir(run_dir)
     root.mkdir(parents=True, exist_ok=True)
     tmp, final = root / f".tmp_{step_name(step)}", root / step_name(step)
@@ -105,8 +109,10 @@ def save(run_dir: str | Path, step: int, team, optimizers: dict, schedulers: dic
     (tmp / "adapters").mkdir(parents=True)
     for adapter in team.adapters:
         team.model_of(team.agents_of_adapter(adapter)[0]).save_pretrained(tmp / "adapters", selected_adapters=[adapter])
+    for model in (models or {}).values():
+        model.save(tmp / "models")
     torch.save({a: {"optimizer": optimizers[a].state_dict(), "scheduler": schedulers[a].state_dict()}
-                for a in team.adapters}, tmp / "optim.pt")
+                for a in optimizers}, tmp / "optim.pt")
     torch.save(rng_state(), tmp / "rng.pt")
     for name, obj in (files or {}).items():
         torch.save(obj, tmp / name)
@@ -179,13 +185,15 @@ def saved_steps(run_dir: str | Path) -> dict[int, Path]:
     return dict(sorted(found.items()))
 
 
-def load_into(path: Path, team, optimizers: dict, schedulers: dict) -> dict:
-    """Load adapters, optimizer, scheduler and RNG state from `path`; returns state.json. The RNG state is the only
-    part that may fail without failing the load (restore_rng)."""
+def load_into(path: Path, team, optimizers: dict, schedulers: dict, models: dict | None = None) -> dict:
+    """Load adapters, extra models, optimizers, schedulers and RNG state from `path`; returns state.json. The RNG
+    state is the only part that may fail without failing the load (restore_rng)."""
     state = json.loads((path / "state.json").read_text())
     optim = torch.load(path / "optim.pt", map_location="cpu", weights_only=False)  # the step moves it
     load_adapters(path, team)
-    for adapter in team.adapters:
+    for model in (models or {}).values():
+        model.load(path / "models")
+    for adapter in optimizers:
         optimizers[adapter].load_state_dict(optim[adapter]["optimizer"])
         schedulers[adapter].load_state_dict(optim[adapter]["scheduler"])
     restore_rng(path / "rng.pt")
@@ -214,13 +222,13 @@ class DamagedCheckpoints(RuntimeError):
 
 
 def resume_latest(run_dir: str | Path, team, optimizers: dict, schedulers: dict, log=print,
-                  mirror_dir: str | Path | None = None) -> dict | None:
+                  mirror_dir: str | Path | None = None, models: dict | None = None) -> dict | None:
     """Load the newest checkpoint that loads; skip broken ones with a warning. None when there is none (a run
     stopped before its first save). Raises DamagedCheckpoints when there are some and none loads."""
     damaged = []
     for path in complete_checkpoints(run_dir):
         try:
-            state = load_into(path, team, optimizers, schedulers)
+            state = load_into(path, team, optimizers, schedulers, models)
         except Exception as err:  # a corrupt file on disk must not end the run: fall back to an older one
             warnings.warn(f"skipping unreadable checkpoint {path}: {type(err).__name__}: {err}", stacklevel=2)
             damaged.append(f"{path.name} ({type(err).__name__}: {str(err)[:200]})")
@@ -243,7 +251,7 @@ def unreadable(path: Path) -> str | None:
         weights = sorted((path / "adapters").glob("*/adapter_model.safetensors"))
         if not weights:
             return "no adapters/<adapter>/adapter_model.safetensors"
-        for f in weights:
+        for f in weights + sorted((path / "models").glob("*/*.safetensors")):
             load_file(str(f))
     except Exception as err:
         return f"{type(err).__name__}: {str(err)[:200]}"

@@ -1,0 +1,148 @@
+"""Scalar models on the team's shared base: one more LoRA adapter plus a small fp32 head, for critics and reward models.
+
+    critic = ScalarModel(team, "critic_0", lora_config(...), seed=cfg.seed)   # adds adapter "critic_0" to base 0
+    v = critic(input_ids, attention_mask)           # (R,) float32, gradient through the adapter and the head
+    v = critic.score_texts(["prompt a", "prompt b"])  # the same from text (tokenized as the sampler does)
+
+What it is: `add_adapter` on the SAME PeftModel that holds the agents' adapters (no second copy of the weights) and
+a `Linear(hidden, 1)` in fp32 on the decoder's final hidden state (after the last norm) of each row's last
+non-padding token:
+
+    s(x) = w . h_L(x)[last] + b        with h_L computed with the base + this model's adapter only
+
+The base stays frozen; only the adapter and the head train, with the owner's optimizer (`parameters()`).
+
+What never sees it: the sampler and the compiled engine generate with `team.adapters` (the agents' adapters, from
+`team.adapter_of`), and the policy optimizers hold `team.parameters_of(agent adapter)`; a scalar model's adapter
+is in neither list, so it never samples and no policy step moves it. PEFT's `set_adapter` switches `requires_grad`
+to the active adapter only; `forward` activates this adapter, then restores the previously active one and every
+adapter's flag, keeping its own on (the backward comes after the forward returns).
+
+How another algorithm adds its model (e.g. a reward model for issue 32): build a `ScalarModel` on the team with a
+name of its own (`reward_model`), give it an optimizer over `model.parameters()`, and expose both as its
+`models` / `optimizers` / `schedulers` dicts (see kit/critic.py's `Algorithm`): the trainer passes them to
+kit/checkpoint.py, which saves `models/<name>/` (PEFT adapter + head.safetensors) and the optimizer and scheduler
+states beside the agents', and loads them back bitwise on resume.
+
+Not covered: a head on a base other than base 0 of a heterogeneous team is possible (`base=`) but untested.
+Run its tests: python -m pytest tests/test_heads.py
+"""
+
+from __future__ import annotations
+
+import warnings
+from pathlib import Path
+
+import torch
+
+from kit.models import adapter_parameters
+from kit.rollout import encode_prompt, left_pad, position_ids
+
+HEAD_FILE = "head.safetensors"
+
+
+def last_token_index(attention_mask: torch.Tensor) -> torch.Tensor:
+    """The index of each row's last non-padding token, (R, L) -> (R,): left-padded prompts and right-padded
+    completions alike (the highest position whose mask is 1)."""
+    L = attention_mask.shape[1]
+    positions = torch.arange(L, device=attention_mask.device).expand_as(attention_mask)
+    return torch.where(attention_mask.bool(), positions, -1).max(-1).values
+
+
+class ScalarModel:
+    """One adapter named `name` on `team.models[base]` plus an fp32 Linear(hidden, 1) head; see the module docstring."""
+
+    def __init__(self, team, name: str, config, seed: int = 0, base: int = 0):
+        if name in team.adapter_of:
+            raise ValueError(f"scalar model name {name!r} is an agent's adapter: choose another name")
+        self.team, self.name, self.base = team, name, base
+        self.model = team.models[base]
+        self.tokenizer = team.tokenizers[base]
+        active = self.model.active_adapter
+        grads = {id(p): p.requires_grad for p in self.model.parameters()}
+        gen = torch.random.get_rng_state()
+        torch.manual_seed(seed)  # its adapter's init from the run's seed, without moving the caller's RNG stream
+        try:
+            with warnings.catch_warnings():
+                warnings.filterwarnings("ignore", message="`is_gradient_checkpointing` is deprecated",
+                                        category=FutureWarning)
+                self.model.add_adapter(name, config)
+        finally:
+            torch.random.set_rng_state(gen)
+        # adding an adapter must change nothing for the others: the same active adapter, the same trainable params
+        self.model.set_adapter(active)
+        for p in self.model.parameters():
+            if id(p) in grads:
+                p.requires_grad_(grads[id(p)])
+        hf = self.model.get_base_model()
+        self.decoder = getattr(hf, hf.base_model_prefix)
+        device = next(self.model.parameters()).device
+        # zero head: an untrained model scores everything 0 (a critic that knows nothing: A = R - 0)
+        self.head = torch.nn.Linear(hf.config.hidden_size, 1, dtype=torch.float32, device=device)
+        torch.nn.init.zeros_(self.head.weight)
+        torch.nn.init.zeros_(self.head.bias)
+
+    def adapter_parameters(self) -> list[torch.nn.Parameter]:
+        return adapter_parameters(self.model, self.name)
+
+    def parameters(self) -> list[torch.nn.Parameter]:
+        """What its optimizer holds: the adapter's LoRA weights, then the head's weight and bias (a stable order)."""
+        return [*self.adapter_parameters(), *self.head.parameters()]
+
+    def __call__(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+        """(R, L) left- or right-padded rows -> (R,) float32 scores, with gradient through the adapter and head."""
+        previous = self.model.active_adapter
+        flags = [(p, p.requires_grad) for n, p in self.model.named_parameters() if "lora_" in n]
+        self.model.set_adapter(self.name)  # this adapter active and trainable; the base stays frozen
+        try:
+            hidden = self.decoder(input_ids=input_ids, attention_mask=attention_mask,
+                                  position_ids=position_ids(attention_mask), use_cache=False).last_hidden_state
+            last = hidden[torch.arange(len(hidden), device=hidden.device), last_token_index(attention_mask)]  # (R, H)
+            return self.head(last.float()).squeeze(-1)  # (R,)
+        finally:
+            # the previous adapter active again and every flag as it was, except ours: a leaf whose requires_grad
+            # is switched off after the forward gets no gradient from the backward that follows
+            self.model.set_adapter(previous)
+            for p, flag in flags:
+                p.requires_grad_(flag)
+            for p in self.adapter_parameters():
+                p.requires_grad_(True)
+
+    def encode(self, texts: list[str], use_chat_template: bool = False,
+               max_tokens: int | None = None) -> dict[str, torch.Tensor]:
+        """Token ids and mask of `texts`, left-padded (as the sampler encodes prompts)."""
+        rows = [encode_prompt(self.tokenizer, t, use_chat_template, max_tokens) for t in texts]
+        return left_pad(rows, self.tokenizer.pad_token_id, self.head.weight.device)
+
+    def score_texts(self, texts: list[str], use_chat_template: bool = False,
+                    max_tokens: int | None = None) -> torch.Tensor:
+        """(len(texts),) scores of whole texts (a prompt, or a prompt and its completion written out)."""
+        enc = self.encode(texts, use_chat_template, max_tokens)
+        return self(enc["input_ids"], enc["attention_mask"])
+
+    # ---- checkpoint (kit/checkpoint.py calls these)
+
+    def save(self, folder: Path) -> None:
+        """`folder/<name>/`: the adapter in PEFT format and head.safetensors."""
+        from safetensors.torch import save_file
+
+        self.model.save_pretrained(folder, selected_adapters=[self.name])
+        save_file({k: v.detach().cpu().contiguous() for k, v in self.head.state_dict().items()},
+                  str(Path(folder) / self.name / HEAD_FILE))
+
+    def load(self, folder: Path) -> None:
+        """Load what `save` wrote into this model (in place: the optimizer keeps pointing at the same tensors)."""
+        from peft import set_peft_model_state_dict
+        from safetensors.torch import load_file
+
+        where = Path(folder) / self.name
+        device = str(self.head.weight.device)
+        weights = load_file(str(where / "adapter_model.safetensors"), device=device)
+        result = set_peft_model_state_dict(self.model, weights, adapter_name=self.name)
+        missing = [k for k in result.missing_keys if "lora_" in k and f".{self.name}." in k]
+        if missing:
+            raise ValueError(f"checkpoint {folder} lacks weights for model {self.name}: {missing[:3]}...")
+        head = load_file(str(where / HEAD_FILE), device=device)
+        with torch.no_grad():
+            for k, v in self.head.state_dict().items():
+                v.copy_(head[k])
