@@ -99,6 +99,12 @@ class TrainConfig:
     dpo_beta: float = 0.1  # madpo: beta in -log sigmoid(beta * sum_i Delta_i)
     dpo_reference: str = "base"  # madpo: base (Delta minus the base's, adapter off: DPO) or none (CoMLRL's MADPO)
     preference_refresh_every: int = 1  # madpo: new candidates from the current policy every this many steps
+    reward_num_items: int = 32  # marlhf: train items whose candidates give the reward model's pairs, per fit
+    reward_heldout_fraction: float = 0.25  # marlhf: share of those items kept out of the fit (rm/heldout_accuracy)
+    reward_learning_rate: float = 1e-3  # marlhf: AdamW rate of the reward model's adapter and head (CoMLRL's name)
+    reward_num_train_epochs: int = 4  # marlhf: passes over the pairs per fit (CoMLRL's name)
+    reward_train_batch_size: int = 8  # marlhf: pairs per reward-model step (CoMLRL's name)
+    reward_refresh_every: int = 0  # marlhf: refit on pairs from the current policy every this many steps (0: once)
     # --- run directory, logging, checkpoints
     run_dir: str = "checkpoints/run"  # where config, metrics, rollouts and checkpoints go
     mirror_dir: str | None = None  # also copy logs and each checkpoint here after saving (a Drive folder)
@@ -412,6 +418,12 @@ def validate(cfg: TrainConfig) -> TrainConfig:
         need(cfg.dpo_beta > 0, "dpo_beta", "a number > 0")
         need(cfg.preference_refresh_every >= 1, "preference_refresh_every", "an integer >= 1 (1: every step)")
         need(cfg.num_turns == 1, "num_turns", f"1 with algorithm={cfg.algorithm} (pairs of one-turn joint answers)")
+        need(cfg.reward_num_items >= 2, "reward_num_items", "an integer >= 2")
+        need(0 <= cfg.reward_heldout_fraction < 1, "reward_heldout_fraction", "a number in [0, 1)")
+        need(cfg.reward_learning_rate > 0, "reward_learning_rate", "a number > 0")
+        need(cfg.reward_num_train_epochs >= 1, "reward_num_train_epochs", "an integer >= 1")
+        need(cfg.reward_train_batch_size >= 1, "reward_train_batch_size", "an integer >= 1")
+        need(cfg.reward_refresh_every >= 0, "reward_refresh_every", "an integer >= 0 (0: fit once, at step 0)")
         need(cfg.task != "game", "algorithm", "magrpo for a game task (its episodes are not joint answers)")
         need(cfg.preference_source != "judge" or cfg.judge_model is not None, "judge_model",
              "a model name when preference_source=judge")

@@ -82,8 +82,12 @@ class GameTrainer(Trainer):
 def trainer_class(task: str, algorithm: str = "magrpo") -> type[Trainer]:
     """The loop a run trains with: MADPO or MARLHF (kit/preference_trainer.py) when its algorithm says so,
     episodes for game tasks, joint actions (Trainer) for the others."""
-    if algorithm in ("madpo", "marlhf"):
-        from kit import preference_trainer
+    if algorithm == "madpo":
+        from kit.preference_trainer import MADPOTrainer
 
-        return preference_trainer.TRAINERS[algorithm]
+        return MADPOTrainer
+    if algorithm == "marlhf":
+        from kit.marlhf import MARLHFTrainer
+
+        return MARLHFTrainer
     return GameTrainer if task == "game" else Trainer

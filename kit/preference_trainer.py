@@ -95,14 +95,15 @@ class PreferencePairs:
         self.prefer = preference_fn
         self.fresh = False
 
-    def candidates(self, items: list[dict], positions: list[int], reference: bool) -> PairBuffer:
-        """K joint answers per item, scored; pairs by pair_selection (or the judge); the reference log-probs."""
+    def candidates(self, items: list[dict], positions: list[int], reference: bool, kind: str = "train") -> PairBuffer:
+        """K joint answers per item, scored; pairs by pair_selection (or the judge); the reference log-probs.
+        `kind` starts the samples' seed keys ("train": those MAGRPO would draw at this step)."""
         cfg, N, K = self.cfg, self.cfg.num_agents, self.cfg.preference_num_candidates
         joints = magrpo.joint_actions(N, K, "aligned")
         nodes = [{"item": i, "prompts": list(self.task.prompts(item)), "parent": None, "path": (),
                   "id": positions[i], "parent_id": None} for i, item in enumerate(items)]
         requests = [(a, node["prompts"][a]) for node in nodes for a in range(N)]
-        keys = [("train", self.step, positions[node["item"]], 0, a) for node in nodes for a in range(N)]
+        keys = [(kind, self.step, positions[node["item"]], 0, a) for node in nodes for a in range(N)]
         ro = self.sampler.sample(requests, K, keys=keys)  # the same seeds as MAGRPO's samples of this step
         jobs = [(items[n], self.joint(ro, n, idx)) for n in range(len(nodes)) for idx in joints]
         rewards = [f.result() for f in self.scorer.submit(jobs)]
@@ -160,7 +161,11 @@ class PreferencePairs:
                  "update": {"rollout_correction": self.correction}}
         files = {PAIRS_FILE: {"world": self.dist.world, "buffers": self.buffers}} if self.buffers else {}
         return checkpoint.save(self.run_dir, self.step, self.team, self.optimizers, self.schedulers, state,
-                               self.cfg.keep_last, self.cfg.keep_history, files=files)
+                               self.cfg.keep_last, self.cfg.keep_history, models=self.extra_models(), files=files)
+
+    def extra_models(self) -> dict:
+        """Models beside the agents' adapters that the checkpoint holds (MARLHF's reward model)."""
+        return {}
 
     def _resume(self) -> None:
         super()._resume()
@@ -255,6 +260,3 @@ class MADPOTrainer(PreferencePairs, Trainer):
         row.pop("advantage/abs_mean", None)  # no advantages in DPO
         row["preference/fresh"] = int(self.fresh)
         return row
-
-
-TRAINERS = {"madpo": MADPOTrainer}  # algorithm -> its loop (kit/game_trainer.py's trainer_class)
