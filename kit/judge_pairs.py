@@ -2,8 +2,10 @@
 
     judge = Judge(run_dir, model=..., budget_usd=...)          # kit/judge.py: the same ledger, cache and breaker
     prefer = JudgePreference(judge, rubric)
-    prefer(a, b)   -> 1 (a is better), -1 (b is better), 0 (a tie), None (unscored)
-    judged_pairs(K, lambda i, j: prefer(answers[i], answers[j]), "all", 2)   -> [(winner, loser), ...]
+    prefer(a, b, task)   -> 1 (a is better), -1 (b is better), 0 (a tie), None (unscored)
+    judged_pairs(K, lambda i, j: prefer(answers[i], answers[j], task), "all", 2)   -> [(winner, loser), ...]
+
+`task` is what the agents were asked (their prompts, `render_task`): the judge compares answers to it.
 
 Position bias: a judge tends to favour the answer it reads first (or second). Every comparison is asked twice,
 once with a shown as A and once with b shown as A; a preference counts only when both orders agree, and a
@@ -39,8 +41,14 @@ def render(completions) -> str:
     return "\n\n".join(f"[agent {i}]\n{c}" for i, c in enumerate(completions))
 
 
-def compare_prompt(rubric: str, first: str, second: str) -> str:
-    return (f"Rubric:\n{rubric}\n\nAnswer A:\n{first}\n\nAnswer B:\n{second}\n\n"
+def render_task(prompts) -> str:
+    """What the agents were asked, as the judge reads it."""
+    return "\n\n".join(f"[agent {i} was asked]\n{p}" for i, p in enumerate(prompts))
+
+
+def compare_prompt(rubric: str, first: str, second: str, task: str = "") -> str:
+    return (f"Rubric:\n{rubric}\n\n" + (f"Task:\n{task}\n\n" if task else "") +
+            f"Answer A:\n{first}\n\nAnswer B:\n{second}\n\n"
             "Which answer is better? End your reply with a line `PREFER: A`, `PREFER: B` or `PREFER: TIE`.")
 
 
@@ -58,17 +66,18 @@ def both_orders(first: int | None, second: int | None) -> int | None:
 
 
 class JudgePreference:
-    """prefer(a, b) over two joint answers (tuples of completions): the judge asked in both orders."""
+    """prefer(a, b, task) over two joint answers (tuples of completions) to `task`: the judge asked in both
+    orders."""
 
     def __init__(self, judge, rubric: str):
         self.judge, self.rubric = judge, rubric
 
-    def __call__(self, a, b) -> int | None:
+    def __call__(self, a, b, task: str = "") -> int | None:
         if not self.judge.enabled:
             return None
         ra, rb = render(a), render(b)
-        first = parse_preference(self.judge.ask(COMPARE_SYSTEM, compare_prompt(self.rubric, ra, rb)))
-        second = parse_preference(self.judge.ask(COMPARE_SYSTEM, compare_prompt(self.rubric, rb, ra)))
+        first = parse_preference(self.judge.ask(COMPARE_SYSTEM, compare_prompt(self.rubric, ra, rb, task)))
+        second = parse_preference(self.judge.ask(COMPARE_SYSTEM, compare_prompt(self.rubric, rb, ra, task)))
         return both_orders(first, second)
 
 

@@ -66,7 +66,7 @@ class MARLHFTrainer(PreferencePairs, Trainer):
             cfg = self.cfg
             self.rm = ScalarModel(self.team, NAME, lora_config(cfg.lora_r, cfg.lora_alpha, 0.0,
                                                                cfg.lora_target_modules), seed=cfg.seed)
-            opt = torch.optim.AdamW(self.rm.parameters(), lr=cfg.reward_learning_rate)
+            opt = torch.optim.AdamW(self.rm.parameters(), lr=cfg.reward_learning_rate, weight_decay=cfg.weight_decay)
             self.optimizers[NAME] = opt  # saved and loaded with the agents' (kit/checkpoint.py)
             self.schedulers[NAME] = torch.optim.lr_scheduler.LambdaLR(opt, lambda _: 1.0)
         return self.rm

@@ -114,10 +114,10 @@ class PreferencePairs:
         for n in range(len(nodes)):
             rng = np.random.default_rng([cfg.seed, self.step, positions[n]])  # pair_selection=random, resumable
             if self.prefer is not None:
-                answers = [self.joint(ro, n, idx) for idx in joints]
-                from kit.judge_pairs import judged_pairs
+                from kit.judge_pairs import judged_pairs, render_task
 
-                found = judged_pairs(K, lambda i, j: self.prefer(answers[i], answers[j]), cfg.pair_selection,
+                answers, asked = [self.joint(ro, n, idx) for idx in joints], render_task(nodes[n]["prompts"])
+                found = judged_pairs(K, lambda i, j: self.prefer(answers[i], answers[j], asked), cfg.pair_selection,
                                      cfg.preference_pairs_per_sample, rng)
             else:
                 found = preference.select_pairs(level.returns[n], cfg.pair_selection, cfg.preference_pairs_per_sample,
