@@ -171,3 +171,30 @@ def test_cli_trains_madpo(tmp_path, capsys):
     assert cli(["train", "--preset", "tiny_cpu", "--set", "algorithm=madpo", "--set", "num_steps=2", "--set",
                 "batch_size=2", "--set", f"run_dir={run}", "--set", "progress=false", "--set", "eval_every=0"]) == 0
     assert "dpo/loss" in rows(run, "metrics.jsonl")[-1]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("algorithm", ["madpo", "marlhf"])
+def test_two_processes_train_as_one(tmp_path, algorithm):
+    """2 CPU processes (torchrun, gloo) against 1: the same candidates and rollouts, metrics to float rounding,
+    adapters to the tolerance tests/test_distributed.py explains (Adam on ~1e-8 gradients)."""
+    from kit.game_trainer import trainer_class
+    from test_distributed import adapters, launch
+
+    common = ["batch_size=4", "num_generations=2", "preference_num_candidates=3", "eval_every=0", "save_every=2",
+              "num_steps=2", "progress=false", f"algorithm={algorithm}", "preference_refresh_every=2",
+              "reward_num_items=4", "reward_num_train_epochs=1"]
+    one, two = tmp_path / "one", tmp_path / "two"
+    trainer_class("toy", algorithm)(load_config("tiny_cpu", overrides=[*common, f"run_dir={one}"]), **QUIET).train()
+    launch(2, "--preset", "tiny_cpu", "--run-dir", str(two), *[x for c in common for x in ("--set", c)])
+    for x, y in zip(rows(one, "rollouts.jsonl"), rows(two, "rollouts.jsonl"), strict=True):
+        assert (x["step"], x["item"], x["completions"]) == (y["step"], y["item"], y["completions"])
+        assert y["reward"] == pytest.approx(x["reward"], abs=1e-6)  # marlhf: a score of 2 rows or of 4
+    for x, y in zip(rows(one, "metrics.jsonl"), rows(two, "metrics.jsonl"), strict=True):
+        assert set(x) == set(y)
+        for key in x:
+            assert y[key] == pytest.approx(x[key], rel=1e-5, abs=1e-6), key
+    wa, wb = adapters(one, 2), adapters(two, 2)
+    for agent in wa:
+        for key in wa[agent]:
+            torch.testing.assert_close(wb[agent][key], wa[agent][key], rtol=0, atol=5e-4)
