@@ -133,8 +133,9 @@ def smoke_run(log=print) -> Path:
 def notebook_config(preset: str, task: str, task_args: dict, run_name: str, drive: Path | None = None,
                     drive_folder: str = DRIVE_FOLDER, num_steps: int | None = None,
                     judge_model: str | None = None, judge_budget_usd: float = 15.0, smoke: bool = False, log=print,
-                    save_every: int | None = None):
+                    save_every: int | None = None, overrides: dict | None = None):
     """01_train's parameters as a validated TrainConfig: the run on this disk, mirrored to Drive when mounted.
+    `overrides`: any other fields ({"algorithm": "madpo"}), as `--set` on the command line; smoke mode keeps them.
     `smoke` (KIT_SMOKE=1) swaps in the tiny CPU preset and a few steps of the code task (a game task: the same
     game, 6 decisions per episode), mirrored (if at all) to its own Drive folder `<drive_folder>/_smoke/<run_name>`,
     never the real run's. Full mode needs a GPU."""
@@ -149,6 +150,7 @@ def notebook_config(preset: str, task: str, task_args: dict, run_name: str, driv
         values["save_every"] = save_every
     if judge_model:
         values.update(judge_model=judge_model, use_judge_reward=True, judge_budget_usd=judge_budget_usd)
+    values.update(overrides or {})
     if smoke:
         preset = "tiny_cpu"
         values.update(task="code", task_args={"dataset": "coop"}, num_steps=3, batch_size=2, num_generations=2,

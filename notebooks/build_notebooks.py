@@ -155,11 +155,13 @@ RUN_NAME = "magrpo_code"  # the run's folder name, here and on Drive
 DRIVE_FOLDER = "{DRIVE_FOLDER}"  # under MyDrive; 02-05 find the run there by RUN_NAME
 NUM_STEPS = None  # None: the preset's
 SAVE_EVERY = None  # a checkpoint (and a Drive copy) every this many steps; None: the preset's
+OVERRIDES = {}  # any other config field, e.g. {"algorithm": "madpo"} or {"algorithm": "marlhf"} (README)
 """.replace("{DRIVE_FOLDER}", DRIVE_FOLDER), tags=["parameters"]),
                  DRIVE,
                  code("""
 cfg = colab.notebook_config(PRESET, TASK, TASK_ARGS, RUN_NAME, globals().get("drive"), DRIVE_FOLDER, NUM_STEPS,
-                            JUDGE_MODEL, JUDGE_BUDGET_USD, smoke=SMOKE, save_every=SAVE_EVERY)
+                            JUDGE_MODEL, JUDGE_BUDGET_USD, smoke=SMOKE, save_every=SAVE_EVERY,
+                            overrides=OVERRIDES)
 print(f"run: {cfg.run_dir}  mirror: {cfg.mirror_dir}  model: {cfg.model_name}  task: {cfg.task} {cfg.task_args}")
 """),
                  *train_cells("# Trains with a live reward curve (the whole run, also after a resume), writes "

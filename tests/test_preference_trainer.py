@@ -198,3 +198,15 @@ def test_two_processes_train_as_one(tmp_path, algorithm):
     for agent in wa:
         for key in wa[agent]:
             torch.testing.assert_close(wb[agent][key], wa[agent][key], rtol=0, atol=5e-4)
+
+
+def test_the_notebook_picks_the_algorithm_from_its_overrides(tmp_path, monkeypatch):
+    from kit import colab
+    from kit.game_trainer import trainer_class
+    from kit.marlhf import MARLHFTrainer
+
+    monkeypatch.setenv("KIT_SMOKE_DIR", str(tmp_path / "smoke"))
+    cfg = colab.notebook_config("colab_a100", "toy", {}, "x", smoke=True, overrides={"algorithm": "marlhf"},
+                                log=lambda *_: None)
+    assert cfg.algorithm == "marlhf" and trainer_class(cfg.task, cfg.algorithm) is MARLHFTrainer
+    assert trainer_class("toy", "madpo") is MADPOTrainer
