@@ -104,15 +104,21 @@ def judged_pairs(num_candidates: int, prefer, mode: str = "all", num_pairs: int 
 
 
 class _OracleMessages:
-    """The `messages.create` of an Anthropic client, answered by a rule over the two answers in the request."""
+    """The `messages.create` of an Anthropic client, answered by a rule over the two answers in the request (or,
+    for `Judge.score`'s request, over the one text: `SCORE:` 10 x score / score_max)."""
 
-    def __init__(self, score, bias: str = ""):
-        self.score, self.bias, self.calls = score, bias, 0
+    def __init__(self, score, bias: str = "", score_max: float = 1.0):
+        self.score, self.bias, self.score_max, self.calls = score, bias, score_max, 0
 
     def create(self, model, max_tokens, system, messages):
         prompt = messages[0]["content"]
         self.calls += 1
-        text = f"PREFER: {self.bias}" if self.bias else self._verdict(prompt)
+        if "\nText to score:\n" in prompt:
+            text = prompt.split("\nText to score:\n")[1].split("\n\nEnd your reply")[0]
+            value = self.score(tuple(c.strip() for c in _AGENT.split(text)[1:]))
+            text = f"SCORE: {10 * value / self.score_max:.4f}"
+        else:
+            text = f"PREFER: {self.bias}" if self.bias else self._verdict(prompt)
         usage = SimpleNamespace(input_tokens=(len(system) + len(prompt)) // 4 + 8, output_tokens=6)
         return SimpleNamespace(content=[SimpleNamespace(text=text)], usage=usage)
 
@@ -124,12 +130,13 @@ class _OracleMessages:
 
 
 def oracle_judge(run_dir, score, model: str = "claude-haiku-4-5", budget_usd: float = 15.0, bias: str = "",
-                 log=print):
-    """A kit.judge.Judge whose client answers by `score(completions) -> float` (higher is better); `bias` "A"
-    or "B" makes it always prefer that position (a judge with nothing but position bias)."""
+                 log=print, score_max: float = 1.0):
+    """A kit.judge.Judge whose client answers by `score(completions) -> float` (higher is better; at most
+    `score_max` for `Judge.score`); `bias` "A" or "B" makes it always prefer that position (a judge with nothing
+    but position bias)."""
     from kit.judge import Judge
 
     judge = Judge(run_dir, model, budget_usd, max_tokens=16, api_key="", log=lambda *_: None)
     judge.log = judge.budget.log = log
-    judge.client = SimpleNamespace(messages=_OracleMessages(score, bias))
+    judge.client = SimpleNamespace(messages=_OracleMessages(score, bias, score_max))
     return judge

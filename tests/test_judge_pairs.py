@@ -124,3 +124,8 @@ def test_through_the_anthropic_client_each_order_is_one_priced_request(tmp_path,
     assert first.index("a fine summary") < first.index("\nx") and second.index("\nx") < second.index("a fine")
     ledger = json.loads((tmp_path / "budget.json").read_text())
     assert ledger["calls"] == 4 and ledger["spent_usd"] == pytest.approx(4 * (100 * 1.0 + 20 * 5.0) / 1e6)
+
+
+def test_the_oracle_scores_one_text_as_the_judge_would(tmp_path):
+    judge = oracle_judge(tmp_path, longer, score_max=40.0, log=lambda *_: None)
+    assert judge.score("r", "[agent 0]\nabcd\n\n[agent 1]\nef") == pytest.approx(0.15)  # 6 characters of 40
