@@ -12,11 +12,11 @@ seconds of train() alone and s/step.
 writing: task=writing (TLDR samples and prompts) on the tiny model. The "judge" is kit/judge_pairs.py's oracle: a
 Judge whose client answers by a rubric over the writing reward's structure and coordination parts (`oracle_score`:
 in characters, since the tiny model writes no words), through the real budget, ledger and cache, priced as
-claude-haiku-4-5; the task is scored by the same rubric, so "the oracle's score" is eval/reward_mean. MARLHF with preference_source =
-judge pairs (both orders, pair_selection=all): the reward model's held-out pair accuracy, the oracle's greedy score
-of the team before and after training, the judge calls and dollars it used against what scoring every rollout
-would use, and the same ledger for use_judge_reward (MAGRPO with the oracle's 0-10 score as the reward) over a
-few steps: calls and dollars per training step.
+claude-haiku-4-5; the task is scored by the same rubric, so "the oracle's score" is eval/reward_mean. MARLHF with
+preference_source = judge pairs (both orders, pair_selection=all): the reward model's held-out pair accuracy, the
+oracle's greedy score of the team before and after training, the judge calls and dollars it used against what
+scoring every rollout would use, and the same ledger for use_judge_reward (MAGRPO with the oracle's 0-10 score as
+the reward) over a few steps: calls and dollars per training step.
 """
 
 from __future__ import annotations

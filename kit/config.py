@@ -91,7 +91,7 @@ class TrainConfig:
     max_grad_norm: float = 1.0  # clip each agent's gradient norm (0: off)
     seed: int = 0  # drives weights init, data order, sampling: the same seed gives the same run
     # --- preferences (issue 32): MADPO and MARLHF (kit/preference.py, kit/preference_trainer.py; CoMLRL's names)
-    algorithm: str = "magrpo"  # magrpo; madpo (multi-agent DPO on pairs); marlhf (a reward model from pairs, then MAGRPO)
+    algorithm: str = "magrpo"  # magrpo; madpo (multi-agent DPO); marlhf (a reward model from pairs, then MAGRPO)
     preference_num_candidates: int = 4  # joint answers sampled per prompt for pairs (one batched call, aligned)
     pair_selection: str = "reward_gap"  # reward_gap (largest reward gaps first), all, random (seeded)
     preference_pairs_per_sample: int | None = 2  # pairs kept per prompt (None: every pair that is not a tie)
