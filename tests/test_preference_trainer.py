@@ -210,3 +210,10 @@ def test_the_notebook_picks_the_algorithm_from_its_overrides(tmp_path, monkeypat
                                 log=lambda *_: None)
     assert cfg.algorithm == "marlhf" and trainer_class(cfg.task, cfg.algorithm) is MARLHFTrainer
     assert trainer_class("toy", "madpo") is MADPOTrainer
+
+
+def test_the_preference_bench_runs_a_tiny_marlhf():
+    from test_bench import load
+
+    row = load("preferences").toy("marlhf", 1, ("num_steps=2", "eval_every=1", "batch_size=2", "reward_num_items=4"))
+    assert row["algorithm"] == "marlhf" and 0 <= row["rm_heldout_accuracy"] <= 1 and row["s_per_step"] > 0
