@@ -123,6 +123,7 @@ def writing(steps: int, seed: int = 0) -> dict:
                                                            "rm/heldout_pairs")})
         ledger = json.loads((Path(cfg.run_dir) / "budget.json").read_text())
         out["marlhf_calls"], out["marlhf_usd"] = ledger["calls"], ledger["spent_usd"]
+        out["marlhf_failed_calls"] = ledger["failed_calls"]
         out["every_rollout_calls"] = steps * cfg.batch_size * cfg.num_generations  # aligned: B x G joint actions
         trainer.close()
         # today's use_judge_reward: MAGRPO scoring every joint action with the judge (the same oracle, its 0-10 score)

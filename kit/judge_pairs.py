@@ -33,7 +33,7 @@ COMPARE_SYSTEM = ("You are a strict, fair grader comparing two answers to the sa
                   "rubric; the order in which the answers are shown does not matter.")
 _PREFER = re.compile(r"prefer\s*[:=]\s*\**\s*(A|B|tie)\b", re.I)
 _ANSWER = re.compile(r"^Answer (A|B):\n", re.M)
-_AGENT = re.compile(r"^\[agent \d+\]\n", re.M)
+_AGENT = re.compile(r"^\[agent \d+\]\n?", re.M)  # an empty last answer loses its newline to the layout
 
 
 def render(completions) -> str:

@@ -129,3 +129,8 @@ def test_through_the_anthropic_client_each_order_is_one_priced_request(tmp_path,
 def test_the_oracle_scores_one_text_as_the_judge_would(tmp_path):
     judge = oracle_judge(tmp_path, longer, score_max=40.0, log=lambda *_: None)
     assert judge.score("r", "[agent 0]\nabcd\n\n[agent 1]\nef") == pytest.approx(0.15)  # 6 characters of 40
+
+
+def test_the_oracle_reads_empty_answers(tmp_path):
+    prefer = JudgePreference(oracle_judge(tmp_path, longer, log=lambda *_: None), "r")
+    assert prefer(("", ""), ("", "9")) == -1 and prefer(("", ""), ("", "")) == 0
