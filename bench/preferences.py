@@ -33,7 +33,9 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 TOY = {"magrpo": [], "madpo": ["algorithm=madpo", "preference_num_candidates=8"],
-       "marlhf": ["algorithm=marlhf", "preference_num_candidates=8"]}
+       "marlhf": ["algorithm=marlhf", "preference_num_candidates=8"],
+       # run after the table above: the reward model refit every 50 steps on pairs from the current policy
+       "marlhf_refresh50": ["algorithm=marlhf", "preference_num_candidates=8", "reward_refresh_every=50"]}
 
 
 def toy(algorithm: str, seed: int, extra: tuple = ()) -> dict:
@@ -144,7 +146,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("part", choices=("toy", "writing"))
     ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2, 3])
-    ap.add_argument("--algorithms", nargs="+", default=list(TOY))
+    ap.add_argument("--algorithms", nargs="+", default=["magrpo", "madpo", "marlhf"], choices=list(TOY))
     ap.add_argument("--workers", type=int, default=2)
     ap.add_argument("--steps", type=int, default=40)
     ap.add_argument("--out", default="bench/out/preferences.jsonl")
