@@ -133,9 +133,8 @@ def smoke_run(log=print) -> Path:
 def notebook_config(preset: str, task: str, task_args: dict, run_name: str, drive: Path | None = None,
                     drive_folder: str = DRIVE_FOLDER, num_steps: int | None = None,
                     judge_model: str | None = None, judge_budget_usd: float = 15.0, smoke: bool = False, log=print,
-                    save_every: int | None = None, overrides: dict | None = None):
+                    save_every: int | None = None, algorithm: str = "magrpo"):
     """01_train's parameters as a validated TrainConfig: the run on this disk, mirrored to Drive when mounted.
-    `overrides`: any other fields ({"algorithm": "madpo"}), as `--set` on the command line; smoke mode keeps them.
     `smoke` (KIT_SMOKE=1) swaps in the tiny CPU preset and a few steps of the code task (a game task: the same
     game, 6 decisions per episode), mirrored (if at all) to its own Drive folder `<drive_folder>/_smoke/<run_name>`,
     never the real run's. Full mode needs a GPU."""
@@ -143,14 +142,14 @@ def notebook_config(preset: str, task: str, task_args: dict, run_name: str, driv
 
     folder = Path(drive) / drive_folder if drive else None
     values = {"task": task, "task_args": dict(task_args), "run_dir": f"{LOCAL_ROOT}/{run_name}",
-              "mirror_dir": str(folder / run_name) if folder else None}
+              "mirror_dir": str(folder / run_name) if folder else None,
+              "algorithm": algorithm}  # magrpo, iac, maac, centralized (README: Algorithms)
     if num_steps:
         values["num_steps"] = num_steps
     if save_every is not None:  # 0: only the last step
         values["save_every"] = save_every
     if judge_model:
         values.update(judge_model=judge_model, use_judge_reward=True, judge_budget_usd=judge_budget_usd)
-    values.update(overrides or {})
     if smoke:
         preset = "tiny_cpu"
         values.update(task="code", task_args={"dataset": "coop"}, num_steps=3, batch_size=2, num_generations=2,

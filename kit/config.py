@@ -60,6 +60,17 @@ class TrainConfig:
     top_p: float = 0.9  # nucleus sampling mass, in (0, 1]
     top_k: int = 0  # top-k sampling (0: off)
     use_chat_template: bool = True  # wrap prompts in the tokenizer's chat template when it has one
+    # --- algorithm and critics (issue 31)
+    algorithm: str = "magrpo"  # magrpo, iac, maac, centralized, madpo or marlhf (CoMLRL's trainers; README)
+    critic_type: str = "v"  # iac/maac: v = V(prompt), q = Q(prompt, completion)
+    use_separate_critic: bool = True  # iac: a critic adapter + head per agent (false: not built yet; README)
+    baseline: str = "mean"  # critic_type q: Q minus the group mean of Q, or counterfactual (maac: COMA's)
+    value_loss_coef: float = 0.6  # weight of the value loss (CoMLRL's default)
+    value_clip_range: float | None = None  # clip V to V_old +- this in the value loss (num_iterations > 1)
+    advantage_normalization: bool = True  # iac/maac: each agent's advantages to mean 0, std 1 over the step
+    critic_learning_rate: float | None = None  # AdamW rate of the critics (None: learning_rate)
+    critic_warmup_steps: int = 0  # iac/maac: the first steps fit the critics only, the actors wait
+    gae_lambda: float = 0.0  # multi-turn and games: 0 = TD(0) (CoMLRL's), 1 = Monte Carlo, between: GAE
     # --- MAGRPO
     joint_mode: str = "aligned"  # aligned (G joint actions) or cross (G^N)
     num_turns: int = 1  # turns per episode; > 1 uses the task's feedback
@@ -80,6 +91,10 @@ class TrainConfig:
     reward_processor: str = "identity"  # applied before advantages, e.g. "scale(0.25)|clamp(-1,1)"
     reward_workers: int = 0  # 0: rewards in the trainer thread; > 0: a pool of this many workers
     reward_pool: str = "thread"  # thread or process (process: task and reward must be picklable)
+    # --- credit assignment without a critic (issue 31)
+    grouping: str = "node"  # multi-turn groups: node (an agent's G samples at a node, AT-GRPO's), turn, agent (README)
+    local_reward_weight: float = 0.0  # r_i = (1 - w) team + w local_i, local_i = Reward.parts["local_<i>"] (0: team)
+    role_baseline_decay: float = 0.95  # advantage_mode=role: b <- decay * b + (1 - decay) * the role's mean return
     # --- optimisation
     num_steps: int = 200  # training steps (each: batch_size items, all agents, all turns)
     batch_size: int = 4  # items per step
@@ -91,7 +106,6 @@ class TrainConfig:
     max_grad_norm: float = 1.0  # clip each agent's gradient norm (0: off)
     seed: int = 0  # drives weights init, data order, sampling: the same seed gives the same run
     # --- preferences (issue 32): MADPO and MARLHF (kit/preference.py, kit/preference_trainer.py; CoMLRL's names)
-    algorithm: str = "magrpo"  # magrpo; madpo (multi-agent DPO); marlhf (a reward model from pairs, then MAGRPO)
     preference_num_candidates: int = 4  # joint answers sampled per prompt for pairs (one batched call, aligned)
     pair_selection: str = "reward_gap"  # reward_gap (largest reward gaps first), all, random (seeded)
     preference_pairs_per_sample: int | None = 2  # pairs kept per prompt (None: every pair that is not a tie)
@@ -124,13 +138,16 @@ CHOICES = {
     "generation_weights": ("auto", "copy", "4bit"),
     "dtype": ("auto", "float32", "bfloat16", "float16"),
     "joint_mode": ("aligned", "cross"),
-    "advantage_mode": ("mean", "rloo", "max", "raw", "none"),
+    "advantage_mode": ("mean", "rloo", "max", "raw", "none", "marginal", "role", "mareinforce", "marloo", "maremax"),
+    "grouping": ("node", "turn", "agent"),
     "scale_rewards": ("group", "batch", "none"),
     "loss_type": ("sum", "grpo", "dr_grpo", "token_mean", "dapo", "bnpo"),
     "rollout_correction": ("auto", "none", "token_truncate", "sequence_mask"),
     "lr_scheduler": ("constant", "linear", "cosine"),
     "reward_pool": ("thread", "process"),
-    "algorithm": ("magrpo", "madpo", "marlhf"),
+    "algorithm": ("magrpo", "iac", "maac", "centralized", "madpo", "marlhf"),
+    "critic_type": ("v", "q"),
+    "baseline": ("mean", "counterfactual"),
     "pair_selection": ("reward_gap", "all", "random"),
     "preference_source": ("reward", "judge"),
     "dpo_reference": ("base", "none"),
@@ -265,9 +282,13 @@ SAVED_DEFAULTS = {"rollout_correction": "none", "score_at_sampling_temperature":
 
 
 def _legacy(key: str, value):
-    """Values older configs hold for a field whose type has changed since."""
+    """Values older configs hold for a field whose type has changed since, and other names of a value."""
     if key == "scale_rewards" and (isinstance(value, bool) or str(value).lower() in ("true", "false")):
         return "group" if str(value).lower() == "true" else "none"  # a bool, or one as a `key=value` string
+    if key == "advantage_mode":  # CoMLRL's names (marloo ...): config.json holds the kit's (rloo ...)
+        from kit.magrpo import ADVANTAGE_ALIASES  # the maths' table (imports torch: only when asked)
+
+        return ADVANTAGE_ALIASES.get(value, value)
     return value
 
 
@@ -353,6 +374,7 @@ def load_config(preset_name: str | None = None, path: str | Path | None = None,
 def validate(cfg: TrainConfig) -> TrainConfig:
     """Raise ConfigError on the first bad value; return cfg unchanged otherwise."""
     cfg.scale_rewards = _legacy("scale_rewards", cfg.scale_rewards)  # True/False set from Python: group/none
+    cfg.advantage_mode = _legacy("advantage_mode", cfg.advantage_mode)  # marloo set from Python: rloo
     from_dict(dataclasses.asdict(cfg))  # types
     for name, hint in _field_types().items():  # inf and nan pass every range check below: refuse them first
         value = getattr(cfg, name)
@@ -377,6 +399,17 @@ def validate(cfg: TrainConfig) -> TrainConfig:
     need(0 <= cfg.discount <= 1, "discount", "a number in [0, 1]")
     need(cfg.advantage_clip is None or cfg.advantage_clip > 0, "advantage_clip", "null or a number > 0")
     need(cfg.beta >= 0, "beta", "a number >= 0")
+    game = cfg.task == "game"
+    need(cfg.advantage_mode != "marginal" or cfg.joint_mode == "cross", "advantage_mode",
+         "marginal only with joint_mode=cross (aligned pairs each sample with one partner sample, so there is no "
+         "mean over the partners' samples to take); or mean, rloo, max, raw, role with aligned")
+    need(not (game and cfg.advantage_mode == "role" and cfg.joint_mode == "cross"), "advantage_mode",
+         "role with joint_mode=aligned in games (cross games branch the first move; use marginal or mean there)")
+    need(not game or cfg.grouping == "node", "grouping", "node for game tasks (a deal's G episodes are the group)")
+    need(0 <= cfg.local_reward_weight <= 1, "local_reward_weight", "a number in [0, 1]")
+    need(not game or cfg.local_reward_weight == 0, "local_reward_weight",
+         "0 for game tasks (a game's return is its score; there are no local rewards)")
+    need(0 <= cfg.role_baseline_decay < 1, "role_baseline_decay", "a number in [0, 1)")
     need(cfg.num_iterations >= 1, "num_iterations", "an integer >= 1 (1: on-policy, the paper's setting)")
     need(0 <= cfg.epsilon < 1, "epsilon", "a number in [0, 1)")
     need(cfg.epsilon_high is None or cfg.epsilon_high >= 0, "epsilon_high", "null (= epsilon) or a number >= 0")
@@ -411,7 +444,22 @@ def validate(cfg: TrainConfig) -> TrainConfig:
     need(not (cfg.use_judge_reward or cfg.judge_feedback) or cfg.judge_model is not None, "judge_model",
          "a model name when use_judge_reward or judge_feedback is on")
     need(cfg.num_eval_items >= 0, "num_eval_items", "an integer >= 0")
-    if cfg.algorithm != "magrpo":  # the preference trainers (kit/preference_trainer.py)
+    need(cfg.value_loss_coef > 0, "value_loss_coef", "a number > 0")
+    need(cfg.value_clip_range is None or cfg.value_clip_range > 0, "value_clip_range", "null or a number > 0")
+    need(cfg.critic_learning_rate is None or cfg.critic_learning_rate > 0, "critic_learning_rate",
+         "null (= learning_rate) or a number > 0")
+    need(cfg.critic_warmup_steps >= 0, "critic_warmup_steps", "an integer >= 0")
+    need(0 <= cfg.gae_lambda <= 1, "gae_lambda", "a number in [0, 1] (0: TD(0), 1: Monte Carlo)")
+    need(cfg.algorithm != "centralized" or cfg.task != "game", "algorithm",
+         "magrpo, iac or maac for a game (centralized writes every part in one completion; in a turn-based game "
+         "one policy in every seat is share_adapter=true)")
+    need(cfg.use_separate_critic or cfg.algorithm != "iac", "use_separate_critic",
+         "true (a value head on the actor's own adapter is not built yet: README, Algorithms)")
+    need(cfg.baseline == "mean" or (cfg.algorithm == "maac" and cfg.critic_type == "q"), "baseline",
+         "mean, or counterfactual with algorithm=maac and critic_type=q (COMA's baseline needs a joint Q)")
+    need(cfg.baseline == "mean" or cfg.joint_mode == "aligned", "baseline",
+         "mean with joint_mode=cross (counterfactual swaps one agent's action in aligned joint actions)")
+    if cfg.algorithm in ("madpo", "marlhf"):  # the preference trainers (kit/preference_trainer.py)
         need(cfg.preference_num_candidates >= 2, "preference_num_candidates", "an integer >= 2 (a pair needs two)")
         need(cfg.preference_pairs_per_sample is None or cfg.preference_pairs_per_sample >= 1,
              "preference_pairs_per_sample", "null (every pair) or an integer >= 1")

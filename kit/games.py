@@ -33,10 +33,12 @@ class Decisions:
     advantages: np.ndarray | None = None  # (requests,)
 
 
-def play(sampler, task, seeds: list[int], G: int, keys: list[tuple], params=None,
+def play(sampler, task, seeds: list[int], G: int, keys: list[tuple], params=None, branch: int = 1,
          ) -> tuple[list, list[Decisions]]:
     """Play G episodes of every deal, all live ones together: one sample() call per decision. `keys[d]` seeds
-    deal d's samples (with the episode and the decision index). Returns (episodes, decisions)."""
+    deal d's samples (with the episode and the decision index). `branch` > 1: the first decision is seeded by
+    episode // branch, so each run of `branch` episodes shares its first move and continues it `branch` ways
+    (joint_mode=cross in games). Returns (episodes, decisions)."""
     episodes = [task.reset(seed) for seed in seeds for _ in range(G)]
     rounds: list[Decisions] = []
     t = 0
@@ -46,7 +48,8 @@ def play(sampler, task, seeds: list[int], G: int, keys: list[tuple], params=None
             break
         players = [task.player(episodes[e]) for e in live]
         requests = [(p, task.prompt(episodes[e], p)) for p, e in zip(players, live)]
-        ro = sampler.sample(requests, 1, params, keys=[(*keys[e // G], e % G, t) for e in live])
+        ro = sampler.sample(requests, 1, params, keys=[(*keys[e // G], e % G // (branch if t == 0 else 1), t)
+                                                       for e in live])
         for k, e in enumerate(live):
             record = task.step(episodes[e], ro.texts[k][0])
             record["prompt"] = requests[k][1]

@@ -32,7 +32,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from kit import checkpoint, preference
+from kit import preference
 from kit.preference_trainer import PreferencePairs, judge_preference
 from kit.rewards import Reward
 from kit.trainer import Level, Trainer
@@ -67,20 +67,16 @@ class MARLHFTrainer(PreferencePairs, Trainer):
             self.rm = ScalarModel(self.team, NAME, lora_config(cfg.lora_r, cfg.lora_alpha, 0.0,
                                                                cfg.lora_target_modules), seed=cfg.seed)
             opt = torch.optim.AdamW(self.rm.parameters(), lr=cfg.reward_learning_rate, weight_decay=cfg.weight_decay)
-            self.optimizers[NAME] = opt  # saved and loaded with the agents' (kit/checkpoint.py)
-            self.schedulers[NAME] = torch.optim.lr_scheduler.LambdaLR(opt, lambda _: 1.0)
+            # the algorithm's models: the checkpoint saves them, a resume loads them (kit/trainer.py, kit/critic.py)
+            self.algorithm.models[NAME], self.algorithm.optimizers[NAME] = self.rm, opt
+            self.algorithm.schedulers[NAME] = torch.optim.lr_scheduler.LambdaLR(opt, lambda _: 1.0)
         return self.rm
 
     rollout_rows = Trainer.rollout_rows  # every joint action of every step, as MAGRPO logs them
 
-    def extra_models(self) -> dict:
-        return {NAME: self.rm}
-
     def _resume(self) -> None:
-        self._reward_model()
+        self._reward_model()  # before the checkpoint loads into it
         super()._resume()
-        if self.step:
-            self.rm.load(checkpoint.ckpt_dir(self.run_dir) / checkpoint.step_name(self.step) / "models")
 
     @torch.no_grad()
     def scores(self, texts: list[str]) -> torch.Tensor:
@@ -104,7 +100,7 @@ class MARLHFTrainer(PreferencePairs, Trainer):
         pairs = sorted(p for part in self.dist.gather(local) for p in part)  # every process: all, in one order
         train = [p for p in pairs if p[0] >= held]
         heldout = [p for p in pairs if p[0] < held]
-        opt, bs, losses = self.optimizers[NAME], cfg.reward_train_batch_size, []
+        opt, bs, losses = self.algorithm.optimizers[NAME], cfg.reward_train_batch_size, []
         for epoch in range(cfg.reward_num_train_epochs):
             order = np.random.default_rng([cfg.seed, self.step, epoch]).permutation(len(train))
             for lo in range(0, len(train), bs):

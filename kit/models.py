@@ -348,6 +348,9 @@ class Team:
 
 def build_team(cfg, log=print) -> Team:
     """Load the base model(s) named in the config and attach the agents' adapters."""
+    from kit.centralized import team_config
+
+    cfg = team_config(cfg)  # algorithm=centralized: one agent writes every part
     names = list(cfg.agent_models) if cfg.agent_models else [cfg.model_name] * cfg.num_agents
     adapter_of = ["shared"] * cfg.num_agents if cfg.share_adapter else [f"agent_{i}" for i in range(cfg.num_agents)]
     unique = list(dict.fromkeys(names))

@@ -275,11 +275,14 @@ class LiveCurve:
         if "score/mean" in self.rows[-1]:
             return self._game_figure(steps)
         mismatch = sorted(k for k in self.rows[-1] if k.startswith("mismatch/kl/"))
+        critics = self._critics()
         if mismatch:
-            fig, (ax, ax_mismatch) = _figure(2, width=4.6, height=3.0)
+            fig, (ax, ax_mismatch, *ax_critic) = _figure(2 + bool(critics), width=4.6, height=3.0)
             self._mismatch(ax_mismatch, steps, mismatch)
         else:  # a run from before the sampler's log-probs were kept
-            fig, (ax,) = _figure(1, width=7.0, height=3.0)
+            fig, (ax, *ax_critic) = _figure(1 + bool(critics), width=7.0 if not critics else 4.6, height=3.0)
+        if critics:
+            self._critic(ax_critic[0], steps, critics)
         for key in ("reward/mean",) + tuple(k for k in ("reward/tests", "reward/cooperation") if k in self.rows[-1]):
             _band(ax, steps, [r.get(key, np.nan) for r in self.rows], self.window, key.removeprefix("reward/"))
         _steps_axis(ax)
@@ -297,9 +300,30 @@ class LiveCurve:
         _steps_axis(ax)
         _legend(ax)
 
+    def _critics(self) -> list[str]:
+        """The critics of an actor-critic run (algorithm=iac or maac, kit/critic.py), by name."""
+        return sorted(k.removeprefix("critic/value_loss/") for k in self.rows[-1] if k.startswith("critic/value_loss/"))
+
+    def _critic(self, ax, steps, names: list[str]) -> None:
+        """Per critic: its explained variance (solid, left axis) and value loss (dashed, right axis)."""
+        twin = ax.twinx()
+        for name in names:
+            line, = ax.plot(steps, [r.get(f"critic/explained_variance/{name}", np.nan) for r in self.rows], lw=1,
+                            label=name)
+            twin.plot(steps, [r.get(f"critic/value_loss/{name}", np.nan) for r in self.rows], "--", lw=1,
+                      color=line.get_color())
+        ax.set_ylabel("explained variance")
+        twin.set_ylabel("value loss (dashed)")
+        ax.set_title("critics", fontsize="medium")
+        _steps_axis(ax)
+        _legend(ax, right=1.25)
+
     def _game_figure(self, steps):
         """A game run: the score (sampled; greedy held-out points when logged) and the illegal-move rate."""
-        fig, (ax_score, ax_illegal) = _figure(2, width=4.6, height=3.0)
+        critics = self._critics()
+        fig, (ax_score, ax_illegal, *ax_critic) = _figure(2 + bool(critics), width=4.6, height=3.0)
+        if critics:
+            self._critic(ax_critic[0], steps, critics)
         for ax, key, greedy, ylabel in ((ax_score, "score/mean", "eval/score_mean", "game score"),
                                         (ax_illegal, "illegal/rate", "eval/illegal_rate", "illegal-move rate")):
             _band(ax, steps, [r.get(key, np.nan) for r in self.rows], self.window, "sampled")

@@ -155,17 +155,8 @@ class PreferencePairs:
             model.eval()
         return out
 
-    def save(self):
-        state = {"data": {"seed": self.cfg.seed, "num_items": len(self.train_items),
-                          "items_seen": self.step * self.cfg.batch_size},
-                 "update": {"rollout_correction": self.correction}}
-        files = {PAIRS_FILE: {"world": self.dist.world, "buffers": self.buffers}} if self.buffers else {}
-        return checkpoint.save(self.run_dir, self.step, self.team, self.optimizers, self.schedulers, state,
-                               self.cfg.keep_last, self.cfg.keep_history, models=self.extra_models(), files=files)
-
-    def extra_models(self) -> dict:
-        """Models beside the agents' adapters that the checkpoint holds (MARLHF's reward model)."""
-        return {}
+    def checkpoint_files(self) -> dict:
+        return {PAIRS_FILE: {"world": self.dist.world, "buffers": self.buffers}} if self.buffers else {}
 
     def _resume(self) -> None:
         super()._resume()

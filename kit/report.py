@@ -52,7 +52,8 @@ def write_report(run_dir: str | Path, out_dir: str | Path | None = None, log=pri
     for old in out.glob("*.png"):  # figures of a section that no longer has data must not linger
         old.unlink()
     cfg = run["config"]
-    parts = [f"# Results: {run['path'].name}\n\n{cfg.get('task')} task, {cfg.get('num_agents')} agents on "
+    parts = [f"# Results: {run['path'].name}\n\n{cfg.get('task')} task, {cfg.get('num_agents')} agents trained with "
+             f"{cfg.get('algorithm', 'magrpo')} on "
              f"`{cfg.get('model_name')}`. Made by `python -m kit report` from the files of `{run['path']}`; every "
              "interval is reproducible (fixed bootstrap seed)."]
     parts += [run_section(run), learning_section(run, out), eval_section(run, out)]

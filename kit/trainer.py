@@ -34,6 +34,7 @@ import numpy as np
 import torch
 
 from kit import checkpoint, magrpo, rundir
+from kit.critic import algorithm_for
 from kit.checkpoint import seed_everything, step_seed
 from kit import config as config_mod
 from kit.config import TrainConfig, validate
@@ -55,6 +56,7 @@ class Level:
     joints: list[tuple[int, ...]]  # the joint actions of every node (one completion index per agent)
     rewards: list[list[Reward]]  # [node][joint]
     returns: np.ndarray | None = None  # (nodes, J) processed returns
+    per_agent: np.ndarray | None = None  # (nodes, N, G) the return of each agent's sample (mixed with local ones)
     advantages: np.ndarray | None = None  # (nodes, N, G)
 
 
@@ -75,7 +77,10 @@ def lr_schedule(optimizer, cfg: TrainConfig):
 class Trainer:
     def __init__(self, cfg: TrainConfig, task=None, reward_funcs=None, team=None, resume: bool = False,
                  log=print, sampler=None, from_scratch: bool = False):
-        self.cfg = validate(cfg)
+        from kit.centralized import team_config, wrap
+
+        cfg = validate(cfg)  # the run's config (config.json); self.cfg: the team's (centralized: one agent)
+        self.cfg = team_config(cfg)
         self.dist = Dist()  # one process, or this one's place among several (accelerate launch / torchrun)
         self.log = log if self.dist.is_main else (lambda *_: None)
         log = self.log
@@ -94,7 +99,7 @@ class Trainer:
             raise FileExistsError(f"run_dir {str(self.run_dir)!r} already holds a run; resume it (resume=True, "
                                   "--resume) or choose another run_dir")
         if exists:  # refuse a changed setting, or a run whose checkpoints are all damaged, before model loading
-            config_mod.check_resume(saved, self.cfg)
+            config_mod.check_resume(saved, cfg)
             checkpoint.check_resumable(self.run_dir, cfg.mirror_dir)
         elif resume:
             log(f"[kit] nothing to resume in {self.run_dir} (no run there yet): starting a new run")
@@ -110,7 +115,7 @@ class Trainer:
             from kit.tasks import task_for
 
             task = task_for(cfg)
-        self.task = task
+        self.task = task = wrap(cfg, task)
         self.reward_model = self.build_reward_model(cfg, task, reward_funcs or (), log)
         log(f"[kit] {describe(task)}")
         if cfg.num_turns > 1 and not has(task, "feedback"):
@@ -133,7 +138,10 @@ class Trainer:
                                     weight_decay=cfg.weight_decay)
             self.optimizers[adapter] = opt
             self.schedulers[adapter] = lr_schedule(opt, cfg)
+        # the algorithm (kit/critic.py): its advantages, its own models (critics) and their fit after the update
+        self.algorithm = algorithm_for(cfg, team, log, lr_schedule)
         self.step = 0
+        self.role_baseline = None  # advantage_mode=role: the moving baseline per (turn, agent), in checkpoints
         self._torn_step = None  # the step whose update ran but whose log lines are not written yet
         self._closed = False
         self.scorer = Scorer(self.reward_model, cfg.reward_workers, cfg.reward_pool)
@@ -149,7 +157,7 @@ class Trainer:
         if resume:
             self._resume()
         if self.dist.is_main:
-            config_mod.save(self.cfg, saved)
+            config_mod.save(cfg, saved)
 
     def build_reward_model(self, cfg, task, reward_funcs, log):
         """The run's reward model (kit.rewards.reward_model_for); a game scores episodes itself (kit/games.py)."""
@@ -167,9 +175,13 @@ class Trainer:
     # ---- run directory
 
     def _resume(self) -> None:
-        state = checkpoint.resume_latest(self.run_dir, self.team, self.optimizers, self.schedulers, log=self.log,
-                                         mirror_dir=self.cfg.mirror_dir)  # all damaged: stops, logs untouched
+        optimizers, schedulers = self.all_optimizers()
+        state = checkpoint.resume_latest(self.run_dir, self.team, optimizers, schedulers, log=self.log,
+                                         mirror_dir=self.cfg.mirror_dir,
+                                         models=self.algorithm.models)  # all damaged: stops, logs untouched
         self.step = state["step"] if state else 0
+        saved = (state or {}).get("advantage", {}).get("role_baseline")  # None: unset (JSON has no NaN)
+        self.role_baseline = None if saved is None else np.array(saved, dtype=np.float64)
         if state and self.cfg.rollout_correction == "auto":
             # rollout_engine and generation_weights may change on resume (a run moved from a CPU to a GPU): the
             # objective stays the trainer's policy gradient, and `auto` follows the new sampler to keep it so
@@ -262,21 +274,62 @@ class Trainer:
         return tuple(ro.texts[node * N + a][g] for a, g in enumerate(idx))
 
     def _returns_and_advantages(self, levels: list[Level]) -> None:
+        """Returns up the tree (the team's; per agent with a team/local mix), then advantages per `grouping` or
+        against the moving role baseline (kit/magrpo.py)."""
         cfg, N, G = self.cfg, self.cfg.num_agents, self.cfg.num_generations
-        child_returns = None
+        w = cfg.local_reward_weight
+        child_returns, child_mixed = None, None
         for level in reversed(levels):
             joints = level.joints
-            returns = []
+            returns, mixed = [], []
             for n, node_rewards in enumerate(level.rewards):
                 r = [self.reward_model.process(x.total) for x in node_rewards]
                 kids = None if child_returns is None else [child_returns[n * len(joints) + j]
                                                           for j in range(len(joints))]
                 returns.append(magrpo.node_returns(r, kids, cfg.discount))
-            level.returns = np.array(returns)  # (nodes, J)
-            per_agent = np.stack([magrpo.per_agent_returns(R, joints, N, G) for R in level.returns])
+                if w > 0:  # r_i = (1 - w) r + w local_i, each processed as the team's reward is
+                    local = [[self.reward_model.process(v) for v in magrpo.local_parts(x.parts, N)]
+                             for x in node_rewards]
+                    mine = None if child_mixed is None else [child_mixed[n * len(joints) + j]
+                                                             for j in range(len(joints))]
+                    mixed.append(magrpo.node_returns(magrpo.mix_rewards(r, local, w), mine, cfg.discount))
+            level.returns = np.array(returns)  # (nodes, J) the team's
+            agent_returns = np.array(mixed) if w > 0 else level.returns  # (nodes, J, N) or (nodes, J)
+            level.per_agent = np.stack([magrpo.per_agent_returns(R, joints, N, G) for R in agent_returns])
+            child_returns, child_mixed = list(level.returns), list(agent_returns) if w > 0 else None
+        how = dict(mode=cfg.advantage_mode, scale=cfg.scale_rewards, clip=cfg.advantage_clip)
+        if cfg.advantage_mode == "role":
+            self._role_advantages(levels)
+        elif cfg.grouping == "agent":  # one group per agent and item over every turn
+            every = np.concatenate([lv.per_agent for lv in levels])  # (all nodes, N, G)
+            adv = magrpo.grouped_advantages(every, [node["item"] for lv in levels for node in lv.nodes], **how,
+                                            batch_std=self.batch_std(every))
+            for lv, part in zip(levels, np.split(adv, np.cumsum([len(lv.nodes) for lv in levels])[:-1])):
+                lv.advantages = part
+        for level in levels if cfg.advantage_mode != "role" and cfg.grouping != "agent" else []:
+            per_agent = level.per_agent
+            if cfg.grouping == "turn":  # one group per agent, item and turn
+                level.advantages = magrpo.grouped_advantages(per_agent, [node["item"] for node in level.nodes],
+                                                             **how, batch_std=self.batch_std(per_agent))
+                continue
             level.advantages = magrpo.advantages(per_agent, cfg.advantage_mode, cfg.scale_rewards, cfg.advantage_clip,
                                                  batch_std=self.batch_std(per_agent))  # (nodes, N, G)
-            child_returns = list(level.returns)
+        self.algorithm.advantages(self, levels)  # MAGRPO keeps these; a critic replaces them (kit/critic.py)
+
+    def _role_advantages(self, levels: list[Level]) -> None:
+        """advantage_mode=role: A = R - b[turn, agent], then the baseline moves toward this step's mean return of
+        each (turn, agent) over every process (kit/magrpo.py role_baseline)."""
+        cfg, N = self.cfg, self.cfg.num_agents
+        if self.role_baseline is None:
+            self.role_baseline = np.full((cfg.num_turns, N), np.nan)
+        sums = self.dist.sum([float(x) for lv in levels for x in lv.per_agent.sum(axis=(0, 2))] +
+                             [float(lv.per_agent[:, 0].size) for lv in levels])  # (turns x N) sums, then counts
+        means = np.array(sums[:len(levels) * N]).reshape(len(levels), N) / np.array(sums[len(levels) * N:])[:, None]
+        for lv, mean in zip(levels, means):
+            used, self.role_baseline[lv.turn] = magrpo.role_baseline(self.role_baseline[lv.turn], mean,
+                                                                     cfg.role_baseline_decay)
+            lv.advantages = magrpo.role_advantages(lv.per_agent, used, scale=cfg.scale_rewards,
+                                                   clip=cfg.advantage_clip, batch_std=self.batch_std(lv.per_agent))
 
     def batch_std(self, returns: np.ndarray) -> float | None:
         """scale_rewards=batch: the std of the returns of the whole step, over every process (else None)."""
@@ -293,6 +346,8 @@ class Trainer:
         micro-batched, each micro-batch weighted by its share of all rows (or tokens) over every process."""
         cfg, team = self.cfg, self.team
         stats = {"lr": self.optimizers[team.adapters[0]].param_groups[0]["lr"]}  # the rate this step uses
+        if self.algorithm.actors_wait(self.step):  # critic_warmup_steps: the critics fit, the actors wait
+            return stats
         for adapter in team.adapters:
             agents = team.agents_of_adapter(adapter)
             model = team.model_of(agents[0])
@@ -376,7 +431,10 @@ class Trainer:
 
     def _step(self, adapter: str, opt, total_rows: int) -> float:
         """Sum the gradient over processes, clip it, step the adapter's optimizer; the gradient norm."""
-        params = self.team.parameters_of(adapter)
+        return self.step_parameters(self.team.parameters_of(adapter), opt, total_rows)
+
+    def step_parameters(self, params: list, opt, total_rows: int) -> float:
+        """`_step` for any parameters (an algorithm's critic too); the gradient norm."""
         # No rows on any process (a game's player who never acted): every grad stays None and opt.step() leaves
         # the adapter alone, as with one process; zeros would still move it (AdamW's momentum, weight decay).
         if self.dist.world > 1 and total_rows > 0:  # the global loss's gradient: the sum of every process's part
@@ -520,6 +578,7 @@ class Trainer:
             t1 = time.perf_counter()
             self._torn_step = self.step  # until the step is logged and saved (see _back_to_checkpoint)
             stats = self.update(levels)
+            stats.update(self.algorithm.fit(self))  # the algorithm's own models (critics), after the actors
             t2 = time.perf_counter()
             rollouts = self.rollout_rows(levels, items) if cfg.log_rollouts else []
             self.step += 1
@@ -559,8 +618,20 @@ class Trainer:
         state = {"data": {"seed": self.cfg.seed, "num_items": len(self.train_items),
                           "items_seen": self.step * self.cfg.batch_size},
                  "update": {"rollout_correction": self.correction}}
-        return checkpoint.save(self.run_dir, self.step, self.team, self.optimizers, self.schedulers, state,
-                               self.cfg.keep_last, self.cfg.keep_history)
+        if self.role_baseline is not None:
+            state["advantage"] = {"role_baseline": [[None if np.isnan(b) else float(b) for b in row]
+                                                    for row in self.role_baseline]}
+        return checkpoint.save(self.run_dir, self.step, self.team, *self.all_optimizers(), state,
+                               self.cfg.keep_last, self.cfg.keep_history, models=self.algorithm.models,
+                               files=self.checkpoint_files())
+
+    def checkpoint_files(self) -> dict:
+        """More state for the checkpoint, by file name (MADPO's pair buffer: kit/preference_trainer.py)."""
+        return {}
+
+    def all_optimizers(self) -> tuple[dict, dict]:
+        """The agents' optimizers and schedulers with the algorithm's (its critics'), as the checkpoint holds them."""
+        return {**self.optimizers, **self.algorithm.optimizers}, {**self.schedulers, **self.algorithm.schedulers}
 
     def summary(self) -> dict:
         """Reward at the start and end of the whole run (read back from metrics.jsonl, so resumes count)."""

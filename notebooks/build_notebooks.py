@@ -148,6 +148,8 @@ result = colab.preset_smoke_test("tiny_cpu" if SMOKE else PRESET)
                  code("""
 PRESET = "colab_a100"  # colab_a100 (A100, the paper's recipe in 4-bit), colab_t4, tiny_cpu
 TASK = "code"  # code, writing, toy
+ALGORITHM = "magrpo"  # magrpo, iac, maac (critics on the shared base), centralized (one policy writes every part),
+#             madpo or marlhf (learning from preferences: README)
 TASK_ARGS = {"dataset": "humaneval"}  # code: humaneval, coop, hub:OpenMLRL/CoopHumanEval; writing: {"kind": "tldr"}
 JUDGE_MODEL = None  # e.g. "claude-sonnet-4-5": adds the judge's score as a reward (needs ANTHROPIC_API_KEY)
 JUDGE_BUDGET_USD = 15.0  # hard cap on judge spend for this run
@@ -155,14 +157,14 @@ RUN_NAME = "magrpo_code"  # the run's folder name, here and on Drive
 DRIVE_FOLDER = "{DRIVE_FOLDER}"  # under MyDrive; 02-05 find the run there by RUN_NAME
 NUM_STEPS = None  # None: the preset's
 SAVE_EVERY = None  # a checkpoint (and a Drive copy) every this many steps; None: the preset's
-OVERRIDES = {}  # any other config field, e.g. {"algorithm": "madpo"} or {"algorithm": "marlhf"} (README)
 """.replace("{DRIVE_FOLDER}", DRIVE_FOLDER), tags=["parameters"]),
                  DRIVE,
                  code("""
 cfg = colab.notebook_config(PRESET, TASK, TASK_ARGS, RUN_NAME, globals().get("drive"), DRIVE_FOLDER, NUM_STEPS,
                             JUDGE_MODEL, JUDGE_BUDGET_USD, smoke=SMOKE, save_every=SAVE_EVERY,
-                            overrides=OVERRIDES)
-print(f"run: {cfg.run_dir}  mirror: {cfg.mirror_dir}  model: {cfg.model_name}  task: {cfg.task} {cfg.task_args}")
+                            algorithm=ALGORITHM)
+print(f"run: {cfg.run_dir}  mirror: {cfg.mirror_dir}  model: {cfg.model_name}  task: {cfg.task} {cfg.task_args}"
+      f"  algorithm: {cfg.algorithm}")
 """),
                  *train_cells("# Trains with a live reward curve (the whole run, also after a resume), writes "
                              "eval/learning_curves.png,\n# then closes the trainer, which waits for the last copy to "

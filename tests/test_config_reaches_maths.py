@@ -16,7 +16,9 @@ One table per stage, one row per field (or per pair of fields that act together)
                  top-k before top-p
     adapters     lora_r, lora_alpha
 Elsewhere: micro_batch_size and share_adapter (tests/test_trainer.py), the game trainer's groups per deal
-(tests/test_games.py). The fields that pick the model, its precision, the task or the prompt text (model_name,
+(tests/test_games.py), the algorithm and critic fields of issue 31 (algorithm, critic_type, baseline,
+value_loss_coef, value_clip_range, advantage_normalization, critic_learning_rate, critic_warmup_steps, gae_lambda:
+tests/test_critic.py, by hand). The fields that pick the model, its precision, the task or the prompt text (model_name,
 quantization, dtype, task, use_chat_template, ...) change the numbers that go in, not the formulas checked here.
 """
 
@@ -380,3 +382,53 @@ def test_lora_rank_and_alpha_shape_the_adapters(tmp_path):
     layers = [m for m in trainer.team.models[0].modules() if hasattr(m, "lora_A") and "agent_0" in m.lora_A]
     assert layers and all(m.r["agent_0"] == 4 and m.scaling["agent_0"] == 3.0 for m in layers)
     assert all(m.lora_A["agent_0"].weight.shape[0] == 4 for m in layers)
+
+
+# ---- credit assignment without a critic (issue 31): grouping, marginal, role, local_reward_weight
+
+# two turns, aligned: turn 1 has one node per joint action j of turn 0, whose 3 samples all repeat j, so every
+# sample there is worth 3 V[j] = [0, 3, 15]; turn 0's returns are twice the reward, [0, 6, 30] (mean 12)
+GROUPINGS = [
+    ("node", [-12, -6, 18], [[0, 0, 0]] * 3),  # a node's samples agree at turn 1: no signal there
+    ("turn", [-12, -6, 18], [[-6] * 3, [-3] * 3, [9] * 3]),  # turn 1 pooled over its 3 nodes: mean 6
+    ("agent", [-7.5, -1.5, 22.5], [[-7.5] * 3, [-4.5] * 3, [7.5] * 3]),  # both turns pooled: 90 / 12 = 7.5
+]
+
+
+@pytest.mark.parametrize("grouping, turn0, turn1", GROUPINGS, ids=[g[0] for g in GROUPINGS])
+def test_grouping_pools_an_agents_samples_over_nodes_and_turns(tmp_path, grouping, turn0, turn1):
+    levels = levels_of(tmp_path, ("num_turns=2", f"grouping={grouping}"))
+    for agent in range(2):
+        np.testing.assert_allclose(levels[0].advantages[0, agent], turn0, atol=1e-12)
+        np.testing.assert_allclose(levels[1].advantages[:, agent], turn1, atol=1e-12)
+
+
+def test_marginal_advantage_in_cross_mode(tmp_path):
+    # R(a, b) = V[a] + 2 V[b]: agent 0's sample a is worth V[a] + 2 mean(V) = V[a] + 4, minus the grand mean 6
+    advantages = levels_of(tmp_path, ("joint_mode=cross", "advantage_mode=marginal"))[0].advantages
+    np.testing.assert_allclose(advantages[0], [[-2, -1, 3], [-4, -2, 6]], atol=1e-12)
+
+
+def test_role_advantage_subtracts_the_moving_baseline_then_moves_it(tmp_path):
+    task = from_functions([{"id": "a"}], lambda it: ["x", "y"], joint_reward)
+    trainer = Trainer(config(tmp_path, "batch_size=1", "num_generations=3", "advantage_mode=role",
+                             "role_baseline_decay=0.5"), task=task, sampler=Scripted(), **QUIET)
+    trainer.role_baseline = np.array([[1.0, 2.0]])  # (turns, agents)
+    advantages = trainer.sample(trainer.batch_items(0))[0].advantages[0]
+    np.testing.assert_allclose(advantages, [[-1, 2, 14], [-2, 1, 13]], atol=1e-12)  # R = [0, 3, 15] minus b
+    np.testing.assert_allclose(trainer.role_baseline, [[0.5 * 1 + 0.5 * 6, 0.5 * 2 + 0.5 * 6]])  # mean R = 6
+
+
+def test_local_reward_weight_mixes_each_agents_own_part(tmp_path):
+    from kit.rewards import Reward
+
+    def reward(item, completions):  # the team's R = V[a] + 2 V[b]; agent 0's own part V[a], agent 1's 0
+        a, b = (VALUE[int(c[-1])] for c in completions)
+        return Reward(a + 2 * b, {"local_0": a, "local_1": 0.0})
+
+    task = from_functions([{"id": "a"}], lambda it: ["x", "y"], reward)
+    trainer = Trainer(config(tmp_path, "batch_size=1", "num_generations=3", "local_reward_weight=0.5"), task=task,
+                      sampler=Scripted(), **QUIET)
+    advantages = trainer.sample(trainer.batch_items(0))[0].advantages[0]
+    # aligned: R = 3 V = [0, 3, 15]; agent 0: 0.5 R + 0.5 V = 2 V = [0, 2, 10]; agent 1: 0.5 R = [0, 1.5, 7.5]
+    np.testing.assert_allclose(advantages, [[-4, -2, 6], [-3, -1.5, 4.5]], atol=1e-12)

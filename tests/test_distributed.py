@@ -104,6 +104,34 @@ def test_accelerate_launch_starts_two_processes_and_more_processes_than_items_is
     assert out.returncode != 0 and "batch_size >= 2" in out.stderr
 
 
+@pytest.mark.slow
+def test_a_critic_run_on_two_processes_equals_one_process(tmp_path):
+    """MAAC-q with COMA's baseline (issue 31): the same rollouts, advantages (normalised over both processes),
+    metrics (the critic's value loss and explained variance among them) and critic head on 2 processes as on 1.
+    The critic scores each process's rows in a batch of its own padding width: its values agree to float rounding
+    (~1e-7), which the normalisation by the step's std (small when the values are close) lifts to ~1e-5."""
+    one, two = tmp_path / "one", tmp_path / "two"
+    critic = ["algorithm=maac", "critic_type=q", "baseline=counterfactual", "num_steps=2"]
+    overrides = [a for a in ARGS if a != "--set"] + [f"run_dir={one}", *critic]
+    Trainer(load_config("tiny_cpu", overrides=overrides), **QUIET).train()
+    launch(2, "--preset", "tiny_cpu", "--run-dir", str(two), *ARGS, *[x for c in critic for x in ("--set", c)])
+    a, b = rows(one, "rollouts.jsonl"), rows(two, "rollouts.jsonl")
+    assert len(a) == len(b) == 2 * 4 * 2
+    for x, y in zip(a, b):
+        assert (x["step"], x["item"], x["completions"], x["reward"]) == (y["step"], y["item"], y["completions"],
+                                                                         y["reward"])
+        assert y["advantages"] == pytest.approx(x["advantages"], abs=1e-4)
+    for x, y in zip(rows(one, "metrics.jsonl"), rows(two, "metrics.jsonl"), strict=True):
+        for key in x:
+            if not key.startswith("perf/"):
+                assert y[key] == pytest.approx(x[key], rel=1e-3, abs=1e-5), key
+    assert "critic/value_loss/critic" in rows(two, "metrics.jsonl")[-1]
+    for name in ("models/critic/head.safetensors", "adapters/agent_0/adapter_model.safetensors"):
+        wa, wb = (load_file(str(run / "ckpt" / "step_000002" / name)) for run in (one, two))
+        for key in wa:
+            torch.testing.assert_close(wb[key], wa[key], rtol=0, atol=5e-4)
+
+
 GAME = ["--set", "batch_size=4", "--set", "num_generations=2", "--set", "eval_every=0", "--set", "save_every=2",
         "--set", "progress=false", "--set", "num_steps=2"]
 

@@ -61,7 +61,7 @@ def test_one_fit_is_one_adamw_step_on_the_bradley_terry_gradient(tmp_path):
              for it in ITEMS for w, l in ((2, 0), (2, 1))]
     sw, sl = rm.score_texts([w for w, _ in pairs]), rm.score_texts([l for _, l in pairs])
     hand = torch.autograd.grad(torch.log1p(torch.exp(-(sw - sl))).mean(), params)
-    seen = spy(trainer.optimizers[NAME])
+    seen = spy(trainer.algorithm.optimizers[NAME])
     stats = trainer.fit()
     assert seen["steps"] == 1 and stats["rm/num_pairs"] == 16 and stats["rm/heldout_pairs"] == 0
     assert max(float(g.abs().max()) for g in hand) > 1e-4
@@ -74,7 +74,7 @@ def test_held_out_items_epochs_and_batch_size(tmp_path):
     """8 items x 2 pairs, a quarter of the items held out: 12 pairs fit, 4 measured; 2 epochs of batches of 5:
     2 x ceil(12 / 5) = 6 steps."""
     trainer = scripted(tmp_path, "reward_num_train_epochs=2", "reward_train_batch_size=5")
-    seen = spy(trainer.optimizers[NAME])
+    seen = spy(trainer.algorithm.optimizers[NAME])
     stats = trainer.fit()
     assert (stats["rm/num_pairs"], stats["rm/heldout_pairs"], seen["steps"]) == (12, 4, 6)
     assert 0 <= stats["rm/heldout_accuracy"] <= 1

@@ -133,3 +133,18 @@ def test_notebook_06_draws_the_game_figures_of_its_run(tmp_path):
     exec("\n".join(body), space)
     fig = eval(last, space)  # the figure the cell shows
     assert [ax.get_ylabel() for ax in fig.axes] == ["game score", "illegal moves / decisions", "decisions per episode"]
+
+
+def test_the_live_curve_of_a_critic_run_shows_each_critics_fit(tmp_path):
+    """algorithm=iac (issue 31): a third panel, explained variance per critic and its value loss on a twin axis."""
+    rows = [{"step": s, "reward/mean": 0.1 * s, "mismatch/kl/agent_0": 0.0, **{
+        f"critic/{k}/critic_{i}": v * s + i for i in (0, 1) for k, v in (("value_loss", 1.0), ("explained_variance",
+                                                                                              0.1))}}
+            for s in (1, 2)]
+    live = plots.LiveCurve(every=1, run_dir=write_metrics(tmp_path / "iac", rows))
+    axes = live.figure().axes
+    critic = [ax for ax in axes if ax.get_title() == "critics"][0]
+    ev = {line.get_label(): list(line.get_ydata()) for line in critic.get_lines()}
+    assert ev == {"critic_0": [0.1, 0.2], "critic_1": [1.1, 1.2]}
+    twin = [ax for ax in axes if ax.get_ylabel() == "value loss (dashed)"][0]
+    assert [list(line.get_ydata()) for line in twin.get_lines()] == [[1.0, 2.0], [2.0, 3.0]]

@@ -206,8 +206,7 @@ def test_the_notebook_picks_the_algorithm_from_its_overrides(tmp_path, monkeypat
     from kit.marlhf import MARLHFTrainer
 
     monkeypatch.setenv("KIT_SMOKE_DIR", str(tmp_path / "smoke"))
-    cfg = colab.notebook_config("colab_a100", "toy", {}, "x", smoke=True, overrides={"algorithm": "marlhf"},
-                                log=lambda *_: None)
+    cfg = colab.notebook_config("colab_a100", "toy", {}, "x", smoke=True, algorithm="marlhf", log=lambda *_: None)
     assert cfg.algorithm == "marlhf" and trainer_class(cfg.task, cfg.algorithm) is MARLHFTrainer
     assert trainer_class("toy", "madpo") is MADPOTrainer
 

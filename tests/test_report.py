@@ -146,6 +146,7 @@ def test_reports_have_every_section_their_run_has_data_for(reports):
     for path in reports.values():
         text = path.read_text()
         assert "Not available" not in text and "| magrpo (step 2) |" in text
+        assert "agents trained with magrpo on" in text  # the algorithm (issue 31), named by config.json
         assert "Intervals: 95% percentile bootstrap" in text and "paired bootstrap" in text
         assert "| kit | 0." in text and "not recorded" not in text  # environment.json from the trainer
 

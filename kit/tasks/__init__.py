@@ -81,8 +81,10 @@ def get_task(name: str, num_agents: int, **task_args):
 
 
 def task_for(cfg):
-    """The task a TrainConfig names, built with its task_args."""
-    return get_task(cfg.task, cfg.num_agents, **cfg.task_args)
+    """The task a TrainConfig names, built with its task_args (algorithm=centralized: its one-policy form)."""
+    from kit.centralized import wrap
+
+    return wrap(cfg, get_task(cfg.task, cfg.num_agents, **cfg.task_args))
 
 
 def check_task(task, num_agents: int) -> None:

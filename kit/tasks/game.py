@@ -1,6 +1,7 @@
 """Turn-based games: the environment contract, and OpenSpiel games through it (cooperative Hanabi, tiny_hanabi).
 
     task = make_task(2, game="tiny_hanabi")        # or python -m kit train --set task=game --set 'task_args={game: hanabi}'
+    task = make_task(2, game="tiny_hanabi", suite="A")   # a Tiny Hanabi Suite game A-F (kit/coordination.py; E = default)
     ep = task.reset(seed)                          # chance outcomes (the deal, later draws) from the seed
     while not task.terminal(ep):
         p = task.player(ep)                        # whose turn
@@ -85,7 +86,8 @@ class OpenSpielGame:
 
     def __init__(self, num_agents: int = 2, game: str = "tiny_hanabi", params: dict | None = None,
                  max_decisions: int = 0, illegal: str = "random", illegal_penalty: float = 1.0,
-                 prompt_style: str = "full", num_train: int = 10_000, num_eval: int = 100):
+                 prompt_style: str = "full", num_train: int = 10_000, num_eval: int = 100,
+                 suite: str | None = None):
         try:
             import pyspiel
         except ImportError as err:
@@ -95,6 +97,13 @@ class OpenSpielGame:
         if prompt_style not in ("full", "compact"):
             raise ValueError(f"prompt_style={prompt_style!r}: use 'full' or 'compact'")
         params = dict(params or {})
+        if suite is not None:  # a Tiny Hanabi Suite game (kit/coordination.py): tiny_hanabi with its payoff table
+            from kit.coordination import openspiel_params
+
+            if game != "tiny_hanabi" or params:
+                raise ValueError(f"suite={suite!r} picks a tiny_hanabi payoff table: use it with game=tiny_hanabi and "
+                                 f"no params (got game={game!r}, params={params})")
+            params = openspiel_params(suite)
         if game == "hanabi":
             params.setdefault("players", num_agents)
         try:
@@ -165,6 +174,17 @@ class OpenSpielGame:
         if number and 1 <= int(number.group()) <= len(legal):
             return legal[int(number.group()) - 1]
         return None
+
+    def settled(self, ep: Episode, text: str, chars_left: int) -> bool:
+        """Whether every continuation of `text` by at most `chars_left` characters parses as `text` does: no move
+        name can still appear, and a name is already there or the first number has ended (kit/coordination.py
+        enumerates completions and stops at a settled prefix)."""
+        moves = self.moves(ep)
+        could_appear = any(text.endswith(m[:k]) and len(m) - k <= chars_left
+                           for m in moves if m and m not in text for k in range(len(m)))
+        number = re.search(r"\d+", text)
+        return not could_appear and (any(m and m in text for m in moves) or
+                                     (number is not None and number.end() < len(text)))
 
     def step(self, ep: Episode, text: str) -> dict:
         """Play one decision from a completion; returns its record (player, move, legal)."""

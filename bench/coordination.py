@@ -1,0 +1,146 @@
+"""The coordination suite: every credit-assignment method on every Tiny Hanabi Suite game, over seeds, scored exactly.
+
+    python bench/coordination.py                                   # game E, seeds 0-15, every method, 300 steps
+    python bench/coordination.py --games A B C D E F --seeds 0 1 2 3 --methods magrpo role
+    python bench/coordination.py --table                           # the table of the rows saved so far
+
+A method is a list of overrides of the `tiny_hanabi` preset (the built-in tiny model, compact prompts, one adapter
+per player; METHODS below, settings fixed before any result was seen). A method whose config fields do not exist
+in this tree (the critics of issue 31's other half, until they land) is skipped with one line. Runs go seed by
+seed (every method on seed 0, then seed 1, ...), so a run cut short leaves every method with the same seeds.
+
+Per run: the exact expected return of the greedy team every `--every` steps (kit/coordination.py: every deal, no
+sampling noise), and at the end the greedy and the sampling policies' exact returns and the training seconds
+(the evaluations are not timed). Rows are appended to bench/out/coordination.jsonl and a run already there is not
+run again. The table, per (method, game): the share of seeds whose final greedy return equals the game's
+optimum, the mean final greedy and sampled returns, and s/step (training only; on a shared CPU an upper bound).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+OUT = ROOT / "bench" / "out" / "coordination.jsonl"
+
+# name -> overrides of the tiny_hanabi preset. marginal: G=4 and 4 deals, so that its G^2 = 16 episodes per deal
+# make the same 64 episodes per step as the preset's 8 deals x G=8.
+METHODS = {
+    "magrpo": [],
+    "magrpo_group": ["scale_rewards=group"],
+    "marginal": ["joint_mode=cross", "advantage_mode=marginal", "num_generations=4", "batch_size=4"],
+    "role": ["advantage_mode=role"],
+    "iac": ["algorithm=iac"],
+    "maac_v": ["algorithm=maac", "critic_type=v"],
+    "maac_q_cf": ["algorithm=maac", "critic_type=q", "baseline=counterfactual"],
+}
+
+
+def runnable(method: str) -> str | None:
+    """None if this tree can run `method`, else why not (one line)."""
+    from kit.config import ConfigError, TrainConfig, load_config
+
+    fields = TrainConfig.__dataclass_fields__
+    missing = [o.split("=")[0] for o in METHODS[method] if o.split("=")[0] not in fields]
+    if missing:
+        return f"config field(s) {', '.join(missing)} do not exist in this tree"
+    try:
+        load_config("tiny_hanabi", overrides=METHODS[method])
+    except ConfigError as err:
+        return str(err)
+    return None
+
+
+def run(method: str, game: str, seed: int, steps: int, every: int) -> dict:
+    import tempfile
+
+    import torch
+
+    from kit.config import load_config
+    from kit.coordination import exact_eval, greedy_moves
+    from kit.game_trainer import GameTrainer
+
+    torch.set_num_threads(1)
+    with tempfile.TemporaryDirectory() as tmp:
+        cfg = load_config("tiny_hanabi", overrides=[
+            f"run_dir={Path(tmp) / 'run'}", f"seed={seed}", f"num_steps={steps}", "eval_every=0", "save_every=0",
+            "progress=false", "log_rollouts=false",
+            f"task_args={{game: tiny_hanabi, prompt_style: compact, suite: {game}}}", *METHODS[method]])
+        trainer = GameTrainer(cfg, log=lambda *_: None)
+        curve, seconds = [], 0.0
+        while trainer.step < steps:
+            start = time.perf_counter()
+            trainer.train(max_steps=every)
+            seconds += time.perf_counter() - start
+            curve.append(exact_eval(trainer.sampler, trainer.task, sampled=False)["eval/exact_greedy"])
+        final = exact_eval(trainer.sampler, trainer.task)
+        first, second = greedy_moves(trainer.sampler, trainer.task)
+        trainer.close()
+    return {"method": method, "game": game, "seed": seed, "steps": steps, "curve": curve,
+            "greedy": final["eval/exact_greedy"], "sampled": final["eval/exact_sampled"],
+            "unresolved": final["eval/exact_unresolved"], "optimum": final["eval/exact_optimum"],
+            "reached": bool(abs(final["eval/exact_greedy"] - final["eval/exact_optimum"]) < 1e-9),
+            "train_s": seconds, "s_per_step": seconds / steps,
+            "moves": {"player_0": first, "player_1": second}}  # greedy moves per card / per (card, seen move)
+
+
+def table(rows: list[dict]) -> str:
+    keys = sorted({(r["method"], r["game"], r["steps"]) for r in rows},
+                  key=lambda k: (k[1], list(METHODS).index(k[0]) if k[0] in METHODS else 99, k[2]))
+    lines = ["| game (optimum) | method | seeds | reached the optimum | final greedy (mean) | final sampled (mean) "
+             "| s/step |", "|---|---|---|---|---|---|---|"]
+    for method, game, steps in keys:
+        mine = sorted((r for r in rows if (r["method"], r["game"], r["steps"]) == (method, game, steps)),
+                      key=lambda r: r["seed"])
+        n = len(mine)
+        mean = lambda k: sum(r[k] for r in mine) / n  # noqa: E731
+        seeds = f"{mine[0]['seed']}-{mine[-1]['seed']}" if n > 1 else str(mine[0]["seed"])
+        lines.append(f"| {game} ({mine[0]['optimum']:.4g}) | {method} | {seeds} ({n}) | "
+                     f"{sum(r['reached'] for r in mine)}/{n} | {mean('greedy'):.3f} | {mean('sampled'):.3f} | "
+                     f"{mean('s_per_step'):.3f} |")
+    return "\n".join(lines)
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--methods", nargs="+", default=list(METHODS), choices=list(METHODS))
+    parser.add_argument("--games", nargs="+", default=["E"], choices=list("ABCDEF"))
+    parser.add_argument("--seeds", type=int, nargs="+", default=list(range(16)))
+    parser.add_argument("--steps", type=int, default=300)
+    parser.add_argument("--every", type=int, default=25, help="steps between exact greedy evaluations")
+    parser.add_argument("--table", action="store_true", help="print the table of the saved rows and stop")
+    args = parser.parse_args(argv)
+    rows = [json.loads(line) for line in OUT.read_text().splitlines()] if OUT.exists() else []
+    if not args.table:
+        methods = []
+        for m in args.methods:
+            why = runnable(m)
+            if why:
+                print(f"[bench] {m} skipped: {why}", flush=True)
+            else:
+                methods.append(m)
+        done = {(r["method"], r["game"], r["seed"], r["steps"]) for r in rows}
+        OUT.parent.mkdir(parents=True, exist_ok=True)
+        for seed in args.seeds:
+            for game in args.games:
+                for m in methods:
+                    if (m, game, seed, args.steps) in done:
+                        continue
+                    row = run(m, game, seed, args.steps, args.every)
+                    rows.append(row)
+                    with OUT.open("a") as f:
+                        f.write(json.dumps(row) + "\n")
+                    print(f"[bench] {m} game {game} seed {seed}: greedy {row['greedy']:.3f} sampled "
+                          f"{row['sampled']:.3f} (optimum {row['optimum']:.4g}) {row['s_per_step']:.3f} s/step",
+                          flush=True)
+    print(table([r for r in rows if r["method"] in args.methods and r["game"] in args.games]))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,147 @@
+"""The coordination suite (kit/coordination.py): the Tiny Hanabi Suite's tables and optima, the exact evaluator,
+and the game trainer's credit options (cross branching, the role baseline: resumed exactly, 2 processes = 1).
+
+Run: python -m pytest tests/test_coordination.py      (about 20 s; the 2-process run is marked slow)
+"""
+
+import json
+
+import numpy as np
+import pytest
+
+pyspiel = pytest.importorskip("pyspiel")
+
+from kit import coordination  # noqa: E402
+from kit.config import load_config  # noqa: E402
+from kit.coordination import deterministic, optimum, payoff_table, pure_equilibria, value  # noqa: E402
+from kit.game_trainer import GameTrainer  # noqa: E402
+from kit.rollout import Rollout  # noqa: E402
+from kit.tasks.game import OpenSpielGame  # noqa: E402
+
+QUIET = dict(log=lambda *_: None)
+SIGNAL_P0 = [2, 0]  # game E: card 0 -> a2, card 1 -> a0 ...
+SIGNAL_P1 = [[2, 0, 0], [0, 0, 2]]  # ... and player 1 reads it: [card][seen move] -> move (a1 is never seen)
+
+
+@pytest.mark.parametrize("game, best", [("A", 2.25), ("B", 1.0), ("C", 2.5), ("D", 2.5), ("E", 10.0), ("F", 7 / 3)])
+def test_each_suite_game_has_the_optimum_the_paper_reports(game, best):
+    # brute force over every deterministic joint policy against the paper's table of optima
+    assert optimum(payoff_table(game)) == pytest.approx(best, abs=1e-12)
+
+
+def test_game_e_is_openspiels_default_tiny_hanabi_with_its_five_pure_equilibria():
+    assert pyspiel.load_game("tiny_hanabi").get_parameters()["payoff"] == coordination.openspiel_params("E")["payoff"]
+    assert pure_equilibria(payoff_table("E")) == [10.0, 9.0, 8.0, 7.5, 5.0]
+
+
+def test_the_exact_value_of_hand_written_policies():
+    E, A = payoff_table("E"), payoff_table("A")
+    middle = value(E, deterministic([1, 1], 3), deterministic([[1] * 3] * 2, 3))
+    assert middle == 8.0  # every deal pays 8 for (a1, a1)
+    assert value(E, deterministic(SIGNAL_P0, 3), deterministic(SIGNAL_P1, 3)) == 10.0
+    assert value(E, np.full((2, 3), 1 / 3), np.full((2, 3, 3), 1 / 3)) == pytest.approx(134 / 36)  # the mean entry
+    # game A, both always a0: payoff[c0, c1, 0, 0] = 0, 0, 3, 2 over the four deals
+    assert value(A, deterministic([0, 0], 2), deterministic([[0, 0]] * 2, 2)) == 1.25
+
+
+def test_suite_picks_the_payoff_table_of_tiny_hanabi():
+    task = OpenSpielGame(2, "tiny_hanabi", suite="F", prompt_style="compact")
+    np.testing.assert_array_equal(coordination.table_of(task.game), payoff_table("F"))
+    assert len(task.legal(task.reset(0))) == 2  # F: 3 cards, 2 moves
+    with pytest.raises(ValueError, match="suite"):
+        OpenSpielGame(2, "tiny_hanabi", suite="A", params={"num_actions": 2})
+    with pytest.raises(ValueError, match="suite"):
+        OpenSpielGame(2, "tiny_hanabi", suite="G")
+
+
+class Scripted:
+    """A greedy team that answers by a table: player 0 by its card, player 1 by its card and the move it saw."""
+
+    greedy = None
+
+    def __init__(self, p0, p1):
+        self.p0, self.p1 = p0, p1
+
+    def sample(self, requests, n, params=None, keys=None):
+        def answer(player, prompt):  # "a0 go d1", "a1 go d0 a2"
+            words = prompt.split()
+            card = int(words[2][1])
+            move = self.p0[card] if player == 0 else self.p1[card][int(words[3][1])]
+            return "x" if move is None else str(move + 1)  # moves are numbered from 1; "x" names none
+        return Rollout(requests, [[answer(p, prompt)] * n for p, prompt in requests])
+
+
+def test_exact_eval_scores_a_greedy_team_over_every_deal():
+    task = OpenSpielGame(2, "tiny_hanabi", prompt_style="compact")
+    out = coordination.exact_eval(Scripted(SIGNAL_P0, SIGNAL_P1), task, sampled=False)
+    assert out == {"eval/exact_optimum": 10.0, "eval/exact_greedy": 10.0}
+    # player 1 names no move: a random legal one (each deal's payoff row averages 10/3) and one penalty per game
+    out = coordination.exact_eval(Scripted(SIGNAL_P0, [[None] * 3] * 2), task, sampled=False)
+    assert out["eval/exact_greedy"] == pytest.approx(10 / 3 - 1.0)
+
+
+def trainer(tmp_path, *overrides, name="run"):
+    cfg = load_config("tiny_hanabi", overrides=[f"run_dir={tmp_path / name}", "progress=false", "eval_every=0",
+                                                "batch_size=2", "num_generations=2", *overrides])
+    return GameTrainer(cfg, **QUIET)
+
+
+def test_move_probabilities_are_a_distribution_and_exact_for_one_token_answers(tmp_path):
+    t = trainer(tmp_path, "max_new_tokens=1")
+    first, second = coordination.observations(t.task, coordination.table_of(t.task.game))
+    probs, illegal, unresolved = coordination.move_probabilities(t.team, t.sampler.params, t.task, second, 1)
+    np.testing.assert_allclose(probs.sum(1) + illegal, 1.0)
+    assert (unresolved == 0).all()  # one token: every completion is enumerated
+    out = coordination.exact_eval(t.sampler, t.task)
+    assert out["eval/exact_unresolved"] == 0 and -1.0 <= out["eval/exact_sampled"] <= 10.0
+
+
+def test_cross_games_branch_the_first_move_and_score_it_by_its_continuations(tmp_path):
+    t = trainer(tmp_path, "joint_mode=cross", "advantage_mode=marginal")
+    rounds = t.sample(t.batch_items(0))
+    assert len(t.episodes) == 2 * 4  # deals x G^2
+    first = [ep.decisions[0]["completion"] for ep in t.episodes]
+    assert first[0::2] == first[1::2]  # episodes 2k and 2k+1 share their first move
+    R = t.returns.reshape(2, 2, 2)  # (deal, first move, continuation)
+    M = R.mean(-1)  # a first move's return: the mean over its continuations
+    np.testing.assert_allclose(rounds[0].advantages, np.repeat(M - M.mean(-1, keepdims=True), 2).ravel())
+    np.testing.assert_allclose(rounds[1].advantages, (R - R.mean(-1, keepdims=True)).ravel())
+
+
+def test_the_role_baseline_is_checkpointed_and_a_resumed_run_continues_it_exactly(tmp_path):
+    whole = trainer(tmp_path, "advantage_mode=role", "num_steps=4", "save_every=2", name="whole")
+    whole.train()
+    state = json.loads((tmp_path / "whole" / "ckpt" / "step_000004" / "state.json").read_text())
+    np.testing.assert_array_equal(state["advantage"]["role_baseline"], whole.role_baseline)
+    half = trainer(tmp_path, "advantage_mode=role", "num_steps=4", "save_every=2", name="half")
+    half.train(max_steps=3)  # past the checkpoint of step 2: step 3 is run again after the resume
+    resumed = GameTrainer.from_run(tmp_path / "half", **QUIET)
+    assert resumed.step == 2
+    resumed.train()
+    np.testing.assert_array_equal(resumed.role_baseline, whole.role_baseline)
+    rows = [json.loads(line) for line in open(tmp_path / "whole" / "metrics.jsonl")]
+    again = [json.loads(line) for line in open(tmp_path / "half" / "metrics.jsonl")]
+    assert [r["advantage/abs_mean"] for r in again] == [r["advantage/abs_mean"] for r in rows]
+
+
+@pytest.mark.slow
+def test_the_role_baseline_on_two_processes_equals_one_process(tmp_path):
+    from test_distributed import launch
+
+    one = trainer(tmp_path, "advantage_mode=role", "batch_size=4", "num_steps=2", "save_every=2", name="one")
+    one.train()
+    launch(2, "--preset", "tiny_hanabi", "--run-dir", str(tmp_path / "two"), "--set", "advantage_mode=role",
+           "--set", "batch_size=4", "--set", "num_generations=2", "--set", "num_steps=2", "--set", "save_every=2",
+           "--set", "eval_every=0", "--set", "progress=false")
+    two = json.loads((tmp_path / "two" / "ckpt" / "step_000002" / "state.json").read_text())
+    np.testing.assert_allclose(two["advantage"]["role_baseline"], one.role_baseline, rtol=1e-12)
+
+
+def test_a_game_decision_gets_its_return_minus_its_players_baseline(tmp_path):
+    t = trainer(tmp_path, "advantage_mode=role", "role_baseline_decay=0.25")
+    t.role_baseline = np.array([[1.0, 2.0]])  # (1, players)
+    rounds = t.sample(t.batch_items(0))
+    for r in rounds:  # tiny_hanabi: decision 0 is player 0's, decision 1 player 1's
+        np.testing.assert_allclose(r.advantages, t.returns[r.episodes] - [1.0, 2.0][r.index])
+    mean = t.returns.mean()
+    np.testing.assert_allclose(t.role_baseline, [[0.25 * 1 + 0.75 * mean, 0.25 * 2 + 0.75 * mean]])

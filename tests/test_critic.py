@@ -1,0 +1,274 @@
+"""IAC and MAAC in the loop (kit/critic.py): every critic field reaches the advantages, the fit or the optimizer,
+with numbers worked out by hand; resume is exact with critics; games train with critics.
+
+Run: python -m pytest tests/test_critic.py      (about a minute: a scripted sampler and the tiny model)
+
+The advantage table uses tests/test_config_reaches_maths.py's scripted sampler (sample g is "g"; R = [0, 3, 15]
+for the aligned joint actions of G = 3, agent 0's value plus twice agent 1's) and replaces the critics' scores by a
+lookup of the text they read, so the numbers are known; the critic model itself is tests/test_heads.py.
+"""
+
+import json
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from kit.config import ConfigError, load_config
+from kit.tasks import from_functions
+from kit.trainer import Trainer
+from tests.test_config_reaches_maths import Scripted, joint_reward
+
+QUIET = dict(log=lambda *_: None)
+VALUE = [0.0, 1.0, 5.0]
+
+
+def fake_score(text: str) -> float:
+    """What the critics 'predict' here: V(agent 0's prompt "x") = 1, V("y") = 2, V(a second-turn prompt) = 10,
+    V(MAAC's joint prompt) = 4; Q(prompt + completion g) = VALUE[g] for agent 0, 2 VALUE[g] for agent 1; the joint
+    Q(c0, c1) = VALUE[c0] + 2 VALUE[c1] (= the reward)."""
+    if text.startswith("[Agent 0]"):
+        lines = text.split("\n")
+        if len(lines) == 2:  # v: two prompt blocks
+            return 4.0
+        return VALUE[int(lines[1])] + 2 * VALUE[int(lines[3])]
+    if text.startswith("again"):
+        return 10.0
+    if len(text) == 1:
+        return {"x": 1.0, "y": 2.0}[text]
+    return (1.0 if text[0] == "x" else 2.0) * VALUE[int(text[1])]
+
+
+def trainer_for(tmp_path, *overrides, turns_feedback=True):
+    task = from_functions([{"id": "a"}, {"id": "b"}], lambda it: ["x", "y"], joint_reward,
+                          feedback_fn=lambda it, comps, reward: [f"again {c}" for c in comps])
+    cfg = load_config("tiny_cpu", overrides=[f"run_dir={tmp_path / 'run'}", "progress=false", "eval_every=0",
+                                              "beta=0", "top_p=1.0", "batch_size=1", "num_generations=3",
+                                              "advantage_normalization=false", *overrides])
+    trainer = Trainer(cfg, task=task, sampler=Scripted(), **QUIET)
+    trainer.algorithm.values = lambda name, texts: np.array([fake_score(t) for t in texts])
+    return trainer
+
+
+CRITIC_ADVANTAGES = [  # overrides, turn-0 advantages (agents, G)
+    (("algorithm=iac",), [[0 - 1, 3 - 1, 15 - 1], [0 - 2, 3 - 2, 15 - 2]]),  # R - V(own prompt)
+    (("algorithm=iac", "critic_type=q"), [[-2, -1, 3], [-4, -2, 6]]),  # Q - mean Q: VALUE - 2, 2 VALUE - 4
+    (("algorithm=maac",), [[-4, -1, 11]] * 2),  # R - V(joint prompt) = R - 4
+    (("algorithm=maac", "critic_type=q"), [[-6, -3, 9]] * 2),  # joint Q = R, minus its mean 6
+    # COMA: agent 0 swaps its own sample, agent 1's fixed: VALUE[g] - mean VALUE; agent 1: 2 VALUE[g] - 2 mean VALUE
+    (("algorithm=maac", "critic_type=q", "baseline=counterfactual"), [[-2, -1, 3], [-4, -2, 6]]),
+    # normalised over the step, each agent: [-1, 2, 14] has mean 5 and std sqrt(42)
+    (("algorithm=iac", "advantage_normalization=true"), [np.array([-6, -3, 9]) / math.sqrt(42)] * 2),
+    # two turns, children repeat their parent's move (r_1 = r_0), discount 0.5, lam 0.5, V(child) = 10:
+    # y_0 = r + 0.5 (0.5 * 10 + 0.5 * r) = 1.25 r + 2.5 = [2.5, 6.25, 21.25]; minus V(x) = 1 and V(y) = 2
+    (("algorithm=iac", "num_turns=2", "discount=0.5", "gae_lambda=0.5"), [[1.5, 5.25, 20.25], [0.5, 4.25, 19.25]]),
+    # TD(0) (lam 0): y_0 = r + 0.5 * 10 = [5, 8, 20]
+    (("algorithm=iac", "num_turns=2", "discount=0.5"), [[4, 7, 19], [3, 6, 18]]),
+    # lam 1: the Monte Carlo return r + 0.5 r = [0, 4.5, 22.5]
+    (("algorithm=iac", "num_turns=2", "discount=0.5", "gae_lambda=1"), [[-1, 3.5, 21.5], [-2, 2.5, 20.5]]),
+]
+
+
+@pytest.mark.parametrize("overrides, expected", CRITIC_ADVANTAGES, ids=[" ".join(r[0]) for r in CRITIC_ADVANTAGES])
+def test_critic_fields_reach_the_advantages(tmp_path, overrides, expected):
+    trainer = trainer_for(tmp_path, *overrides)
+    levels = trainer.sample(trainer.batch_items(0))
+    np.testing.assert_allclose(levels[0].advantages[0], expected, rtol=1e-6, atol=1e-9)
+
+
+def test_fit_targets_are_the_lambda_returns(tmp_path):
+    """What each critic is fitted to: its texts against their lambda-returns (IAC-v: y_0 of the turn-0 prompt is the
+    mean over joint actions of [2.5, 6.25, 21.25] = 10; the last turn's prompts 'again g' their reward)."""
+    trainer = trainer_for(tmp_path, "algorithm=iac", "num_turns=2", "discount=0.5", "gae_lambda=0.5")
+    trainer.sample(trainer.batch_items(0))
+    texts, targets, olds = trainer.algorithm.batch["critic_0"]
+    assert texts == ["x", "again 0", "again 1", "again 2"]
+    np.testing.assert_allclose(targets, [10.0, 0.0, 3.0, 15.0])
+    np.testing.assert_allclose(olds, [1.0, 10.0, 10.0, 10.0])
+
+
+@pytest.mark.parametrize("coef", [0.6, 1.0])
+def test_value_loss_coef_scales_the_logged_value_loss(tmp_path, coef):
+    """The untrained critic (zero head) says 0; MAAC-v's one prompt has the target mean(R) = 6: 0.5 * 36 = 18."""
+    trainer = trainer_for(tmp_path, "algorithm=maac", f"value_loss_coef={coef}")
+    del trainer.algorithm.values  # the real critic
+    trainer.sample(trainer.batch_items(0))
+    stats = trainer.algorithm.fit(trainer)
+    assert stats["critic/value_loss/critic"] == pytest.approx(coef * 18.0, rel=1e-6)
+
+
+@pytest.mark.parametrize("lr", [0.01, 0.003])
+def test_critic_learning_rate_makes_the_first_adamw_step(tmp_path, lr):
+    """The head's bias after AdamW's first step: 0 - lr * g / (|g| + eps) = +lr (V = 0 under the target 6)."""
+    trainer = trainer_for(tmp_path, "algorithm=maac", f"critic_learning_rate={lr}", "learning_rate=0.5")
+    del trainer.algorithm.values
+    trainer.sample(trainer.batch_items(0))
+    trainer.algorithm.fit(trainer)
+    assert float(trainer.algorithm.models["critic"].head.bias.detach()) == pytest.approx(lr, rel=1e-6)
+
+
+def test_value_clip_range_reaches_the_value_loss(tmp_path, monkeypatch):
+    from kit import actor_critic
+
+    seen = []
+    real = actor_critic.value_loss
+    monkeypatch.setattr(actor_critic, "value_loss", lambda *a: seen.append(a[3]) or real(*a))
+    trainer = trainer_for(tmp_path, "algorithm=maac", "value_clip_range=0.3", "num_iterations=2")
+    del trainer.algorithm.values
+    trainer.sample(trainer.batch_items(0))
+    trainer.algorithm.fit(trainer)
+    assert seen == [0.3, 0.3]  # one call per iteration
+
+
+def test_critic_warmup_steps_keep_the_actors_still(tmp_path):
+    trainer = trainer_for(tmp_path, "algorithm=iac", "critic_warmup_steps=1", "num_steps=1", "save_every=0")
+    del trainer.algorithm.values
+    actors = [p.detach().clone() for a in trainer.team.adapters for p in trainer.team.parameters_of(a)]
+    trainer.train()
+    assert all(torch.equal(p, q) for p, q in zip(actors, [p for a in trainer.team.adapters
+                                                          for p in trainer.team.parameters_of(a)]))
+    assert float(trainer.algorithm.models["critic_0"].head.bias.detach()) != 0.0  # the critic did fit
+
+
+@pytest.mark.parametrize("overrides, field", [
+    (("algorithm=iac", "baseline=counterfactual"), "baseline"),
+    (("algorithm=maac", "critic_type=q", "baseline=counterfactual", "joint_mode=cross"), "baseline"),
+    (("gae_lambda=1.5",), "gae_lambda"), (("value_loss_coef=0",), "value_loss_coef"),
+    (("algorithm=a2c",), "algorithm"), (("critic_type=w",), "critic_type"),
+    (("algorithm=iac", "use_separate_critic=false"), "use_separate_critic"),
+])
+def test_bad_critic_settings_fail_before_any_model_loads(overrides, field):
+    with pytest.raises(ConfigError, match=field):
+        load_config("tiny_cpu", overrides=list(overrides))
+
+
+def critic_weights(trainer):
+    return {name: [p.detach().clone() for p in m.parameters()] for name, m in trainer.algorithm.models.items()}
+
+
+@pytest.mark.parametrize("algo", [("algorithm=iac", "critic_type=q"),
+                                  pytest.param(("algorithm=maac",), marks=pytest.mark.slow)], ids=["iac-q", "maac-v"])
+def test_resume_with_critics_is_exact(tmp_path, algo):
+    """k steps, stop, resume, k more == 2k straight: bitwise actors, critics (adapters and heads), metrics."""
+    common = ["progress=false", "num_steps=4", "save_every=2", "eval_every=0", "batch_size=2", "num_generations=2",
+              "log_rollouts=false", *algo]
+    straight = Trainer(load_config("tiny_cpu", overrides=[f"run_dir={tmp_path / 'a'}", *common]), **QUIET)
+    straight.train()
+    first = Trainer(load_config("tiny_cpu", overrides=[f"run_dir={tmp_path / 'b'}", *common]), **QUIET)
+    first.train(max_steps=2)
+    resumed = Trainer(load_config("tiny_cpu", overrides=[f"run_dir={tmp_path / 'b'}", *common]), resume=True,
+                      **QUIET)
+    assert resumed.step == 2
+    resumed.train()
+    for a in straight.team.adapters:
+        assert all(torch.equal(p, q) for p, q in zip(straight.team.parameters_of(a), resumed.team.parameters_of(a)))
+    wa, wb = critic_weights(straight), critic_weights(resumed)
+    assert all(torch.equal(p, q) for name in wa for p, q in zip(wa[name], wb[name]))
+
+    def rows(run):
+        return [{k: v for k, v in json.loads(line).items() if not k.startswith("perf/")}
+                for line in open(tmp_path / run / "metrics.jsonl")]
+
+    assert rows("a") == rows("b")
+    assert any(k.startswith("critic/value_loss/") for k in rows("a")[-1])
+
+
+def test_a_damaged_critic_head_falls_back_to_the_older_checkpoint(tmp_path):
+    common = ["progress=false", "num_steps=2", "save_every=1", "eval_every=0", "batch_size=1", "num_generations=2",
+              "log_rollouts=false", "algorithm=maac", f"run_dir={tmp_path / 'r'}"]
+    Trainer(load_config("tiny_cpu", overrides=common), **QUIET).train()
+    (tmp_path / "r" / "ckpt" / "step_000002" / "models" / "critic" / "head.safetensors").write_bytes(b"x")
+    with pytest.warns(UserWarning, match="skipping unreadable checkpoint"):
+        resumed = Trainer(load_config("tiny_cpu", overrides=common), resume=True, **QUIET)
+    assert resumed.step == 1
+
+
+@pytest.mark.parametrize("algo", [("algorithm=iac",), pytest.param(("algorithm=maac", "critic_type=q",
+                                                                   "baseline=counterfactual"), marks=pytest.mark.slow)],
+                         ids=["iac", "maac-q-cf"])
+def test_a_game_trains_with_critics(tmp_path, algo):
+    from kit.game_trainer import GameTrainer
+
+    pytest.importorskip("pyspiel")
+    cfg = load_config("tiny_hanabi", overrides=[f"run_dir={tmp_path / 'g'}", "progress=false", "num_steps=2",
+                                                "eval_every=0", "save_every=2", "batch_size=2", "num_generations=2",
+                                                "gae_lambda=0.5", *algo])
+    trainer = GameTrainer(cfg, **QUIET)
+    trainer.train()
+    row = json.loads(open(tmp_path / "g" / "metrics.jsonl").readlines()[-1])
+    assert any(k.startswith("critic/value_loss/") for k in row)
+    texts = [t for texts, _, _ in trainer.algorithm.batch.values() for t in texts]
+    assert len(texts) == sum(len(r.episodes) for r in trainer.sample(trainer.batch_items(0)))  # one per decision
+    if "algorithm=maac" in algo:
+        assert all(t.startswith("[Agent 0]") and "[Agent 1]" in t for t in texts)  # both players' observations
+
+
+def test_the_training_notebook_passes_its_algorithm(tmp_path, monkeypatch):
+    from kit import colab
+
+    monkeypatch.setenv("KIT_SMOKE_DIR", str(tmp_path / "smoke"))
+    cfg = colab.notebook_config("tiny_cpu", "toy", {}, "r", smoke=True, algorithm="maac", log=lambda *_: None)
+    assert cfg.algorithm == "maac"
+
+
+class _Episode:
+    def __init__(self, seed):
+        self.seed, self.decisions = seed, []
+
+    @property
+    def length(self):
+        return len(self.decisions)
+
+
+class _TwoMoveGame:
+    """Player 0 moves, then player 1; the return is 10. An observation names the player and the decision."""
+
+    def reset(self, seed):
+        return _Episode(seed)
+
+    def prompt(self, ep, player):
+        return f"o{player}t{ep.length}"
+
+    def step(self, ep, text):
+        ep.decisions.append({"player": ep.length, "completion": text})
+
+    def score(self, ep):
+        return 10.0
+
+
+def game_values(text: str) -> float:
+    """IAC: V(player 0's first observation) = 4, V(player 1's) = 6; MAAC: the joint observation of decision t."""
+    return {"o0t0": 4.0, "o1t1": 6.0}.get(text, {0: 4.0, 1: 6.0}[int(text.split("\n")[0][-1])])
+
+
+@pytest.mark.parametrize("algo, lam, expected", [
+    ("iac", 0.0, [10 - 4, 10 - 6]),  # each player's own sequence: one decision, then the end (return 10)
+    ("maac", 0.0, [0 + 6 - 4, 10 - 6]),  # TD(0) over both decisions: V(s_1) - V(s_0), then R - V(s_1)
+    ("maac", 1.0, [10 - 4, 10 - 6]),  # Monte Carlo
+    ("maac", 0.5, [2 + 0.5 * 4, 4]),  # GAE: delta_0 + lam * delta_1
+])
+def test_game_advantages_by_hand(algo, lam, expected):
+    from types import SimpleNamespace
+
+    from kit.critic import ActorCritic
+    from kit.games import Decisions
+    from kit.rollout import Rollout
+
+    algorithm = ActorCritic.__new__(ActorCritic)  # no model: the values are a lookup
+    algorithm.name = algo
+    algorithm.models = {n: None for n in (["critic_0", "critic_1"] if algo == "iac" else ["critic"])}
+    algorithm.cfg = SimpleNamespace(critic_type="v", num_agents=2, discount=1.0, gae_lambda=lam,
+                                    advantage_normalization=False, use_chat_template=False)
+    algorithm.fmt = lambda prompt: prompt
+    algorithm.values = lambda name, texts: np.array([game_values(t) for t in texts])
+    task, ep = _TwoMoveGame(), _Episode(7)
+    rounds = [Decisions(t, [0], Rollout([(t, f"o{t}t{t}")], [[f"m{t}"]])) for t in range(2)]
+    for t in range(2):
+        task.step(ep, f"m{t}")
+    trainer = SimpleNamespace(task=task, dist=SimpleNamespace(gather=lambda x: [x]))
+    adv = algorithm.game_advantages(trainer, rounds, [ep])
+    np.testing.assert_allclose(adv, expected)
+    texts, targets, _ = algorithm.batch["critic" if algo == "maac" else "critic_0"]
+    if algo == "maac":
+        assert texts == ["[Agent 0] o0t0\n[Agent 1] o1t0", "[Agent 0] o0t1\n[Agent 1] o1t1"]  # both observations
