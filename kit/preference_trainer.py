@@ -127,6 +127,7 @@ class PreferencePairs:
         return PairBuffer(self.step, level, pairs, ref)
 
     def refresh(self, items: list[dict], positions: list[int] | None, due: bool, reference: bool) -> None:
+        """New candidates and pairs for the step's items when `due` (or when there is no buffer yet)."""
         positions = list(range(len(items))) if positions is None else positions
         self.fresh = due or self.buffer is None
         if self.fresh:
@@ -178,6 +179,7 @@ class PreferencePairs:
         return super().rollout_rows(levels, items) if self.fresh else []
 
     def pair_rewards(self) -> tuple[list[float], list[float]]:
+        """The (processed) joint rewards of this process's winners and losers."""
         ret = self.buffer.level.returns
         return [float(ret[n, w]) for n, w, _ in self.buffer.pairs], [float(ret[n, l]) for n, _, l in self.buffer.pairs]
 
