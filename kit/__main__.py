@@ -122,13 +122,14 @@ def main(argv: list[str] | None = None) -> int:
         (Path(args.run_dir) / "config.json").exists()
     try:
         if saved:  # --resume (or --from-scratch) --run-dir D: the run's own config, with any --set on top
-            task = load_file(Path(args.run_dir) / "config.json").get("task")
-            trainer = trainer_class(task).from_run(args.run_dir, overrides, from_scratch=args.from_scratch)
+            saved_cfg = load_file(Path(args.run_dir) / "config.json")
+            trainer = trainer_class(saved_cfg.get("task"), saved_cfg.get("algorithm", "magrpo")).from_run(
+                args.run_dir, overrides, from_scratch=args.from_scratch)
         else:
             cfg = load_config(args.preset, args.config, overrides)
             if args.preset and cfg.device == "auto":  # as the notebooks: a GPU preset on a CPU would crawl
                 require_gpu(args.preset)
-            trainer = trainer_class(cfg.task)(cfg, resume=args.resume, from_scratch=args.from_scratch)
+            trainer = trainer_class(cfg.task, cfg.algorithm)(cfg, resume=args.resume, from_scratch=args.from_scratch)
     except (ConfigError, TaskArgError) as err:
         print(f"config error: {err}", file=sys.stderr)
         return 2

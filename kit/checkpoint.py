@@ -9,6 +9,7 @@ Layout of `<run_dir>/ckpt/step_000100/`:
                              PEFT adapter and head.safetensors; their optimizers and schedulers are in optim.pt
     rng.pt                   python, numpy and torch RNG states
     state.json               step, data-order state, anything else the trainer needs
+    preferences.pt           MADPO/MARLHF: the pair buffer of every process (kit/preference_trainer.py)
     COMPLETE                 written last; a folder without it is never loaded
 
 A checkpoint is written to `.tmp_step_...` and renamed when complete, so a crash mid-save leaves the previous
@@ -45,6 +46,7 @@ import torch
 
 STEP_RE = re.compile(r"^step_(\d{6,})$")
 HISTORY = "history"
+EXTRA_FILES = ("preferences.pt",)  # `save(files=...)` names that resume needs and evaluation does not
 
 
 def ckpt_dir(run_dir: str | Path) -> Path:
@@ -92,10 +94,12 @@ def restore_rng(path: Path) -> None:
 
 
 def save(run_dir: str | Path, step: int, team, optimizers: dict, schedulers: dict, state: dict,
-         keep_last: int = 3, keep_history: int = 0, models: dict | None = None) -> Path:
+         keep_last: int = 3, keep_history: int = 0, models: dict | None = None, files: dict | None = None) -> Path:
     """Write checkpoint `step` atomically and prune to the newest `keep_last` (older ones' adapters go to the
     thinned history of `keep_history` steps). Returns its folder. `models`: an algorithm's extra models by name
-    (kit/heads.py ScalarModel); `optimizers` / `schedulers` hold the agents' adapters and those models' alike."""
+    (kit/heads.py ScalarModel); `optimizers` / `schedulers` hold the agents' adapters and those models' alike.
+    `files`: more state by file name (torch.save), e.g. MADPO's pair buffer; the history drops them with the
+    optimizer state."""
     root = ckpt_dir(run_dir)
     root.mkdir(parents=True, exist_ok=True)
     tmp, final = root / f".tmp_{step_name(step)}", root / step_name(step)
@@ -110,6 +114,8 @@ def save(run_dir: str | Path, step: int, team, optimizers: dict, schedulers: dic
     torch.save({a: {"optimizer": optimizers[a].state_dict(), "scheduler": schedulers[a].state_dict()}
                 for a in optimizers}, tmp / "optim.pt")
     torch.save(rng_state(), tmp / "rng.pt")
+    for name, obj in (files or {}).items():
+        torch.save(obj, tmp / name)
     (tmp / "state.json").write_text(json.dumps({**state, "step": step}, indent=2))
     with open(tmp / "COMPLETE", "w") as f:
         f.write(str(step))
@@ -151,7 +157,7 @@ def prune(run_dir: str | Path, keep_last: int, keep_history: int = 0) -> None:
             moving = history / f".tmp_{p.name}"
             shutil.rmtree(moving, ignore_errors=True)
             os.replace(p, moving)
-            for name in ("optim.pt", "rng.pt"):
+            for name in ("optim.pt", "rng.pt", *EXTRA_FILES):
                 (moving / name).unlink(missing_ok=True)
             remove(history / p.name)
             os.replace(moving, history / p.name)

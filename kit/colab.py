@@ -48,7 +48,7 @@ def start_or_resume(cfg, log=print, **trainer_kwargs):
             if step >= 0 else
             f"[kit] {cfg.run_dir} holds a run stopped before its first checkpoint: starting it again from step 0"
             f"{dropped(cfg.run_dir, step)}")
-    return trainer_class(cfg.task)(cfg, resume=resume, log=log, **trainer_kwargs)
+    return trainer_class(cfg.task, cfg.algorithm)(cfg, resume=resume, log=log, **trainer_kwargs)
 
 
 def dropped(run_dir, step: int) -> str:
@@ -123,7 +123,7 @@ def preset_smoke_test(preset: str, log=print) -> str:
     with tempfile.TemporaryDirectory() as tmp:
         try:
             cfg = load_config(preset, overrides=[f"run_dir={tmp}/smoke", *overrides])
-            trainer = trainer_class(cfg.task)(cfg, log=log)
+            trainer = trainer_class(cfg.task, cfg.algorithm)(cfg, log=log)
             try:
                 summary = trainer.train()
             finally:

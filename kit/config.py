@@ -61,7 +61,7 @@ class TrainConfig:
     top_k: int = 0  # top-k sampling (0: off)
     use_chat_template: bool = True  # wrap prompts in the tokenizer's chat template when it has one
     # --- algorithm and critics (issue 31)
-    algorithm: str = "magrpo"  # magrpo, iac, maac or centralized (CoMLRL's trainers; README: Algorithms)
+    algorithm: str = "magrpo"  # magrpo, iac, maac, centralized, madpo or marlhf (CoMLRL's trainers; README)
     critic_type: str = "v"  # iac/maac: v = V(prompt), q = Q(prompt, completion)
     use_separate_critic: bool = True  # iac: a critic adapter + head per agent (false: not built yet; README)
     baseline: str = "mean"  # critic_type q: Q minus the group mean of Q, or counterfactual (maac: COMA's)
@@ -115,6 +115,20 @@ class TrainConfig:
     lr_scheduler: str = "constant"  # after the warm-up: constant, linear or cosine decay to 0 at num_steps
     max_grad_norm: float = 1.0  # clip each agent's gradient norm (0: off)
     seed: int = 0  # drives weights init, data order, sampling: the same seed gives the same run
+    # --- preferences (issue 32): MADPO and MARLHF (kit/preference.py, kit/preference_trainer.py; CoMLRL's names)
+    preference_num_candidates: int = 4  # joint answers sampled per prompt for pairs (one batched call, aligned)
+    pair_selection: str = "reward_gap"  # reward_gap (largest reward gaps first), all, random (seeded)
+    preference_pairs_per_sample: int | None = 2  # pairs kept per prompt (None: every pair that is not a tie)
+    preference_source: str = "reward"  # who prefers: reward (the joint reward) or judge (Claude, both orders)
+    dpo_beta: float = 0.1  # madpo: beta in -log sigmoid(beta * sum_i Delta_i)
+    dpo_reference: str = "base"  # madpo: base (Delta minus the base's, adapter off: DPO) or none (CoMLRL's MADPO)
+    preference_refresh_every: int = 1  # madpo: new candidates from the current policy every this many steps
+    reward_num_items: int = 32  # marlhf: train items whose candidates give the reward model's pairs, per fit
+    reward_heldout_fraction: float = 0.25  # marlhf: share of those items kept out of the fit (rm/heldout_accuracy)
+    reward_learning_rate: float = 1e-3  # marlhf: AdamW rate of the reward model's adapter and head (CoMLRL's name)
+    reward_num_train_epochs: int = 4  # marlhf: passes over the pairs per fit (CoMLRL's name)
+    reward_train_batch_size: int = 8  # marlhf: pairs per reward-model step (CoMLRL's name)
+    reward_refresh_every: int = 0  # marlhf: refit on pairs from the current policy every this many steps (0: once)
     # --- run directory, logging, checkpoints
     run_dir: str = "checkpoints/run"  # where config, metrics, rollouts and checkpoints go
     mirror_dir: str | None = None  # also copy logs and each checkpoint here after saving (a Drive folder)
@@ -143,9 +157,12 @@ CHOICES = {
     "rollout_correction": ("auto", "none", "token_truncate", "sequence_mask"),
     "lr_scheduler": ("constant", "linear", "cosine"),
     "reward_pool": ("thread", "process"),
-    "algorithm": ("magrpo", "iac", "maac", "centralized"),
+    "algorithm": ("magrpo", "iac", "maac", "centralized", "madpo", "marlhf"),
     "critic_type": ("v", "q"),
     "baseline": ("mean", "counterfactual"),
+    "pair_selection": ("reward_gap", "all", "random"),
+    "preference_source": ("reward", "judge"),
+    "dpo_reference": ("base", "none"),
 }
 # Fields that do not change what is trained: a resumed run may differ in these. The rollout engine and its weights
 # change how samples are drawn, not the objective (the trainer's policy gradient): under rollout_correction=auto
@@ -470,6 +487,24 @@ def validate(cfg: TrainConfig) -> TrainConfig:
          "mean, or counterfactual with algorithm=maac and critic_type=q (COMA's baseline needs a joint Q)")
     need(cfg.baseline == "mean" or cfg.joint_mode == "aligned", "baseline",
          "mean with joint_mode=cross (counterfactual swaps one agent's action in aligned joint actions)")
+    if cfg.algorithm in ("madpo", "marlhf"):  # the preference trainers (kit/preference_trainer.py)
+        need(cfg.preference_num_candidates >= 2, "preference_num_candidates", "an integer >= 2 (a pair needs two)")
+        need(cfg.preference_pairs_per_sample is None or cfg.preference_pairs_per_sample >= 1,
+             "preference_pairs_per_sample", "null (every pair) or an integer >= 1")
+        need(cfg.dpo_beta > 0, "dpo_beta", "a number > 0")
+        need(cfg.preference_refresh_every >= 1, "preference_refresh_every", "an integer >= 1 (1: every step)")
+        need(cfg.num_turns == 1, "num_turns", f"1 with algorithm={cfg.algorithm} (pairs of one-turn joint answers)")
+        need(cfg.reward_num_items >= 2, "reward_num_items", "an integer >= 2")
+        need(0 <= cfg.reward_heldout_fraction < 1, "reward_heldout_fraction", "a number in [0, 1)")
+        need(cfg.reward_learning_rate > 0, "reward_learning_rate", "a number > 0")
+        need(cfg.reward_num_train_epochs >= 1, "reward_num_train_epochs", "an integer >= 1")
+        need(cfg.reward_train_batch_size >= 1, "reward_train_batch_size", "an integer >= 1")
+        need(cfg.reward_refresh_every >= 0, "reward_refresh_every", "an integer >= 0 (0: fit once, at step 0)")
+        need(cfg.task != "game", "algorithm", "magrpo for a game task (its episodes are not joint answers)")
+        need(cfg.preference_source != "judge" or cfg.judge_model is not None, "judge_model",
+             "a model name when preference_source=judge")
+        need(cfg.preference_source != "judge" or cfg.pair_selection != "reward_gap", "pair_selection",
+             "all or random when preference_source=judge (a judge gives labels, not the scores reward_gap ranks by)")
     need(bool(cfg.model_name), "model_name", "a hub name, a local path, or 'tiny'")
     if cfg.agent_models is not None:
         need(len(cfg.agent_models) == cfg.num_agents, "agent_models",

@@ -132,6 +132,15 @@ class GameTrainer(Trainer):
         return out
 
 
-def trainer_class(task: str) -> type[Trainer]:
-    """The loop a task trains with: episodes for game tasks, joint actions (Trainer) for the others."""
+def trainer_class(task: str, algorithm: str = "magrpo") -> type[Trainer]:
+    """The loop a run trains with: MADPO or MARLHF (kit/preference_trainer.py) when its algorithm says so,
+    episodes for game tasks, joint actions (Trainer) for the others."""
+    if algorithm == "madpo":
+        from kit.preference_trainer import MADPOTrainer
+
+        return MADPOTrainer
+    if algorithm == "marlhf":
+        from kit.marlhf import MARLHFTrainer
+
+        return MARLHFTrainer
     return GameTrainer if task == "game" else Trainer

@@ -693,7 +693,12 @@ class Trainer:
             state["advantage"] = {"role_baseline": [[None if np.isnan(b) else float(b) for b in row]
                                                     for row in self.role_baseline]}
         return checkpoint.save(self.run_dir, self.step, self.team, *self.all_optimizers(), state,
-                               self.cfg.keep_last, self.cfg.keep_history, models=self.algorithm.models)
+                               self.cfg.keep_last, self.cfg.keep_history, models=self.algorithm.models,
+                               files=self.checkpoint_files())
+
+    def checkpoint_files(self) -> dict:
+        """More state for the checkpoint, by file name (MADPO's pair buffer: kit/preference_trainer.py)."""
+        return {}
 
     def all_optimizers(self) -> tuple[dict, dict]:
         """The agents' optimizers and schedulers with the algorithm's (its critics'), as the checkpoint holds them."""

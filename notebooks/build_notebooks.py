@@ -150,7 +150,8 @@ result = colab.preset_smoke_test("tiny_cpu" if SMOKE else PRESET)
                  code("""
 PRESET = "colab_a100"  # colab_a100 (A100, the paper's recipe in 4-bit), colab_t4, tiny_cpu
 TASK = "code"  # code, writing, toy
-ALGORITHM = "magrpo"  # magrpo, iac, maac (critics on the shared base) or centralized (one policy writes every part)
+ALGORITHM = "magrpo"  # magrpo, iac, maac (critics on the shared base), centralized (one policy writes every part),
+#             madpo or marlhf (learning from preferences: README)
 TASK_ARGS = {"dataset": "humaneval"}  # code: humaneval, coop, hub:OpenMLRL/CoopHumanEval; writing: {"kind": "tldr"}
 JUDGE_MODEL = None  # e.g. "claude-sonnet-4-5": adds the judge's score as a reward (needs ANTHROPIC_API_KEY)
 JUDGE_BUDGET_USD = 15.0  # hard cap on judge spend for this run

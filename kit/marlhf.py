@@ -1,0 +1,142 @@
+"""MARLHF: a joint reward model learnt from pairs (Bradley-Terry) on the shared base, then the reward of MAGRPO.
+
+    cfg = load_config("tiny_cpu", overrides=["algorithm=marlhf"])     # CLI: --set algorithm=marlhf
+    MARLHFTrainer(cfg).train()
+
+The reward model is a kit/heads.py ScalarModel: one more LoRA adapter ("reward_model") on the team's shared base
+and an fp32 head on the last token; no second copy of the weights. It reads a joint answer as text,
+
+    [Agent 0] <agent 0's prompt>
+    <agent 0's completion>
+    [Agent 1] ...
+
+Fit (at step 0, then every `reward_refresh_every` steps; 0: once, then frozen, CoMLRL's offline MARLHF): the
+current policy samples `preference_num_candidates` joint answers for `reward_num_items` train items (a seeded
+choice per fit) in one batched call, and `pair_selection` picks pairs by the task's joint reward, or the Claude
+judge labels them in both orders (`preference_source=judge`, kit/judge_pairs.py: the judge is paid for these pairs
+only, never per rollout). The pairs of a `reward_heldout_fraction` of the items are held out. Then
+`reward_num_train_epochs` passes over the others in seeded random batches of `reward_train_batch_size` pairs,
+AdamW (`reward_learning_rate`) on the Bradley-Terry loss -log sigmoid(s(w) - s(l)) (kit/preference.py), the
+model continuing from its previous fit. Every process gathers every pair and runs the same fit, so 2 processes
+give the reward model 1 does.
+
+Training: MAGRPO as in kit/trainer.py, with each joint action's reward replaced by the reward model's score (the
+task's reward stays in the logs as reward/task, and evaluation is scored with the task's reward). Metrics of a
+fit step: rm/loss, rm/train_accuracy, rm/heldout_accuracy, rm/num_pairs, rm/heldout_pairs. The reward model and
+its optimizer are in every checkpoint (models/reward_model/), so a resumed run continues exactly.
+Not covered: IAC/MAAC on the learnt reward (issue 31's algorithms), a reward model on another base than base 0.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from kit import preference
+from kit.preference_trainer import PreferencePairs, judge_preference
+from kit.rewards import Reward
+from kit.trainer import Level, Trainer
+
+NAME = "reward_model"
+
+
+def joint_text(prompts, completions) -> str:
+    """A joint answer as the reward model reads it: each agent's prompt, then its completion."""
+    return "\n".join(f"[Agent {i}] {p}\n{c}" for i, (p, c) in enumerate(zip(prompts, completions)))
+
+
+class MARLHFTrainer(PreferencePairs, Trainer):
+    """algorithm=marlhf: see the module docstring."""
+
+    def __init__(self, cfg, *args, preference_fn=None, **kwargs):
+        self._init_pairs(preference_fn)
+        self.rm = None
+        self.rm_stats: dict = {}
+        super().__init__(cfg, *args, **kwargs)
+        self._reward_model()
+        if self.prefer is None and cfg.preference_source == "judge":
+            self.prefer = judge_preference(cfg, self.task, self.log)
+
+    def _reward_model(self):
+        """The reward model and its optimizer (built once; on a resume, before the checkpoint loads into them)."""
+        if self.rm is None:
+            from kit.heads import ScalarModel
+            from kit.models import lora_config
+
+            cfg = self.cfg
+            self.rm = ScalarModel(self.team, NAME, lora_config(cfg.lora_r, cfg.lora_alpha, 0.0,
+                                                               cfg.lora_target_modules), seed=cfg.seed)
+            opt = torch.optim.AdamW(self.rm.parameters(), lr=cfg.reward_learning_rate, weight_decay=cfg.weight_decay)
+            # the algorithm's models: the checkpoint saves them, a resume loads them (kit/trainer.py, kit/critic.py)
+            self.algorithm.models[NAME], self.algorithm.optimizers[NAME] = self.rm, opt
+            self.algorithm.schedulers[NAME] = torch.optim.lr_scheduler.LambdaLR(opt, lambda _: 1.0)
+        return self.rm
+
+    rollout_rows = Trainer.rollout_rows  # every joint action of every step, as MAGRPO logs them
+
+    def _resume(self) -> None:
+        self._reward_model()  # before the checkpoint loads into it
+        super()._resume()
+
+    @torch.no_grad()
+    def scores(self, texts: list[str]) -> torch.Tensor:
+        """(len(texts),) reward-model scores, `micro_batch_size` texts at a time."""
+        mb = self.cfg.micro_batch_size or len(texts)
+        return torch.cat([self.rm.score_texts(texts[i:i + mb], max_tokens=self.cfg.max_prompt_tokens).float().cpu()
+                          for i in range(0, len(texts), mb)]) if texts else torch.zeros(0)
+
+    def fit(self) -> dict:
+        """New pairs from the current policy, then the Bradley-Terry fit; the fit's metrics."""
+        cfg = self.cfg
+        n = min(cfg.reward_num_items, len(self.train_items))
+        chosen = np.random.default_rng([cfg.seed, self.step, 32]).permutation(len(self.train_items))[:n]
+        mine = self.dist.share(n)
+        buf = self.candidates([self.train_items[chosen[k]] for k in mine], mine, reference=False, kind="pairs")
+        held = round(cfg.reward_heldout_fraction * n)  # items 0..held-1 of the choice only measure the model
+        ro, nodes = buf.level.rollout, buf.level.nodes
+        local = [(nodes[k]["id"], w, l, joint_text(nodes[k]["prompts"], self.joint(ro, k, (w,) * cfg.num_agents)),
+                  joint_text(nodes[k]["prompts"], self.joint(ro, k, (l,) * cfg.num_agents)))
+                 for k, w, l in buf.pairs]
+        pairs = sorted(p for part in self.dist.gather(local) for p in part)  # every process: all, in one order
+        train = [p for p in pairs if p[0] >= held]
+        heldout = [p for p in pairs if p[0] < held]
+        opt, bs, losses = self.algorithm.optimizers[NAME], cfg.reward_train_batch_size, []
+        for epoch in range(cfg.reward_num_train_epochs):
+            order = np.random.default_rng([cfg.seed, self.step, epoch]).permutation(len(train))
+            for lo in range(0, len(train), bs):
+                batch = [train[k] for k in order[lo:lo + bs]]
+                s = self.rm.score_texts([p[3] for p in batch] + [p[4] for p in batch],
+                                        max_tokens=cfg.max_prompt_tokens)  # (2b,): winners, then losers
+                loss = preference.bradley_terry_loss(s[:len(batch)], s[len(batch):])
+                opt.zero_grad(set_to_none=True)
+                loss.backward()
+                if cfg.max_grad_norm > 0:
+                    torch.nn.utils.clip_grad_norm_(self.rm.parameters(), cfg.max_grad_norm)
+                opt.step()
+                if epoch == cfg.reward_num_train_epochs - 1:
+                    losses.append(float(loss.detach()))
+        stats = {"rm/num_pairs": len(train), "rm/heldout_pairs": len(heldout)}
+        if losses:
+            stats["rm/loss"] = float(np.mean(losses))
+        for name, part in (("train", train), ("heldout", heldout)):
+            if part:
+                s = self.scores([p[3] for p in part] + [p[4] for p in part])
+                stats[f"rm/{name}_accuracy"] = preference.pair_accuracy(s[:len(part)], s[len(part):])
+        return stats
+
+    def sample(self, items: list[dict], positions: list[int] | None = None) -> list[Level]:
+        due = self.step == 0 or (self.cfg.reward_refresh_every and self.step % self.cfg.reward_refresh_every == 0)
+        self.rm_stats = self.fit() if due else {}
+        levels = super().sample(items, positions)  # rewarded by the task: kept as reward/task
+        for level in levels:
+            texts = [joint_text(node["prompts"], self.joint(level.rollout, n, idx))
+                     for n, node in enumerate(level.nodes) for idx in level.joints]
+            s = self.scores(texts).tolist()
+            J = len(level.joints)
+            level.rewards = [[Reward(s[n * J + j], {**r.parts, "task": r.total}, r.details)
+                              for j, r in enumerate(node)] for n, node in enumerate(level.rewards)]
+        self._returns_and_advantages(levels)  # MAGRPO's advantages of the learnt reward
+        return levels
+
+    def update(self, levels: list[Level]) -> dict:
+        return {**super().update(levels), **self.rm_stats}
