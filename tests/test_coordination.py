@@ -159,3 +159,20 @@ def test_a_game_decision_gets_its_return_minus_its_players_baseline(tmp_path):
         np.testing.assert_allclose(r.advantages, t.returns[r.episodes] - [1.0, 2.0][r.index])
     mean = t.returns.mean()
     np.testing.assert_allclose(t.role_baseline, [[0.25 * 1 + 0.75 * mean, 0.25 * 2 + 0.75 * mean]])
+
+
+def test_the_bench_skips_methods_this_tree_cannot_run_and_counts_seeds_at_the_optimum():
+    import importlib.util
+
+    from kit.coordination import __file__ as kit_file
+
+    path = kit_file.replace("kit/coordination.py", "bench/coordination.py")
+    spec = importlib.util.spec_from_file_location("coordination_bench", path)
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    bench.METHODS["nothing_here"] = ["no_such_field=1"]
+    assert "no_such_field" in bench.runnable("nothing_here")
+    assert bench.runnable("magrpo") is None
+    rows = [{"method": "role", "game": "E", "steps": 300, "seed": s, "greedy": g, "sampled": 7.0, "optimum": 10.0,
+             "reached": g == 10.0, "s_per_step": 0.2} for s, g in ((0, 10.0), (1, 8.0))]
+    assert "| E (10) | role | 0-1 (2) | 1/2 | 9.000 | 7.000 | 0.200 |" in bench.table(rows)
