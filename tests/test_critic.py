@@ -122,13 +122,21 @@ def test_value_clip_range_reaches_the_value_loss(tmp_path, monkeypatch):
 
 
 def test_critic_warmup_steps_keep_the_actors_still(tmp_path):
-    trainer = trainer_for(tmp_path, "algorithm=iac", "critic_warmup_steps=1", "num_steps=1", "save_every=0")
-    del trainer.algorithm.values
-    actors = [p.detach().clone() for a in trainer.team.adapters for p in trainer.team.parameters_of(a)]
-    trainer.train()
-    assert all(torch.equal(p, q) for p, q in zip(actors, [p for a in trainer.team.adapters
-                                                          for p in trainer.team.parameters_of(a)]))
+    """critic_warmup_steps=1: step 1 fits the critics only; step 2 moves the actors too (real samples)."""
+    cfg = load_config("tiny_cpu", overrides=[f"run_dir={tmp_path / 'w'}", "progress=false", "eval_every=0",
+                                             "save_every=0", "batch_size=1", "num_generations=2", "num_steps=2",
+                                             "algorithm=iac", "critic_warmup_steps=1", "log_rollouts=false"])
+    trainer = Trainer(cfg, **QUIET)
+
+    def actors():
+        return [p.detach().clone() for a in trainer.team.adapters for p in trainer.team.parameters_of(a)]
+
+    before = actors()
+    trainer.train(max_steps=1)
+    assert all(torch.equal(p, q) for p, q in zip(before, actors()))
     assert float(trainer.algorithm.models["critic_0"].head.bias.detach()) != 0.0  # the critic did fit
+    trainer.train(max_steps=1)
+    assert not all(torch.equal(p, q) for p, q in zip(before, actors()))
 
 
 @pytest.mark.parametrize("overrides, field", [
