@@ -487,6 +487,18 @@ def validate(cfg: TrainConfig) -> TrainConfig:
          "mean, or counterfactual with algorithm=maac and critic_type=q (COMA's baseline needs a joint Q)")
     need(cfg.baseline == "mean" or cfg.joint_mode == "aligned", "baseline",
          "mean with joint_mode=cross (counterfactual swaps one agent's action in aligned joint actions)")
+    critics = cfg.algorithm in ("iac", "maac")  # their advantages replace the group-relative ones (kit/critic.py)
+    need(not critics or cfg.local_reward_weight == 0, "local_reward_weight",
+         f"0 with algorithm={cfg.algorithm} (its critics learn the team's return; local rewards do not reach them)")
+    need(not critics or cfg.multi_objective_aggregation == "sum_then_normalize", "multi_objective_aggregation",
+         f"sum_then_normalize with algorithm={cfg.algorithm} (a critic learns one return, the weighted sum)")
+    need(not critics or cfg.advantage_mode != "role", "advantage_mode",
+         f"not role with algorithm={cfg.algorithm} (the critic is the baseline)")
+    need(cfg.algorithm != "marlhf" or (cfg.advantage_mode != "role"
+                                      and cfg.multi_objective_aggregation == "sum_then_normalize"),
+         "algorithm", "marlhf with advantage_mode other than role and multi_objective_aggregation="
+         "sum_then_normalize (the reward model gives one score per joint action, after the task's rewards were "
+         "scored: a role baseline or per-reward normalisation would read the task's reward, not the model's)")
     if cfg.algorithm in ("madpo", "marlhf"):  # the preference trainers (kit/preference_trainer.py)
         need(cfg.preference_num_candidates >= 2, "preference_num_candidates", "an integer >= 2 (a pair needs two)")
         need(cfg.preference_pairs_per_sample is None or cfg.preference_pairs_per_sample >= 1,

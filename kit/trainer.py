@@ -30,6 +30,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import time
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -388,6 +389,10 @@ class Trainer:
         cfg, team = self.cfg, self.team
         stats = {"lr": self.optimizers[team.adapters[0]].param_groups[0]["lr"]}  # the rate this step uses
         if self.algorithm.actors_wait(self.step):  # critic_warmup_steps: the critics fit, the actors wait
+            with warnings.catch_warnings():  # torch's "scheduler stepped before optimizer.step()": on purpose
+                warnings.simplefilter("ignore", UserWarning)
+                for adapter in team.adapters:  # the schedule still counts training steps (it ends at num_steps)
+                    self.schedulers[adapter].step()
             return stats
         for adapter in team.adapters:
             agents = team.agents_of_adapter(adapter)

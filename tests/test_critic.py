@@ -135,6 +135,8 @@ def test_critic_warmup_steps_keep_the_actors_still(tmp_path):
     trainer.train(max_steps=1)
     assert all(torch.equal(p, q) for p, q in zip(before, actors()))
     assert float(trainer.algorithm.models["critic_0"].head.bias.detach()) != 0.0  # the critic did fit
+    # the actors' LR schedule counts the warm-up step too, so a decay still ends at num_steps
+    assert all(trainer.schedulers[a].last_epoch == 1 for a in trainer.team.adapters)
     trainer.train(max_steps=1)
     assert not all(torch.equal(p, q) for p, q in zip(before, actors()))
 
@@ -145,6 +147,13 @@ def test_critic_warmup_steps_keep_the_actors_still(tmp_path):
     (("gae_lambda=1.5",), "gae_lambda"), (("value_loss_coef=0",), "value_loss_coef"),
     (("algorithm=a2c",), "algorithm"), (("critic_type=w",), "critic_type"),
     (("algorithm=iac", "use_separate_critic=false"), "use_separate_critic"),
+    # combinations whose fields would not reach the maths (the critic replaces the group-relative advantages; the
+    # reward model is scored after the task's rewards): refused rather than silently ignored
+    (("algorithm=iac", "local_reward_weight=0.5"), "local_reward_weight"),
+    (("algorithm=maac", "multi_objective_aggregation=normalize_then_sum"), "multi_objective_aggregation"),
+    (("algorithm=iac", "advantage_mode=role"), "advantage_mode"),
+    (("algorithm=marlhf", "advantage_mode=role"), "algorithm"),
+    (("algorithm=marlhf", "multi_objective_aggregation=normalize_then_sum"), "algorithm"),
 ])
 def test_bad_critic_settings_fail_before_any_model_loads(overrides, field):
     with pytest.raises(ConfigError, match=field):

@@ -737,6 +737,18 @@ MUTATIONS = [
     Mutation("the reward model not loaded on resume", "kit/marlhf.py",
              "self._reward_model()  # before the checkpoint loads into it", "pass",
              ("tests/test_marlhf.py::test_marlhf_resumes_exactly",)),
+    # ---- the lead's review fixes: combinations refused, the warm-up's schedule
+    Mutation("critics accept local rewards they never read", "kit/config.py",
+             "need(not critics or cfg.local_reward_weight == 0,", "need(True or cfg.local_reward_weight == 0,",
+             ("tests/test_critic.py::test_bad_critic_settings_fail_before_any_model_loads",)),
+    Mutation("marlhf accepts a role baseline that reads the task's reward", "kit/config.py",
+             'need(cfg.algorithm != "marlhf" or (cfg.advantage_mode != "role"',
+             'need(cfg.algorithm == "marlhf" or (cfg.advantage_mode != "role"',
+             ("tests/test_critic.py::test_bad_critic_settings_fail_before_any_model_loads",)),
+    Mutation("the critic warm-up holds the actors' LR schedule", "kit/trainer.py",
+             "the schedule still counts training steps (it ends at num_steps)\n                    self.schedulers[adapter].step()",
+             "the schedule still counts training steps (it ends at num_steps)\n                    pass",
+             ("tests/test_critic.py::test_critic_warmup_steps_keep_the_actors_still",)),
 ]
 
 
