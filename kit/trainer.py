@@ -37,7 +37,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from kit import checkpoint, magrpo, rundir
+from kit import advantages, checkpoint, magrpo, rundir
 from kit.critic import algorithm_for
 from kit.checkpoint import seed_everything, step_seed
 from kit import config as config_mod
@@ -284,90 +284,9 @@ class Trainer:
         return tuple(ro.texts[node * N + a][g] for a, g in enumerate(idx))
 
     def _returns_and_advantages(self, levels: list[Level]) -> None:
-        """Returns up the tree (the team's; per agent with a team/local mix), then advantages per `grouping` or
-        against the moving role baseline (kit/magrpo.py)."""
-        cfg, N, G = self.cfg, self.cfg.num_agents, self.cfg.num_generations
-        w = cfg.local_reward_weight
-        child_returns, child_mixed = None, None
-        per_reward = cfg.multi_objective_aggregation == "normalize_then_sum"
-        child_parts = None  # normalize_then_sum: each reward's returns, (J, K) per node
-        for level in reversed(levels):
-            joints = level.joints
-            returns, mixed = [], []
-            for n, node_rewards in enumerate(level.rewards):
-                r = [self.reward_model.process(x.total) for x in node_rewards]
-                kids = None if child_returns is None else [child_returns[n * len(joints) + j]
-                                                          for j in range(len(joints))]
-                returns.append(magrpo.node_returns(r, kids, cfg.discount))
-                if w > 0:  # r_i = (1 - w) r + w local_i, each processed as the team's reward is
-                    local = [[self.reward_model.process(v) for v in magrpo.local_parts(x.parts, N)]
-                             for x in node_rewards]
-                    mine = None if child_mixed is None else [child_mixed[n * len(joints) + j]
-                                                             for j in range(len(joints))]
-                    mixed.append(magrpo.node_returns(magrpo.mix_rewards(r, local, w), mine, cfg.discount))
-            level.returns = np.array(returns)  # (nodes, J) the team's
-            agent_returns = np.array(mixed) if w > 0 else level.returns  # (nodes, J, N) or (nodes, J)
-            level.per_agent = per_agent = np.stack([magrpo.per_agent_returns(R, joints, N, G) for R in agent_returns])
-            level.ties = magrpo.tied_groups(per_agent)  # (nodes, N): groups with nothing to learn from
-            if per_reward:  # per node (validate refuses it with role, grouping or local rewards)
-                level.advantages, child_parts, level.ties = self._normalize_then_sum(level, child_parts)
-            child_returns, child_mixed = list(level.returns), list(agent_returns) if w > 0 else None
-        how = dict(mode=cfg.advantage_mode, scale=cfg.scale_rewards, clip=cfg.advantage_clip)
-        if per_reward:
-            pass  # done above, level by level
-        elif cfg.advantage_mode == "role":
-            self._role_advantages(levels)
-        elif cfg.grouping == "agent":  # one group per agent and item over every turn
-            every = np.concatenate([lv.per_agent for lv in levels])  # (all nodes, N, G)
-            adv = magrpo.grouped_advantages(every, [node["item"] for lv in levels for node in lv.nodes], **how,
-                                            batch_std=self.batch_std(every))
-            for lv, part in zip(levels, np.split(adv, np.cumsum([len(lv.nodes) for lv in levels])[:-1])):
-                lv.advantages = part
-        else:
-            for level in levels:
-                per_agent = level.per_agent
-                if cfg.grouping == "turn":  # one group per agent, item and turn
-                    level.advantages = magrpo.grouped_advantages(per_agent, [node["item"] for node in level.nodes],
-                                                                 **how, batch_std=self.batch_std(per_agent))
-                    continue
-                level.advantages = magrpo.advantages(per_agent, cfg.advantage_mode, cfg.scale_rewards,
-                                                     cfg.advantage_clip, batch_std=self.batch_std(per_agent))
+        """Returns and group-relative advantages (kit/advantages.py), then the algorithm's (a critic replaces them)."""
+        advantages.returns_and_advantages(self, levels)
         self.algorithm.advantages(self, levels)  # MAGRPO keeps these; a critic replaces them (kit/critic.py)
-
-    def _role_advantages(self, levels: list[Level]) -> None:
-        """advantage_mode=role: A = R - b[turn, agent], then the baseline moves toward this step's mean return of
-        each (turn, agent) over every process (kit/magrpo.py role_baseline)."""
-        cfg, N = self.cfg, self.cfg.num_agents
-        if self.role_baseline is None:
-            self.role_baseline = np.full((cfg.num_turns, N), np.nan)
-        sums = self.dist.sum([float(x) for lv in levels for x in lv.per_agent.sum(axis=(0, 2))] +
-                             [float(lv.per_agent[:, 0].size) for lv in levels])  # (turns x N) sums, then counts
-        means = np.array(sums[:len(levels) * N]).reshape(len(levels), N) / np.array(sums[len(levels) * N:])[:, None]
-        for lv, mean in zip(levels, means):
-            used, self.role_baseline[lv.turn] = magrpo.role_baseline(self.role_baseline[lv.turn], mean,
-                                                                     cfg.role_baseline_decay)
-            lv.advantages = magrpo.role_advantages(lv.per_agent, used, scale=cfg.scale_rewards,
-                                                   clip=cfg.advantage_clip, batch_std=self.batch_std(lv.per_agent))
-
-    def _normalize_then_sum(self, level: Level, child_parts):
-        """multi_objective_aggregation=normalize_then_sum: each reward's own returns through the tree (processed,
-        discounted like the total), its group advantage over its group's std, the weighted sum, divided by the
-        sum's std over the step and clipped (kit/magrpo.py). Returns (advantages, each node's per-reward returns
-        (J, K), ties: the groups where every reward ties)."""
-        cfg, N, G, model = self.cfg, self.cfg.num_agents, self.cfg.num_generations, self.reward_model
-        J, K = len(level.joints), len(model.source_names())
-        parts = []
-        for n, node_rewards in enumerate(level.rewards):
-            values = np.array([[model.process(v) for v in model.source_values(x)] for x in node_rewards])  # (J, K)
-            kids = None if child_parts is None else [child_parts[n * J + j] for j in range(J)]
-            parts.append(np.stack([magrpo.node_returns(values[:, k], None if kids is None else
-                                                       [kid[:, k] for kid in kids], cfg.discount)
-                                   for k in range(K)], -1))  # (J, K)
-        per_agent = np.stack([np.stack([magrpo.per_agent_returns(p[:, k], level.joints, N, G) for p in parts])
-                              for k in range(K)])  # (K, nodes, N, G)
-        summed = magrpo.normalize_then_sum(per_agent, model.weights or [1.0] * K, cfg.advantage_mode)
-        adv = magrpo.advantages(summed, "raw", "batch", cfg.advantage_clip, batch_std=self.step_std(summed))
-        return adv, parts, magrpo.tied_groups(per_agent).all(0)
 
     def batch_std(self, returns: np.ndarray) -> float | None:
         """scale_rewards=batch: the std of the returns of the whole step, over every process (else None)."""
