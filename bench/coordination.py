@@ -38,6 +38,10 @@ METHODS = {
     "iac": ["algorithm=iac"],
     "maac_v": ["algorithm=maac", "critic_type=v"],
     "maac_q_cf": ["algorithm=maac", "critic_type=q", "baseline=counterfactual"],
+    # the two levers issue 31 names for the collapsing Q critic (game E only; chosen before any run): the actors wait
+    # while the critic fits its first 50 of 300 steps, or the advantages keep the critic's scale (no normalisation)
+    "maac_q_cf_warm": ["algorithm=maac", "critic_type=q", "baseline=counterfactual", "critic_warmup_steps=50"],
+    "maac_q_cf_raw": ["algorithm=maac", "critic_type=q", "baseline=counterfactual", "advantage_normalization=false"],
 }
 
 
