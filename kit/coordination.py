@@ -85,6 +85,13 @@ def value(payoff, p0, p1) -> float:
     return float(np.einsum("ik,jkl,ijkl->", np.asarray(p0, float), np.asarray(p1, float), payoff) / C**2)
 
 
+def card_blind_moves(payoff) -> tuple[int, list[int]]:
+    """The best joint policy that ignores the cards: player 0's move a0, and player 1's reply to each a0 (the best
+    for the cards' average, so the one it would play whatever a0 is). Game E: (1, [.., 1, ..]), worth 8."""
+    mean = np.asarray(payoff, dtype=np.float64).mean(axis=(0, 1))  # (A, A): the payoff averaged over both deals
+    return int(mean.max(axis=1).argmax()), [int(a1) for a1 in mean.argmax(axis=1)]
+
+
 def deterministic(choices, num_actions: int) -> np.ndarray:
     """One-hot policy table from a move per information state (any shape of ints)."""
     return np.eye(num_actions)[np.asarray(choices)]

@@ -54,6 +54,29 @@ def test_suite_picks_the_payoff_table_of_tiny_hanabi():
         OpenSpielGame(2, "tiny_hanabi", suite="G")
 
 
+@pytest.mark.parametrize("game", list("ABCDEF"))
+def test_the_card_blind_convention_is_the_best_policy_that_ignores_the_cards(game):
+    payoff = payoff_table(game)
+    C, A = payoff.shape[0], payoff.shape[-1]
+    blind = max(value(payoff, deterministic([a0] * C, A), deterministic([list(m1)] * C, A))
+                for a0 in range(A) for m1 in np.ndindex(*[A] * A))  # brute force: p0 constant, p1 a function of a0
+    a0, reply = coordination.card_blind_moves(payoff)
+    assert value(payoff, deterministic([a0] * C, A), deterministic([reply] * C, A)) == pytest.approx(blind)
+    if game == "E":
+        assert (a0, reply[1], blind) == (1, 1, 8.0)  # the middle move twice
+
+
+def test_the_full_prompt_and_the_rule_player_follow_the_suite_games_size():
+    task = OpenSpielGame(2, "tiny_hanabi", suite="F", prompt_style="full")  # 3 cards, 2 moves
+    episode = task.reset(0)
+    assert "(d0, d1 or d2)" in task.prompt(episode, 0) and "(a0 or a1)" in task.prompt(episode, 0)
+    assert task.rule_move(episode) == task.moves(episode)[coordination.card_blind_moves(payoff_table("F"))[0]]
+    task.step(episode, "p0a1")
+    assert task.rule_move(episode) == task.moves(episode)[coordination.card_blind_moves(payoff_table("F"))[1][1]]
+    e = OpenSpielGame(2, "tiny_hanabi", prompt_style="full")
+    assert "(d0 or d1)" in e.prompt(e.reset(0), 0) and "(a0, a1 or a2)" in e.prompt(e.reset(0), 0)
+
+
 class Scripted:
     """A greedy team that answers by a table: player 0 by its card, player 1 by its card and the move it saw."""
 

@@ -38,10 +38,15 @@ RULES = {
         "spend an info token to reveal to a partner all their cards of one colour or rank. The score is the "
         "number of cards played; it is 0 if all life tokens are lost."),
     "tiny_hanabi": (
-        "A two-move cooperative card game. Each player holds a card (d0 or d1) seen only by them; player 0 moves "
-        "first (a0, a1 or a2), then player 1, who sees player 0's move. Both players get the same payoff, which "
+        "A two-move cooperative card game. Each player holds a card ({cards}) seen only by them; player 0 moves "
+        "first ({moves}), then player 1, who sees player 0's move. Both players get the same payoff, which "
         "depends on both cards and both moves."),
 }
+
+
+def _either(names: list[str]) -> str:
+    """'d0 or d1', 'a0, a1 or a2'."""
+    return names[0] if len(names) == 1 else f"{', '.join(names[:-1])} or {names[-1]}"
 
 
 class Game(Protocol):
@@ -159,6 +164,10 @@ class OpenSpielGame:
         if self.prompt_style == "compact":  # the tiny model's prompt shape ("a0 go d1"): who acts, what they see
             return f"a{player} go " + " ".join(re.sub(r"\bp\d+:", "", obs).split())
         rules = RULES.get(self.name, self.game.get_type().long_name)
+        if self.name == "tiny_hanabi":  # its cards and moves as this game's parameters set them (suite A-F differ)
+            params = self.game.get_parameters()
+            rules = rules.format(cards=_either([f"d{c}" for c in range(int(params["num_chance"]))]),
+                                 moves=_either([f"a{a}" for a in range(int(params["num_actions"]))]))
         listed = "\n".join(f"{i}. {m}" for i, m in enumerate(moves, 1))
         return (f"{rules}\n\nYou are player {player}. What you see:\n{obs}\n\nLegal moves:\n{listed}\n\n"
                 "Answer with the number of one legal move, and nothing else.")
@@ -210,10 +219,14 @@ class OpenSpielGame:
 
     def rule_move(self, ep: Episode) -> str | None:
         """The move of a simple hand-written player for the player to act (the `rule` baseline); None when this
-        game has none. tiny_hanabi: always the middle move, the best convention that ignores the cards (8 of 10).
-        hanabi: `hanabi_rule`."""
+        game has none. tiny_hanabi: the best convention that ignores the cards (player 0's move fixed, player 1's
+        a function of it; game E: the middle move twice, 8 of 10). hanabi: `hanabi_rule`."""
         if self.name == "tiny_hanabi":
-            return self.moves(ep)[1]
+            from kit.coordination import card_blind_moves, table_of
+
+            first, reply = card_blind_moves(table_of(self.game))
+            seen = [a for a in ep.state.history()[2:]]  # after the two deals: the moves made so far
+            return self.moves(ep)[self.legal(ep).index(first if not seen else reply[seen[0]])]
         if self.name == "hanabi":
             return hanabi_rule(ep.state.observation_string(self.player(ep)), self.moves(ep))
         return None
