@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 
 
@@ -64,6 +65,19 @@ def methods_arg(text: str) -> list[str]:
 
 def step_arg(text: str) -> str | int:
     return text if text == "newest" else whole_number(text, 0, " (or newest)")
+
+
+def say_resume(run_dir, from_scratch: bool = False) -> None:
+    """The resume line 01_train prints (kit/colab.py), for the CLI: the checkpoint and the logged steps redone
+    (printed by the first process only under torchrun / accelerate)."""
+    from kit.rundir import dropped, newest_step
+
+    if from_scratch or os.environ.get("RANK", "0") != "0":
+        return
+    step = newest_step(run_dir)
+    print(f"[kit] continuing the run in {run_dir} from its checkpoint at step {step}{dropped(run_dir, step)}"
+          if step >= 0 else f"[kit] {run_dir} holds a run stopped before its first checkpoint: starting it again "
+          f"from step 0{dropped(run_dir, step)}", flush=True)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -123,12 +137,15 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if saved:  # --resume (or --from-scratch) --run-dir D: the run's own config, with any --set on top
             saved_cfg = load_file(Path(args.run_dir) / "config.json")
+            say_resume(args.run_dir, from_scratch=args.from_scratch)
             trainer = trainer_class(saved_cfg.get("task"), saved_cfg.get("algorithm", "magrpo")).from_run(
                 args.run_dir, overrides, from_scratch=args.from_scratch)
         else:
             cfg = load_config(args.preset, args.config, overrides)
             if args.preset and cfg.device == "auto":  # as the notebooks: a GPU preset on a CPU would crawl
                 require_gpu(args.preset)
+            if args.resume and (Path(cfg.run_dir) / "config.json").exists():
+                say_resume(cfg.run_dir)
             trainer = trainer_class(cfg.task, cfg.algorithm)(cfg, resume=args.resume, from_scratch=args.from_scratch)
     except (ConfigError, TaskArgError) as err:
         print(f"config error: {err}", file=sys.stderr)

@@ -25,7 +25,7 @@ from pathlib import Path
 
 from kit.env import (GPUNeeded, flush_drive, gpu_summary, in_colab, mount_drive, require_gpu, secret,  # noqa: F401
                      secret_status, smoke)
-from kit.rundir import DRIVE_FOLDER, LOCAL_ROOT, restore
+from kit.rundir import DRIVE_FOLDER, LOCAL_ROOT, dropped, restore
 
 
 def start_or_resume(cfg, log=print, **trainer_kwargs):
@@ -49,21 +49,6 @@ def start_or_resume(cfg, log=print, **trainer_kwargs):
             f"[kit] {cfg.run_dir} holds a run stopped before its first checkpoint: starting it again from step 0"
             f"{dropped(cfg.run_dir, step)}")
     return trainer_class(cfg.task, cfg.algorithm)(cfg, resume=resume, log=log, **trainer_kwargs)
-
-
-def dropped(run_dir, step: int) -> str:
-    """What a resume from checkpoint `step` redoes: the logged steps after it (a kill or a stop between saves),
-    which the trainer drops from the logs and trains again; empty when there are none."""
-    from kit.rundir import METRICS, read_jsonl
-
-    path = Path(run_dir) / METRICS
-    later = sorted({r["step"] for r in read_jsonl(path) if r.get("step", 0) > step}) if path.exists() else []
-    if not later:
-        return ""
-    if len(later) == 1:
-        return f"; the logged step after it (step {later[0]}) is dropped from the logs and will be trained again"
-    return (f"; the {len(later)} logged steps after it (steps {later[0]}-{later[-1]}) are dropped from the logs and "
-            "will be trained again")
 
 
 def train_to_end(trainer, every: int = 5) -> dict:

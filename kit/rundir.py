@@ -101,6 +101,19 @@ def truncate_jsonl(path: str | Path, step: int) -> None:
         path.write_text("".join(json.dumps(row) + "\n" for row in keep))
 
 
+def dropped(run_dir, step: int) -> str:
+    """What a resume from checkpoint `step` redoes: the logged steps after it (a kill or a stop between saves),
+    which the trainer drops from the logs and trains again; empty when there are none."""
+    path = Path(run_dir) / METRICS
+    later = sorted({r["step"] for r in read_jsonl(path) if r.get("step", 0) > step}) if path.exists() else []
+    if not later:
+        return ""
+    if len(later) == 1:
+        return f"; the logged step after it (step {later[0]}) is dropped from the logs and will be trained again"
+    return (f"; the {len(later)} logged steps after it (steps {later[0]}-{later[-1]}) are dropped from the logs and "
+            "will be trained again")
+
+
 class Run:
     """A run directory opened for analysis: its config, and (built on first use) its task and reward model."""
 

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from kit import checkpoint, colab
+from kit import checkpoint, colab, rundir
 from kit.config import load_config
 from kit.trainer import Trainer
 
@@ -289,8 +289,21 @@ def test_a_resume_after_a_kill_says_which_logged_steps_are_dropped_and_redone(tm
     assert line.endswith("from its checkpoint at step 2; the logged step after it (step 3) is dropped from the logs "
                          "and will be trained again")
     (run / "metrics.jsonl").write_text("".join(f'{{"step": {s}}}\n' for s in (1, 2, 3, 4, 4)))  # two more, by hand
-    assert colab.dropped(run, 2) == ("; the 2 logged steps after it (steps 3-4) are dropped from the logs and will "
+    assert rundir.dropped(run, 2) == ("; the 2 logged steps after it (steps 3-4) are dropped from the logs and will "
                                      "be trained again")
+
+
+def test_the_cli_resume_says_the_same_line_as_the_notebook(tmp_path, capsys):
+    from kit.__main__ import main as cli
+
+    run = tmp_path / "run"
+    trainer = Trainer(cfg_for(run, "num_steps=4", "save_every=2"), log=lambda *_: None)
+    trainer.train(max_steps=3)  # killed after step 3
+    trainer.close()
+    capsys.readouterr()
+    assert cli(["train", "--run-dir", str(run), "--resume", "--set", "num_steps=3"]) == 0
+    assert (f"[kit] continuing the run in {run} from its checkpoint at step 2; the logged step after it (step 3) is "
+            "dropped from the logs and will be trained again") in capsys.readouterr().out
 
 
 def test_07_scores_table_1_at_the_held_out_evaluations_samples_per_item(tmp_path, monkeypatch):
