@@ -38,6 +38,10 @@ METHODS = {
     "iac": ["algorithm=iac"],
     "maac_v": ["algorithm=maac", "critic_type=v"],
     "maac_q_cf": ["algorithm=maac", "critic_type=q", "baseline=counterfactual"],
+    # lenient credit (kit/magrpo.py `lenient`): each first move judged by its partner's best answer, kappa 1 falling
+    # to 0 over the first half of the run (lenient learners decay their leniency); cross as `marginal`
+    "lenient": ["joint_mode=cross", "advantage_mode=marginal", "num_generations=4", "batch_size=4", "leniency=1",
+                "leniency_decay_steps=150"],
     # the two levers issue 31 names for the collapsing Q critic (game E only; chosen before any run): the actors wait
     # while the critic fits its first 50 of 300 steps, or the advantages keep the critic's scale (no normalisation)
     "maac_q_cf_warm": ["algorithm=maac", "critic_type=q", "baseline=counterfactual", "critic_warmup_steps=50"],

@@ -45,7 +45,9 @@ def returns_and_advantages(trainer, levels: list) -> None:
                 mixed.append(magrpo.node_returns(magrpo.mix_rewards(r, local, w), mine, cfg.discount))
         level.returns = np.array(returns)  # (nodes, J) the team's
         agent_returns = np.array(mixed) if w > 0 else level.returns  # (nodes, J, N) or (nodes, J)
-        level.per_agent = per_agent = np.stack([magrpo.per_agent_returns(R, joints, N, G) for R in agent_returns])
+        kappa = magrpo.leniency_at(cfg.leniency, cfg.leniency_decay_steps, trainer.step)  # 0 unless cross
+        level.per_agent = per_agent = np.stack([magrpo.per_agent_returns(R, joints, N, G, kappa)
+                                                for R in agent_returns])
         level.ties = magrpo.tied_groups(per_agent)  # (nodes, N): groups with nothing to learn from
         if per_reward:  # per node (validate refuses it with role, grouping or local rewards)
             level.advantages, child_parts, level.ties = normalize_then_sum(trainer, level, child_parts)
@@ -100,7 +102,8 @@ def normalize_then_sum(trainer, level, child_parts):
         parts.append(np.stack([magrpo.node_returns(values[:, k], None if kids is None else
                                                    [kid[:, k] for kid in kids], cfg.discount)
                                for k in range(K)], -1))  # (J, K)
-    per_agent = np.stack([np.stack([magrpo.per_agent_returns(p[:, k], level.joints, N, G) for p in parts])
+    kappa = magrpo.leniency_at(cfg.leniency, cfg.leniency_decay_steps, trainer.step)
+    per_agent = np.stack([np.stack([magrpo.per_agent_returns(p[:, k], level.joints, N, G, kappa) for p in parts])
                           for k in range(K)])  # (K, nodes, N, G)
     summed = magrpo.normalize_then_sum(per_agent, model.weights or [1.0] * K, cfg.advantage_mode)
     adv = magrpo.advantages(summed, "raw", "batch", cfg.advantage_clip, batch_std=trainer.step_std(summed))

@@ -105,6 +105,8 @@ class TrainConfig:
     grouping: str = "node"  # multi-turn groups: node (an agent's G samples at a node, AT-GRPO's), turn, agent (README)
     local_reward_weight: float = 0.0  # r_i = (1 - w) team + w local_i, local_i = Reward.parts["local_<i>"] (0: team)
     role_baseline_decay: float = 0.95  # advantage_mode=role: b <- decay * b + (1 - decay) * the role's mean return
+    leniency: float = 0.0  # cross: a sample's return is (1 - k) mean + k max over its partners' answers (lenient)
+    leniency_decay_steps: int = 0  # leniency falls linearly to 0 over this many steps (0: constant)
     # --- optimisation
     num_steps: int = 200  # training steps (each: batch_size items, all agents, all turns)
     batch_size: int = 4  # items per step
@@ -422,6 +424,14 @@ def validate(cfg: TrainConfig) -> TrainConfig:
     need(not game or cfg.local_reward_weight == 0, "local_reward_weight",
          "0 for game tasks (a game's return is its score; there are no local rewards)")
     need(0 <= cfg.role_baseline_decay < 1, "role_baseline_decay", "a number in [0, 1)")
+    need(0 <= cfg.leniency <= 1, "leniency", "a number in [0, 1]")
+    need(cfg.leniency == 0 or cfg.joint_mode == "cross", "leniency",
+         "0 with joint_mode=aligned (a sample meets one partner answer, so its mean and max are the same): set "
+         "joint_mode=cross")
+    need(cfg.leniency == 0 or cfg.algorithm in ("magrpo", "marlhf"), "leniency",
+         f"0 with algorithm={cfg.algorithm} (leniency shapes the group-relative returns of MAGRPO's advantages; "
+         "critics, preference pairs and one centralized policy do not read them)")
+    need(cfg.leniency_decay_steps >= 0, "leniency_decay_steps", "an integer >= 0")
     need(cfg.num_iterations >= 1, "num_iterations", "an integer >= 1 (1: on-policy, the paper's setting)")
     need(0 <= cfg.epsilon < 1, "epsilon", "a number in [0, 1)")
     need(cfg.epsilon_high is None or cfg.epsilon_high >= 0, "epsilon_high", "null (= epsilon) or a number >= 0")

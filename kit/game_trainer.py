@@ -11,8 +11,9 @@ decision)). The return of an episode is its final score minus `illegal_penalty` 
 (kit/tasks/game.py); advantages are group-relative over the G episodes of a deal (`advantage_mode`,
 `scale_rewards`, `advantage_clip` as in kit/magrpo.py) and every decision of an episode carries the episode's
 advantage. `joint_mode=cross`: each deal's G first moves are each continued by G episodes (G^2 per deal); the
-first decision's return is the mean over its G continuations, grouped over the G first moves (`marginal`), and a
-later decision's group is the G continuations of its first move. `advantage_mode=role`: a decision of player p
+first decision's return is the mean over its G continuations (with `leniency` kappa: (1 - kappa) mean + kappa max,
+the partner's best answer to the move), grouped over the G first moves (`marginal`), and a later decision's group
+is the G continuations of its first move. `advantage_mode=role`: a decision of player p
 gets R - b_p, a moving baseline per player (kit/magrpo.py), saved in checkpoints. Each adapter then updates on its own player's decisions only (Trainer.update, micro-batched by
 `micro_batch_size`), so no gradient reaches another player's adapter.
 
@@ -63,8 +64,10 @@ class GameTrainer(Trainer):
         if cross:  # decision 0: the first move k's return is the mean over its G continuations (the partners'
             # samples it was paired with), grouped over k; later decisions: grouped over the G continuations of k
             grid = self.returns.reshape(len(items), G, G)
-            first = magrpo.advantages(grid.mean(-1)[:, None, :], mode, scale, clip,
-                                      batch_std=self.batch_std(grid.mean(-1))).reshape(-1)  # (deals x G,)
+            kappa = magrpo.leniency_at(cfg.leniency, cfg.leniency_decay_steps, self.step)  # (1 - k) mean + k max
+            judged = magrpo.lenient(grid, kappa)  # (deals, G): each first move by its G continuations
+            first = magrpo.advantages(judged[:, None, :], mode, scale, clip,
+                                      batch_std=self.batch_std(judged)).reshape(-1)  # (deals x G,)
             later = magrpo.advantages(grid, mode, scale, clip, batch_std=self.batch_std(grid)).reshape(-1)
             for r in rounds:
                 r.advantages = first[np.array(r.episodes) // G] if r.index == 0 else later[r.episodes]

@@ -12,6 +12,8 @@ follow TRL's GRPOConfig and CoMLRL where they exist (README: "The update's optio
                     raw  (MAREINFORCE; "none"):  A_g = R_g
                     marginal (cross only):       A_i(k) = M_i(k) - mean_k' M_i(k'),  M_i(k) = mean of R over the
                                                  joint actions where agent i plays its sample k (its G^(N-1) partners)
+    leniency        (cross only) M_i(k) = (1 - kappa) mean + kappa max of R over those joint actions: agent i's
+                    sample is judged by its partners' best answer to it, not their average (lenient learners)
                     role (SPIRAL's RAE):         A = R - b_role, b_role <- decay b_role + (1 - decay) mean R_role
                     CoMLRL's names: mareinforce = raw, marloo = rloo, maremax = max
                     scale_rewards: group divides by the group's std, batch by the std over the whole batch
@@ -115,19 +117,41 @@ def joint_actions(num_agents: int, num_generations: int, mode: str = "aligned") 
 
 
 def per_agent_returns(joint_returns, joints: list[tuple[int, ...]], num_agents: int,
-                      num_generations: int) -> np.ndarray:
-    """(N, G): the return of completion g of agent i, the mean over the joint actions that contain it.
+                      num_generations: int, leniency: float = 0.0) -> np.ndarray:
+    """(N, G): the return of completion g of agent i, the mean over the joint actions that contain it; with
+    `leniency` kappa, (1 - kappa) * that mean + kappa * their max (`lenient`).
     joint_returns: (J,) the team's, or (J, N) one per agent (agent i reads column i)."""
     joint_returns = np.asarray(joint_returns, dtype=np.float64)
     out = np.zeros((num_agents, num_generations))
+    best = np.full((num_agents, num_generations), -np.inf)
     count = np.zeros((num_agents, num_generations))
     for ret, idx in zip(joint_returns, joints):
         for agent, g in enumerate(idx):
-            out[agent, g] += ret[agent] if ret.ndim else ret
+            value = ret[agent] if ret.ndim else ret
+            out[agent, g] += value
+            best[agent, g] = max(best[agent, g], value)
             count[agent, g] += 1
     if (count == 0).any():
         raise ValueError("every completion must appear in at least one joint action")
-    return out / count
+    return out / count if leniency == 0 else (1 - leniency) * out / count + leniency * best
+
+
+def lenient(returns, leniency: float) -> np.ndarray:
+    """(..., K) returns of one sample paired with K partner answers -> (...,): (1 - kappa) mean + kappa max.
+
+    Lenient learners (Panait, Sullivan and Luke, AAMAS 2006): early on, a partner's poor answer to a good move says
+    more about the partner than about the move, so the move is judged optimistically, by the best answer it got.
+    It lets a team leave a safe equilibrium that a mean over untrained partners keeps it in (Tiny Hanabi's
+    card-blind 8); kappa = 0 is the mean (marginal)."""
+    r = np.asarray(returns, dtype=np.float64)
+    return (1 - leniency) * r.mean(-1) + leniency * r.max(-1)
+
+
+def leniency_at(leniency: float, decay_steps: int, step: int) -> float:
+    """kappa at a step (0 = the first): constant, or linearly down to 0 over `decay_steps` steps."""
+    if decay_steps <= 0:
+        return float(leniency)
+    return float(leniency) * max(0.0, 1.0 - step / decay_steps)
 
 
 def node_returns(rewards, child_returns=None, discount: float = 1.0) -> np.ndarray:

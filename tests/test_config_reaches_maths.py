@@ -586,6 +586,27 @@ def test_marginal_advantage_in_cross_mode(tmp_path):
     np.testing.assert_allclose(advantages[0], [[-2, -1, 3], [-4, -2, 6]], atol=1e-12)
 
 
+def both_two(item, completions) -> float:  # with weight 6: R = V[a] + 2 V[b] + 6 [a = b = 2], not additive
+    return float(completions[0] == "2" and completions[1] == "2")
+
+
+@pytest.mark.parametrize("overrides, step, expected", [
+    # agent 0's sample a meets b = 0, 1, 2: R = 0 2 10 | 1 3 11 | 5 7 21; agent 1's b: 0 1 5 | 2 3 7 | 10 11 21
+    ((), 0, [[-8 / 3, -5 / 3, 13 / 3], [-14 / 3, -8 / 3, 22 / 3]]),  # means [4, 5, 11], [2, 4, 14]: 20 / 3
+    (("leniency=1",), 0, [[-4, -3, 7], [-6, -4, 10]]),  # maxima [10, 11, 21], [5, 7, 21]
+    # kappa 0.5: [7, 8, 16] (mean 31 / 3) and [3.5, 5.5, 17.5] (mean 53 / 6); at step 2 kappa is 0: the means
+    (("leniency=1", "leniency_decay_steps=2"), 1, [[-10 / 3, -7 / 3, 17 / 3], [-16 / 3, -10 / 3, 26 / 3]]),
+    (("leniency=1", "leniency_decay_steps=2"), 2, [[-8 / 3, -5 / 3, 13 / 3], [-14 / 3, -8 / 3, 22 / 3]]),
+])
+def test_leniency_and_its_decay_reach_the_cross_advantages(tmp_path, overrides, step, expected):
+    task = from_functions([{"id": "a"}], lambda it: ["x", "y"], joint_reward)
+    trainer = Trainer(config(tmp_path, "batch_size=1", "num_generations=3", "joint_mode=cross",
+                             "advantage_mode=marginal", "reward_weights=[1.0, 6.0]", *overrides),
+                      task=task, sampler=Scripted(), reward_funcs=[both_two], **QUIET)
+    trainer.step = step
+    np.testing.assert_allclose(trainer.sample(trainer.batch_items(0))[0].advantages[0], expected, atol=1e-12)
+
+
 def test_role_advantage_subtracts_the_moving_baseline_then_moves_it(tmp_path):
     task = from_functions([{"id": "a"}], lambda it: ["x", "y"], joint_reward)
     trainer = Trainer(config(tmp_path, "batch_size=1", "num_generations=3", "advantage_mode=role",

@@ -143,6 +143,13 @@ def test_cross_games_branch_the_first_move_and_score_it_by_its_continuations(tmp
     np.testing.assert_allclose(rounds[0].advantages, np.repeat(M - M.mean(-1, keepdims=True), 2).ravel())
     np.testing.assert_allclose(rounds[1].advantages, (R - R.mean(-1, keepdims=True)).ravel())
     assert not np.allclose(rounds[0].advantages, rounds[1].advantages)
+    lenient = GameTrainer(load_config("tiny_hanabi", overrides=[
+        f"run_dir={tmp_path / 'lenient'}", "progress=false", "eval_every=0", "batch_size=2", "num_generations=2",
+        "joint_mode=cross", "advantage_mode=marginal", "leniency=1"]), sampler=ByEpisode(), **QUIET)
+    rounds = lenient.sample(lenient.batch_items(0))
+    best = R.max(-1)  # leniency 1: a first move's return is its best continuation
+    np.testing.assert_allclose(rounds[0].advantages, np.repeat(best - best.mean(-1, keepdims=True), 2).ravel())
+    np.testing.assert_allclose(rounds[1].advantages, (R - R.mean(-1, keepdims=True)).ravel())  # later: unchanged
 
 
 def test_the_role_baseline_is_checkpointed_and_a_resumed_run_continues_it_exactly(tmp_path):

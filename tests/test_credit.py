@@ -30,6 +30,26 @@ def test_marginal_advantage_of_an_additive_reward_ignores_the_partners_samples()
     np.testing.assert_allclose(aligned[0], [4, -4, 0], atol=1e-12)
 
 
+def test_leniency_judges_a_sample_by_its_partners_best_answer():
+    # R(a, b) = V[a] + 2 V[b] + 6 [a = b = 2], V = [0, 1, 5]; agent 0's sample a meets b = 0, 1, 2
+    V = [0.0, 1.0, 5.0]
+    R = [V[a] + 2 * V[b] + 6 * (a == b == 2) for a, b in CROSS]  # a = 0: 0 2 10, a = 1: 1 3 11, a = 2: 5 7 21
+    np.testing.assert_allclose(magrpo.per_agent_returns(R, CROSS, 2, 3), [[4, 5, 11], [2, 4, 14]])  # means
+    np.testing.assert_allclose(magrpo.per_agent_returns(R, CROSS, 2, 3, leniency=1.0), [[10, 11, 21], [5, 7, 21]])
+    np.testing.assert_allclose(magrpo.per_agent_returns(R, CROSS, 2, 3, leniency=0.5),
+                               [[7, 8, 16], [3.5, 5.5, 17.5]])
+    np.testing.assert_allclose(magrpo.lenient([[0, 2, 10], [5, 7, 21]], 0.25), [0.75 * 4 + 2.5, 0.75 * 11 + 5.25])
+    # an additive reward: the best partner answer is the same for every sample, so leniency changes no advantage
+    f, g = [0.0, 1.0, 5.0], [9.0, 0.0, 0.0]
+    np.testing.assert_allclose(magrpo.advantages(magrpo.per_agent_returns(additive(f, g), CROSS, 2, 3, 1.0)),
+                               magrpo.marginal_advantages(additive(f, g), CROSS, 2, 3), atol=1e-12)
+
+
+def test_leniency_falls_linearly_to_zero_over_its_decay_steps():
+    assert magrpo.leniency_at(0.8, 0, 500) == 0.8  # constant
+    assert [magrpo.leniency_at(1.0, 4, s) for s in (0, 1, 2, 4, 9)] == [1.0, 0.75, 0.5, 0.0, 0.0]
+
+
 def test_marginal_refuses_aligned_joint_actions():
     with pytest.raises(ValueError, match="cross"):
         magrpo.marginal_advantages([1.0, 2.0, 3.0], [(0, 0), (1, 1), (2, 2)], 2, 3)
@@ -84,6 +104,10 @@ def test_comlrl_names_are_presets_of_advantage_mode_and_resume_as_the_kits(comlr
     (["local_reward_weight=1.5"], "local_reward_weight"),
     (["task=game", "local_reward_weight=0.5"], "local_reward_weight"),
     (["role_baseline_decay=1.0"], "role_baseline_decay"),
+    (["leniency=0.5"], "leniency"),  # aligned: one partner answer per sample, its mean is its max
+    (["leniency=1.5", "joint_mode=cross"], "leniency"),
+    (["leniency=1", "joint_mode=cross", "algorithm=maac"], "leniency"),  # critics do not read it
+    (["leniency_decay_steps=-1"], "leniency_decay_steps"),
 ])
 def test_bad_credit_settings_fail_in_validation_naming_the_field(overrides, field):
     from kit.config import ConfigError
