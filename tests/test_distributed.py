@@ -163,6 +163,47 @@ def test_a_game_on_two_processes_equals_one_process(tmp_path):
             torch.testing.assert_close(wb[agent][key], wa[agent][key], rtol=0, atol=1e-4)
 
 
+# both algorithms and both critic types in two runs (each 2-process run costs ~15 s; the four combinations pass)
+GAME_CRITICS = [("iac", "q"), ("maac", "v")]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("algorithm, critic_type", GAME_CRITICS, ids=[f"{a}-{c}" for a, c in GAME_CRITICS])
+def test_a_game_with_critics_on_two_processes_equals_one_process(tmp_path, algorithm, critic_type):
+    """tiny_hanabi with IAC/MAAC critics (issue 31): the same episodes and per-decision advantages, the same
+    metrics (the critics' value loss, explained variance and mean value among them), critic heads and adapters on
+    2 processes as on 1. q's baseline is the mean Q over the step's decisions that saw the same critic input, which
+    other deals (on the other process) reach too: per process it was another baseline (tests/test_critic.py
+    test_game_q_baseline_is_over_every_process is the fast check)."""
+    one, two = tmp_path / "one", tmp_path / "two"
+    from kit.game_trainer import GameTrainer
+
+    critic = ["--set", f"algorithm={algorithm}", "--set", f"critic_type={critic_type}", "--set", "gae_lambda=0.5",
+              "--set", "discount=0.9"]
+    overrides = [a for a in GAME + critic if a != "--set"] + [f"run_dir={one}"]
+    GameTrainer(load_config("tiny_hanabi", overrides=overrides), **QUIET).train()
+    launch(2, "--preset", "tiny_hanabi", "--run-dir", str(two), *GAME, *critic)
+    a, b = rows(one, "rollouts.jsonl"), rows(two, "rollouts.jsonl")
+    assert len(a) == len(b) == 2 * 4 * 2  # steps x deals x episodes
+    for x, y in zip(a, b):
+        assert (x["step"], x["item"], x["episode"], x["decisions"], x["reward"]) == \
+               (y["step"], y["item"], y["episode"], y["decisions"], y["reward"])
+        assert y["advantage"] == pytest.approx(x["advantage"], abs=1e-4)
+    names = ["critic_0", "critic_1"] if algorithm == "iac" else ["critic"]
+    ma, mb = rows(one, "metrics.jsonl"), rows(two, "metrics.jsonl")
+    assert all(f"critic/value_loss/{n}" in mb[-1] for n in names)
+    for x, y in zip(ma, mb, strict=True):
+        assert set(x) == set(y)
+        for key in x:
+            if not key.startswith("perf/"):
+                assert y[key] == pytest.approx(x[key], rel=1e-3, abs=1e-5), key
+    for name in [f"models/{n}/head.safetensors" for n in names] + \
+            [f"adapters/agent_{i}/adapter_model.safetensors" for i in range(2)]:
+        wa, wb = (load_file(str(run / "ckpt" / "step_000002" / name)) for run in (one, two))
+        for key in wa:
+            torch.testing.assert_close(wb[key], wa[key], rtol=0, atol=5e-4)
+
+
 class AloneOfTwo:
     """Process 0 of 2 whose partner holds none of the rows: every sum across processes is this process's own."""
 
