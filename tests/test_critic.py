@@ -16,6 +16,7 @@ import pytest
 import torch
 
 from kit.config import ConfigError, load_config
+from kit.rollout import Rollout
 from kit.tasks import from_functions
 from kit.trainer import Trainer
 from tests.test_config_reaches_maths import Scripted, joint_reward
@@ -40,13 +41,13 @@ def fake_score(text: str) -> float:
     return (1.0 if text[0] == "x" else 2.0) * VALUE[int(text[1])]
 
 
-def trainer_for(tmp_path, *overrides, turns_feedback=True):
+def trainer_for(tmp_path, *overrides, sampler=None):
     task = from_functions([{"id": "a"}, {"id": "b"}], lambda it: ["x", "y"], joint_reward,
                           feedback_fn=lambda it, comps, reward: [f"again {c}" for c in comps])
     cfg = load_config("tiny_cpu", overrides=[f"run_dir={tmp_path / 'run'}", "progress=false", "eval_every=0",
                                               "beta=0", "top_p=1.0", "batch_size=1", "num_generations=3",
                                               "advantage_normalization=false", *overrides])
-    trainer = Trainer(cfg, task=task, sampler=Scripted(), **QUIET)
+    trainer = Trainer(cfg, task=task, sampler=sampler or Scripted(), **QUIET)
     trainer.algorithm.values = lambda name, texts: np.array([fake_score(t) for t in texts])
     return trainer
 
@@ -86,6 +87,28 @@ def test_fit_targets_are_the_lambda_returns(tmp_path):
     assert texts == ["x", "again 0", "again 1", "again 2"]
     np.testing.assert_allclose(targets, [10.0, 0.0, 3.0, 15.0])
     np.testing.assert_allclose(olds, [1.0, 10.0, 10.0, 10.0])
+
+
+class Varied(Scripted):
+    """As Scripted, but a second-turn prompt "again j" gets samples (j + h) mod G, h = 0..G-1: the joint actions of
+    a child node differ (its first is the parent's move, its mean over h is the same for every j)."""
+
+    def sample(self, requests, n, params=None, keys=None):
+        return Rollout(requests, [[str((int(p[-1]) + h) % n) for h in range(n)] if p.startswith("again")
+                                  else [str(g) for g in range(n)] for _, p in requests])
+
+
+def test_a_lambda_return_averages_the_child_nodes_unequal_joint_actions(tmp_path):
+    """Two turns, Varied: child node j's joint actions are worth 3 VALUE[(j + h) % 3], mean 3 * 2 = 6 (its first
+    alone would be 3 VALUE[j] = [0, 3, 15]). IAC-v, discount 0.5, lam 0.5, V(child prompt) = 10:
+    y_0 = r + 0.5 (0.5 * 10 + 0.5 * 6) = r + 4 = [4, 7, 19]; agent 0's advantage y_0 - V(x) = y_0 - 1."""
+    trainer = trainer_for(tmp_path, "algorithm=iac", "num_turns=2", "discount=0.5", "gae_lambda=0.5",
+                          sampler=Varied())
+    levels = trainer.sample(trainer.batch_items(0))
+    np.testing.assert_allclose(levels[1].returns, [[0, 3, 15], [3, 15, 0], [15, 0, 3]])  # the children differ
+    np.testing.assert_allclose(levels[0].advantages[0], [[3, 6, 18], [2, 5, 17]])  # minus V(x) = 1, V(y) = 2
+    texts, targets, _ = trainer.algorithm.batch["critic_0"]
+    assert texts[0] == "x" and targets[0] == pytest.approx(np.mean([4, 7, 19]))  # V's target: the mean y_0
 
 
 @pytest.mark.parametrize("coef", [0.6, 1.0])
@@ -348,42 +371,17 @@ def test_game_critic_fit_targets_are_the_lambda_returns_by_hand(algo, expected):
         np.testing.assert_allclose(got_olds, olds)
 
 
-class ThreadsOfOneRun:
-    """`world` threads as the processes of one run: gather() waits for every thread's part (in rank order)."""
-
-    def __init__(self, world):
-        import threading
-
-        self.world, self.parts, self.barrier = world, [None] * world, threading.Barrier(world, timeout=10)
-
-    def rank(self, r):
-        outer = self
-
-        class Process:
-            world = outer.world
-
-            def gather(self, obj):
-                outer.parts[r] = obj
-                outer.barrier.wait()
-                out = list(outer.parts)
-                outer.barrier.wait()
-                return out
-
-        return Process()
-
-
 @pytest.mark.parametrize("algo", ["iac", "maac"])
 def test_game_q_baseline_is_over_every_process(algo):
     """q: Q minus the mean Q of the step's decisions that saw the same state, whichever process played them. Two
     episodes reach the same states with moves a, b (Q 1, 2) and c, d (Q 5, 8): one process gives a: 1 - 3,
     b: 2 - 5, c: 5 - 3, d: 8 - 5; two processes (an episode each) must give the same, not 0 everywhere."""
-    from concurrent.futures import ThreadPoolExecutor
+    from tests.test_distributed import ThreadsOfOneRun
 
     moves = [["a", "b"], ["c", "d"]]
     one = game_step(hand_critic(algo, "q", values=move_values), *played(moves))
     np.testing.assert_allclose(one, [-2, 2, -3, 3])  # rounds in order, episodes within a round
     threads = ThreadsOfOneRun(2)
-    with ThreadPoolExecutor(2) as pool:
-        two = list(pool.map(lambda r: game_step(hand_critic(algo, "q", values=move_values), *played([moves[r]]),
-                                                dist=threads.rank(r)), range(2)))
+    two = threads.run(lambda r: game_step(hand_critic(algo, "q", values=move_values), *played([moves[r]]),
+                                          dist=threads.rank(r)))
     np.testing.assert_allclose([two[0][0], two[1][0], two[0][1], two[1][1]], one)

@@ -204,6 +204,71 @@ def test_a_game_with_critics_on_two_processes_equals_one_process(tmp_path, algor
             torch.testing.assert_close(wb[key], wa[key], rtol=0, atol=5e-4)
 
 
+class ThreadsOfOneRun:
+    """The processes of one run as threads of this one (a fast stand-in for torchrun where only the collectives
+    matter): `rank(r)` is process r's Dist, whose gather waits for every process's part and returns them in rank
+    order, and whose sum adds them."""
+
+    def __init__(self, world: int):
+        import threading
+
+        self.world, self.parts, self.barrier = world, [None] * world, threading.Barrier(world, timeout=30)
+
+    def rank(self, r: int):
+        run = self
+
+        class Process:
+            world, rank, local_rank, is_main = run.world, r, r, r == 0
+
+            def gather(self, obj):
+                run.parts[r] = obj
+                run.barrier.wait()
+                out = list(run.parts)
+                run.barrier.wait()  # nobody overwrites a part before every process has read it
+                return out
+
+            def sum(self, values):
+                return [float(sum(v)) for v in zip(*self.gather(list(values)))]
+
+        return Process()
+
+    def run(self, fn):
+        """fn(rank) on every process at once; the results in rank order."""
+        from concurrent.futures import ThreadPoolExecutor
+
+        with ThreadPoolExecutor(self.world) as pool:
+            return list(pool.map(fn, range(self.world)))
+
+
+def test_scale_rewards_batch_divides_by_the_std_of_every_processs_returns(tmp_path):
+    """scale_rewards=batch on 2 processes (threads here), an item each: item b's rewards are 10 times item a's, so
+    the std of one process's returns is not the step's. Both processes divide by the std of all of them, as one
+    process holding both items does: R = [0, 3, 15] and [0, 30, 150], std sqrt(4221)."""
+    import copy
+    import math
+
+    import numpy as np
+
+    from kit.tasks import from_functions
+    from tests.test_config_reaches_maths import Scripted, config, joint_reward
+
+    items = [{"id": "a", "scale": 1.0}, {"id": "b", "scale": 10.0}]
+    task = from_functions(items, lambda it: ["x", "y"], lambda it, comps: it["scale"] * joint_reward(it, comps))
+    trainer = Trainer(config(tmp_path, "batch_size=2", "num_generations=3", "scale_rewards=batch"), task=task,
+                      sampler=Scripted(), **QUIET)
+    one = trainer.sample(items)[0].advantages  # (items, agents, G)
+    std = math.sqrt(np.var([0, 3, 15, 0, 30, 150]))
+    np.testing.assert_allclose(one[:, 0], np.array([[-6, -3, 9], [-60, -30, 90]]) / (std + 1e-6))
+    threads = ThreadsOfOneRun(2)
+
+    def process(r):
+        mine = copy.copy(trainer)  # the same model and config, its own Dist
+        mine.dist = threads.rank(r)
+        return mine.sample([items[r]], positions=[r])[0].advantages[0]
+
+    np.testing.assert_allclose(np.stack(threads.run(process)), one, rtol=1e-12)
+
+
 class AloneOfTwo:
     """Process 0 of 2 whose partner holds none of the rows: every sum across processes is this process's own."""
 
