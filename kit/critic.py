@@ -28,9 +28,10 @@ value_loss_coef * the clipped value loss of every text against its target, the g
 Games (GameTrainer): every decision is a row; rewards are 0 until the episode's return at its last decision. IAC:
 each player's critic over that player's own decisions (its observation; q: and its move); MAAC: one critic over
 all decisions, reading every player's observation at that moment (the episode is replayed from its seed), q: and
-the acting player's move. Advantages: GAE over the sequence (v); q: Q minus the mean Q of the step's decisions that
-saw the same critic input without the move, over every process (turn-based: only the actor moves, so COMA's
-baseline is that mean).
+the acting player's move (IAC: the return at each player's own last decision). Fit targets: each decision's
+lambda-return, GAE + V over its sequence (the discount per decision). Advantages: GAE over the sequence (v); q: Q
+minus the mean Q of the step's decisions that saw the same critic input without the move, over every process
+(turn-based: only the actor moves, so COMA's baseline is that mean).
 
 Not covered: use_separate_critic=false (a value head on the actor's adapter), target networks.
 Run its tests: python -m pytest tests/test_critic.py

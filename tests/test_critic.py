@@ -1,5 +1,6 @@
 """IAC and MAAC in the loop (kit/critic.py): every critic field reaches the advantages, the fit or the optimizer,
-with numbers worked out by hand; resume is exact with critics; games train with critics.
+with numbers worked out by hand; resume is exact with critics; games train with critics, and a game critic's
+advantages and fit targets are worked out by hand (its q baseline over every process too, threads as processes).
 
 Run: python -m pytest tests/test_critic.py      (about a minute: a scripted sampler and the tiny model)
 

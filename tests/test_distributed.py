@@ -1,6 +1,8 @@
 """Data parallelism over items (kit/distributed.py): 2 CPU processes (gloo, launched by torchrun) against 1.
 
 Run: python -m pytest tests/test_distributed.py      (each 2-process run starts two interpreters: ~10 s)
+
+Where only the collectives matter, ThreadsOfOneRun runs the processes as threads of one interpreter (milliseconds).
 """
 
 import json
