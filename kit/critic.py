@@ -28,8 +28,10 @@ value_loss_coef * the clipped value loss of every text against its target, the g
 Games (GameTrainer): every decision is a row; rewards are 0 until the episode's return at its last decision. IAC:
 each player's critic over that player's own decisions (its observation; q: and its move); MAAC: one critic over
 all decisions, reading every player's observation at that moment (the episode is replayed from its seed), q: and
-the acting player's move. Advantages: GAE over the sequence (v); q: Q minus the mean Q of the step's decisions that
-saw the same critic input without the move (turn-based: only the actor moves, so COMA's baseline is that mean).
+the acting player's move (IAC: the return at each player's own last decision). Fit targets: each decision's
+lambda-return, GAE + V over its sequence (the discount per decision). Advantages: GAE over the sequence (v); q: Q
+minus the mean Q of the step's decisions that saw the same critic input without the move, over every process
+(turn-based: only the actor moves, so COMA's baseline is that mean).
 
 Not covered: use_separate_critic=false (a value head on the actor's adapter), target networks.
 Run its tests: python -m pytest tests/test_critic.py
@@ -271,12 +273,19 @@ class ActorCritic(MAGRPO):
                 a = ac.gae(rewards, values[seq], cfg.discount, cfg.gae_lambda)
                 targets[seq] = a + values[seq]  # the lambda-returns
                 adv[seq] = a
-        if q:  # Q minus the mean Q of the decisions that saw the same state (the acting player's alternatives)
-            groups = defaultdict(list)
-            for i in range(flat):
-                groups[(self.critic_of(player[i]), state_text[i] if self.name == "maac" else state_text[i])].append(i)
-            for members in groups.values():
-                adv[members] = values[members] - values[members].mean()
+        if q:  # Q minus the mean Q of the decisions that saw the same state (the acting player's alternatives):
+            # the step's decisions on every process, since other deals (another process's) reach the same state
+            keys = [(self.critic_of(player[i]), state_text[i]) for i in range(flat)]
+            mine = defaultdict(lambda: [0.0, 0])  # (critic, state) -> [sum of Q, count]
+            for key, v in zip(keys, values):
+                mine[key][0] += float(v)
+                mine[key][1] += 1
+            every = defaultdict(lambda: [0.0, 0])
+            for part in trainer.dist.gather(dict(mine)):
+                for key, (total, count) in part.items():
+                    every[key][0] += total
+                    every[key][1] += count
+            adv = values - np.array([every[key][0] / every[key][1] for key in keys])
         self.batch = {name: ([texts[i] for i in range(flat) if self.critic_of(player[i]) == name],
                              [float(targets[i]) for i in range(flat) if self.critic_of(player[i]) == name],
                              [float(values[i]) for i in range(flat) if self.critic_of(player[i]) == name])

@@ -16,8 +16,12 @@ exactly.
 The update (kit/preference.py has the equations): a no-grad pass gives every agent's Delta_i on every pair; then
 each adapter, in turn, recomputes its own Delta with gradient (micro-batched by pairs) and steps on
 -log sigmoid(dpo_beta * (own Delta + the others' detached Deltas)): the others' Deltas are those of the policy
-before this step, as in CoMLRL. Sequence log-probs are at temperature 1 (DPO's policy is the model itself) and sum
-every completion token, EOS included. Pairs are a per-process share; the loss is a mean over the global pairs and
+before this step, as in CoMLRL. Sequence log-probs sum every completion token, EOS included, and are at temperature
+1, the policy's and the reference's alike, whatever `temperature` and `score_at_sampling_temperature` say: DPO's
+implicit reward is dpo_beta * log(pi / pi_ref) of the model itself, and the pairs are data whatever drew them (the
+sampling temperature chooses which candidates are compared, not the policy the loss moves). MAGRPO differs on
+purpose: its policy gradient is an expectation over its own samples, so its update scores them at the distribution
+they were drawn from (kit/magrpo.py). Pairs are a per-process share; the loss is a mean over the global pairs and
 gradients are summed across processes (kit/distributed.py), so 2 processes train as 1.
 
 Metrics: dpo/loss, dpo/accuracy, dpo/margin, dpo/reward_gap, dpo/num_pairs, preference/fresh (1 on a refresh

@@ -617,6 +617,23 @@ def test_role_advantage_subtracts_the_moving_baseline_then_moves_it(tmp_path):
     np.testing.assert_allclose(trainer.role_baseline, [[0.5 * 1 + 0.5 * 6, 0.5 * 2 + 0.5 * 6]])  # mean R = 6
 
 
+def test_role_baseline_is_per_turn_in_multi_turn(tmp_path):
+    """Two turns (GROUPINGS' tree: turn 0's returns [0, 6, 30], turn 1's node j all 3 V[j] = [0, 3, 15], mean 6):
+    each turn subtracts its own row of the baseline (turns, agents), and each row moves toward its turn's mean."""
+    trainer = Trainer(config(tmp_path, "batch_size=1", "num_generations=3", "num_turns=2", "advantage_mode=role",
+                             "role_baseline_decay=0.5"),
+                      task=from_functions([{"id": "a"}], lambda it: ["x", "y"], joint_reward,
+                                          feedback_fn=lambda it, comps, reward: [f"again {c}" for c in comps]),
+                      sampler=Scripted(), **QUIET)
+    trainer.role_baseline = np.array([[1.0, 2.0], [10.0, 20.0]])
+    levels = trainer.sample(trainer.batch_items(0))
+    np.testing.assert_allclose(levels[0].advantages[0], [[-1, 5, 29], [-2, 4, 28]], atol=1e-12)  # minus b[0]
+    np.testing.assert_allclose(levels[1].advantages[:, 0], [[-10] * 3, [-7] * 3, [5] * 3], atol=1e-12)  # minus 10
+    np.testing.assert_allclose(levels[1].advantages[:, 1], [[-20] * 3, [-17] * 3, [-5] * 3], atol=1e-12)  # minus 20
+    np.testing.assert_allclose(trainer.role_baseline, [[0.5 * 1 + 0.5 * 12, 0.5 * 2 + 0.5 * 12],
+                                                       [0.5 * 10 + 0.5 * 6, 0.5 * 20 + 0.5 * 6]])
+
+
 def test_local_reward_weight_mixes_each_agents_own_part(tmp_path):
     from kit.rewards import Reward
 

@@ -1,5 +1,6 @@
 """IAC and MAAC in the loop (kit/critic.py): every critic field reaches the advantages, the fit or the optimizer,
-with numbers worked out by hand; resume is exact with critics; games train with critics.
+with numbers worked out by hand; resume is exact with critics; games train with critics, and a game critic's
+advantages and fit targets are worked out by hand (its q baseline over every process too, threads as processes).
 
 Run: python -m pytest tests/test_critic.py      (about a minute: a scripted sampler and the tiny model)
 
@@ -16,6 +17,7 @@ import pytest
 import torch
 
 from kit.config import ConfigError, load_config
+from kit.rollout import Rollout
 from kit.tasks import from_functions
 from kit.trainer import Trainer
 from tests.test_config_reaches_maths import Scripted, joint_reward
@@ -40,13 +42,13 @@ def fake_score(text: str) -> float:
     return (1.0 if text[0] == "x" else 2.0) * VALUE[int(text[1])]
 
 
-def trainer_for(tmp_path, *overrides, turns_feedback=True):
+def trainer_for(tmp_path, *overrides, sampler=None):
     task = from_functions([{"id": "a"}, {"id": "b"}], lambda it: ["x", "y"], joint_reward,
                           feedback_fn=lambda it, comps, reward: [f"again {c}" for c in comps])
     cfg = load_config("tiny_cpu", overrides=[f"run_dir={tmp_path / 'run'}", "progress=false", "eval_every=0",
                                               "beta=0", "top_p=1.0", "batch_size=1", "num_generations=3",
                                               "advantage_normalization=false", *overrides])
-    trainer = Trainer(cfg, task=task, sampler=Scripted(), **QUIET)
+    trainer = Trainer(cfg, task=task, sampler=sampler or Scripted(), **QUIET)
     trainer.algorithm.values = lambda name, texts: np.array([fake_score(t) for t in texts])
     return trainer
 
@@ -86,6 +88,28 @@ def test_fit_targets_are_the_lambda_returns(tmp_path):
     assert texts == ["x", "again 0", "again 1", "again 2"]
     np.testing.assert_allclose(targets, [10.0, 0.0, 3.0, 15.0])
     np.testing.assert_allclose(olds, [1.0, 10.0, 10.0, 10.0])
+
+
+class Varied(Scripted):
+    """As Scripted, but a second-turn prompt "again j" gets samples (j + h) mod G, h = 0..G-1: the joint actions of
+    a child node differ (its first is the parent's move, its mean over h is the same for every j)."""
+
+    def sample(self, requests, n, params=None, keys=None):
+        return Rollout(requests, [[str((int(p[-1]) + h) % n) for h in range(n)] if p.startswith("again")
+                                  else [str(g) for g in range(n)] for _, p in requests])
+
+
+def test_a_lambda_return_averages_the_child_nodes_unequal_joint_actions(tmp_path):
+    """Two turns, Varied: child node j's joint actions are worth 3 VALUE[(j + h) % 3], mean 3 * 2 = 6 (its first
+    alone would be 3 VALUE[j] = [0, 3, 15]). IAC-v, discount 0.5, lam 0.5, V(child prompt) = 10:
+    y_0 = r + 0.5 (0.5 * 10 + 0.5 * 6) = r + 4 = [4, 7, 19]; agent 0's advantage y_0 - V(x) = y_0 - 1."""
+    trainer = trainer_for(tmp_path, "algorithm=iac", "num_turns=2", "discount=0.5", "gae_lambda=0.5",
+                          sampler=Varied())
+    levels = trainer.sample(trainer.batch_items(0))
+    np.testing.assert_allclose(levels[1].returns, [[0, 3, 15], [3, 15, 0], [15, 0, 3]])  # the children differ
+    np.testing.assert_allclose(levels[0].advantages[0], [[3, 6, 18], [2, 5, 17]])  # minus V(x) = 1, V(y) = 2
+    texts, targets, _ = trainer.algorithm.batch["critic_0"]
+    assert texts[0] == "x" and targets[0] == pytest.approx(np.mean([4, 7, 19]))  # V's target: the mean y_0
 
 
 @pytest.mark.parametrize("coef", [0.6, 1.0])
@@ -238,8 +262,8 @@ class _Episode:
         return len(self.decisions)
 
 
-class _TwoMoveGame:
-    """Player 0 moves, then player 1; the return is 10. An observation names the player and the decision."""
+class _AlternatingGame:
+    """Players 0 and 1 move in turn; the return is 10. An observation names the player and the decision."""
 
     def reset(self, seed):
         return _Episode(seed)
@@ -248,15 +272,67 @@ class _TwoMoveGame:
         return f"o{player}t{ep.length}"
 
     def step(self, ep, text):
-        ep.decisions.append({"player": ep.length, "completion": text})
+        ep.decisions.append({"player": ep.length % 2, "completion": text})
 
     def score(self, ep):
         return 10.0
 
 
+def played(moves: list[str]):
+    """The task, its episodes (moves[e][t]: episode e's move at decision t, one seed) and their decisions as
+    kit.games.play returns them: one round per decision index over every episode."""
+    from kit.games import Decisions
+    from kit.rollout import Rollout
+
+    task = _AlternatingGame()
+    episodes = [task.reset(7) for _ in moves]
+    rounds = []
+    for t in range(len(moves[0])):
+        requests = [(t % 2, task.prompt(ep, t % 2)) for ep in episodes]
+        rounds.append(Decisions(t, list(range(len(moves))), Rollout(requests, [[m[t]] for m in moves])))
+        for ep, m in zip(episodes, moves):
+            task.step(ep, m[t])
+    return task, episodes, rounds
+
+
 def game_values(text: str) -> float:
-    """IAC: V(player 0's first observation) = 4, V(player 1's) = 6; MAAC: the joint observation of decision t."""
-    return {"o0t0": 4.0, "o1t1": 6.0}.get(text, {0: 4.0, 1: 6.0}[int(text.split("\n")[0][-1])])
+    """V of decision t's observation: 4, 6, 8 (IAC: the actor's own "o{p}t{t}"; MAAC: the joint observation)."""
+    t = int(text.split("\n")[0][-1])
+    return {0: 4.0, 1: 6.0, 2: 8.0}[t]
+
+
+def move_values(text: str) -> float:
+    """Q of a move (the text's last character), whatever the state."""
+    return {"a": 1.0, "b": 2.0, "c": 5.0, "d": 8.0}[text[-1]]
+
+
+def hand_critic(algo, critic_type="v", discount=1.0, lam=0.0, values=game_values):
+    """An ActorCritic without models: the critics' values are the lookup `values`."""
+    from types import SimpleNamespace
+
+    from kit.critic import ActorCritic
+
+    algorithm = ActorCritic.__new__(ActorCritic)
+    algorithm.name = algo
+    algorithm.models = {n: None for n in (["critic_0", "critic_1"] if algo == "iac" else ["critic"])}
+    algorithm.cfg = SimpleNamespace(critic_type=critic_type, num_agents=2, discount=discount, gae_lambda=lam,
+                                    advantage_normalization=False, use_chat_template=False)
+    algorithm.fmt = lambda prompt: prompt
+    algorithm.values = lambda name, texts: np.array([values(t) for t in texts])
+    return algorithm
+
+
+class OneProcess:
+    world = 1
+
+    def gather(self, obj):
+        return [obj]
+
+
+def game_step(algorithm, task, episodes, rounds, dist=None):
+    from types import SimpleNamespace
+
+    return algorithm.game_advantages(SimpleNamespace(task=task, dist=dist or OneProcess()), rounds, episodes)
 
 
 @pytest.mark.parametrize("algo, lam, expected", [
@@ -266,26 +342,47 @@ def game_values(text: str) -> float:
     ("maac", 0.5, [2 + 0.5 * 4, 4]),  # GAE: delta_0 + lam * delta_1
 ])
 def test_game_advantages_by_hand(algo, lam, expected):
-    from types import SimpleNamespace
-
-    from kit.critic import ActorCritic
-    from kit.games import Decisions
-    from kit.rollout import Rollout
-
-    algorithm = ActorCritic.__new__(ActorCritic)  # no model: the values are a lookup
-    algorithm.name = algo
-    algorithm.models = {n: None for n in (["critic_0", "critic_1"] if algo == "iac" else ["critic"])}
-    algorithm.cfg = SimpleNamespace(critic_type="v", num_agents=2, discount=1.0, gae_lambda=lam,
-                                    advantage_normalization=False, use_chat_template=False)
-    algorithm.fmt = lambda prompt: prompt
-    algorithm.values = lambda name, texts: np.array([game_values(t) for t in texts])
-    task, ep = _TwoMoveGame(), _Episode(7)
-    rounds = [Decisions(t, [0], Rollout([(t, f"o{t}t{t}")], [[f"m{t}"]])) for t in range(2)]
-    for t in range(2):
-        task.step(ep, f"m{t}")
-    trainer = SimpleNamespace(task=task, dist=SimpleNamespace(gather=lambda x: [x]))
-    adv = algorithm.game_advantages(trainer, rounds, [ep])
+    algorithm = hand_critic(algo, lam=lam)
+    adv = game_step(algorithm, *played([["m0", "m1"]]))
     np.testing.assert_allclose(adv, expected)
     texts, targets, _ = algorithm.batch["critic" if algo == "maac" else "critic_0"]
     if algo == "maac":
         assert texts == ["[Agent 0] o0t0\n[Agent 1] o1t0", "[Agent 0] o0t1\n[Agent 1] o1t1"]  # both observations
+
+
+@pytest.mark.parametrize("algo, expected", [
+    # each player's own decisions: player 0 acts at t0 and t2 (V 4, 8), player 1 at t1 (V 6); the return 10 at a
+    # player's last decision. y(t0) = 0.9 (0.5 V(t2) + 0.5 y(t2)) = 0.9 (4 + 5) = 8.1
+    ("iac", {"critic_0": (["o0t0", "o0t2"], [8.1, 10.0], [4.0, 8.0]), "critic_1": (["o1t1"], [10.0], [6.0])}),
+    # one sequence t0, t1, t2 (V 4, 6, 8): y2 = 10, y1 = 0.9 (0.5 * 8 + 0.5 * 10) = 8.1,
+    # y0 = 0.9 (0.5 * 6 + 0.5 * 8.1) = 6.345
+    ("maac", {"critic": (None, [6.345, 8.1, 10.0], [4.0, 6.0, 8.0])}),
+])
+def test_game_critic_fit_targets_are_the_lambda_returns_by_hand(algo, expected):
+    """What a game's critic is fitted to (discount 0.9, lam 0.5, three decisions): each decision's text against
+    its lambda-return (= GAE advantage + V), the values it had when scored as the clip's reference."""
+    algorithm = hand_critic(algo, discount=0.9, lam=0.5)
+    game_step(algorithm, *played([["a", "b", "c"]]))
+    assert set(algorithm.batch) == set(expected)
+    for name, (texts, targets, olds) in expected.items():
+        got_texts, got_targets, got_olds = algorithm.batch[name]
+        if texts is not None:
+            assert got_texts == texts  # v: the actor's observation
+        np.testing.assert_allclose(got_targets, targets, rtol=1e-12)
+        np.testing.assert_allclose(got_olds, olds)
+
+
+@pytest.mark.parametrize("algo", ["iac", "maac"])
+def test_game_q_baseline_is_over_every_process(algo):
+    """q: Q minus the mean Q of the step's decisions that saw the same state, whichever process played them. Two
+    episodes reach the same states with moves a, b (Q 1, 2) and c, d (Q 5, 8): one process gives a: 1 - 3,
+    b: 2 - 5, c: 5 - 3, d: 8 - 5; two processes (an episode each) must give the same, not 0 everywhere."""
+    from tests.test_distributed import ThreadsOfOneRun
+
+    moves = [["a", "b"], ["c", "d"]]
+    one = game_step(hand_critic(algo, "q", values=move_values), *played(moves))
+    np.testing.assert_allclose(one, [-2, 2, -3, 3])  # rounds in order, episodes within a round
+    threads = ThreadsOfOneRun(2)
+    two = threads.run(lambda r: game_step(hand_critic(algo, "q", values=move_values), *played([moves[r]]),
+                                          dist=threads.rank(r)))
+    np.testing.assert_allclose([two[0][0], two[1][0], two[0][1], two[1][1]], one)

@@ -1,6 +1,8 @@
 """Data parallelism over items (kit/distributed.py): 2 CPU processes (gloo, launched by torchrun) against 1.
 
 Run: python -m pytest tests/test_distributed.py      (each 2-process run starts two interpreters: ~10 s)
+
+Where only the collectives matter, ThreadsOfOneRun runs the processes as threads of one interpreter (milliseconds).
 """
 
 import json
@@ -161,6 +163,112 @@ def test_a_game_on_two_processes_equals_one_process(tmp_path):
     for agent in wa:
         for key in wa[agent]:
             torch.testing.assert_close(wb[agent][key], wa[agent][key], rtol=0, atol=1e-4)
+
+
+# both algorithms and both critic types in two runs (each 2-process run costs ~15 s; the four combinations pass)
+GAME_CRITICS = [("iac", "q"), ("maac", "v")]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("algorithm, critic_type", GAME_CRITICS, ids=[f"{a}-{c}" for a, c in GAME_CRITICS])
+def test_a_game_with_critics_on_two_processes_equals_one_process(tmp_path, algorithm, critic_type):
+    """tiny_hanabi with IAC/MAAC critics (issue 31): the same episodes and per-decision advantages, the same
+    metrics (the critics' value loss, explained variance and mean value among them), critic heads and adapters on
+    2 processes as on 1. q's baseline is the mean Q over the step's decisions that saw the same critic input, which
+    other deals (on the other process) reach too: per process it was another baseline (tests/test_critic.py
+    test_game_q_baseline_is_over_every_process is the fast check)."""
+    one, two = tmp_path / "one", tmp_path / "two"
+    from kit.game_trainer import GameTrainer
+
+    critic = ["--set", f"algorithm={algorithm}", "--set", f"critic_type={critic_type}", "--set", "gae_lambda=0.5",
+              "--set", "discount=0.9"]
+    overrides = [a for a in GAME + critic if a != "--set"] + [f"run_dir={one}"]
+    GameTrainer(load_config("tiny_hanabi", overrides=overrides), **QUIET).train()
+    launch(2, "--preset", "tiny_hanabi", "--run-dir", str(two), *GAME, *critic)
+    a, b = rows(one, "rollouts.jsonl"), rows(two, "rollouts.jsonl")
+    assert len(a) == len(b) == 2 * 4 * 2  # steps x deals x episodes
+    for x, y in zip(a, b):
+        assert (x["step"], x["item"], x["episode"], x["decisions"], x["reward"]) == \
+               (y["step"], y["item"], y["episode"], y["decisions"], y["reward"])
+        assert y["advantage"] == pytest.approx(x["advantage"], abs=1e-4)
+    names = ["critic_0", "critic_1"] if algorithm == "iac" else ["critic"]
+    ma, mb = rows(one, "metrics.jsonl"), rows(two, "metrics.jsonl")
+    assert all(f"critic/value_loss/{n}" in mb[-1] for n in names)
+    for x, y in zip(ma, mb, strict=True):
+        assert set(x) == set(y)
+        for key in x:
+            if not key.startswith("perf/"):
+                assert y[key] == pytest.approx(x[key], rel=1e-3, abs=1e-5), key
+    for name in [f"models/{n}/head.safetensors" for n in names] + \
+            [f"adapters/agent_{i}/adapter_model.safetensors" for i in range(2)]:
+        wa, wb = (load_file(str(run / "ckpt" / "step_000002" / name)) for run in (one, two))
+        for key in wa:
+            torch.testing.assert_close(wb[key], wa[key], rtol=0, atol=5e-4)
+
+
+class ThreadsOfOneRun:
+    """The processes of one run as threads of this one (a fast stand-in for torchrun where only the collectives
+    matter): `rank(r)` is process r's Dist, whose gather waits for every process's part and returns them in rank
+    order, and whose sum adds them."""
+
+    def __init__(self, world: int):
+        import threading
+
+        self.world, self.parts, self.barrier = world, [None] * world, threading.Barrier(world, timeout=30)
+
+    def rank(self, r: int):
+        run = self
+
+        class Process:
+            world, rank, local_rank, is_main = run.world, r, r, r == 0
+
+            def gather(self, obj):
+                run.parts[r] = obj
+                run.barrier.wait()
+                out = list(run.parts)
+                run.barrier.wait()  # nobody overwrites a part before every process has read it
+                return out
+
+            def sum(self, values):
+                return [float(sum(v)) for v in zip(*self.gather(list(values)))]
+
+        return Process()
+
+    def run(self, fn):
+        """fn(rank) on every process at once; the results in rank order."""
+        from concurrent.futures import ThreadPoolExecutor
+
+        with ThreadPoolExecutor(self.world) as pool:
+            return list(pool.map(fn, range(self.world)))
+
+
+def test_scale_rewards_batch_divides_by_the_std_of_every_processs_returns(tmp_path):
+    """scale_rewards=batch on 2 processes (threads here), an item each: item b's rewards are 10 times item a's, so
+    the std of one process's returns is not the step's. Both processes divide by the std of all of them, as one
+    process holding both items does: R = [0, 3, 15] and [0, 30, 150], std sqrt(4221)."""
+    import copy
+    import math
+
+    import numpy as np
+
+    from kit.tasks import from_functions
+    from tests.test_config_reaches_maths import Scripted, config, joint_reward
+
+    items = [{"id": "a", "scale": 1.0}, {"id": "b", "scale": 10.0}]
+    task = from_functions(items, lambda it: ["x", "y"], lambda it, comps: it["scale"] * joint_reward(it, comps))
+    trainer = Trainer(config(tmp_path, "batch_size=2", "num_generations=3", "scale_rewards=batch"), task=task,
+                      sampler=Scripted(), **QUIET)
+    one = trainer.sample(items)[0].advantages  # (items, agents, G)
+    std = math.sqrt(np.var([0, 3, 15, 0, 30, 150]))
+    np.testing.assert_allclose(one[:, 0], np.array([[-6, -3, 9], [-60, -30, 90]]) / (std + 1e-6))
+    threads = ThreadsOfOneRun(2)
+
+    def process(r):
+        mine = copy.copy(trainer)  # the same model and config, its own Dist
+        mine.dist = threads.rank(r)
+        return mine.sample([items[r]], positions=[r])[0].advantages[0]
+
+    np.testing.assert_allclose(np.stack(threads.run(process)), one, rtol=1e-12)
 
 
 class AloneOfTwo:

@@ -87,9 +87,13 @@ def hand_deltas(trainer, reference: bool, live: str | None = None) -> torch.Tens
     return torch.stack(out, 1)
 
 
-@pytest.mark.parametrize("beta, reference", [(0.1, "base"), (1.0, "base"), (1.0, "none")])
-def test_the_dpo_loss_and_its_fields(tmp_path, beta, reference):
-    trainer, levels = sampled(tmp_path, f"dpo_beta={beta}", f"dpo_reference={reference}")
+# temperature 0.5: the candidates are sampled at it, but DPO's log-probs (policy and reference) are the model's own,
+# at temperature 1 (kit/preference_trainer.py), whatever score_at_sampling_temperature says (MAGRPO's field)
+@pytest.mark.parametrize("beta, reference, temperature", [(0.1, "base", 1.0), (1.0, "base", 1.0), (1.0, "none", 1.0),
+                                                          (1.0, "base", 0.5)])
+def test_the_dpo_loss_and_its_fields(tmp_path, beta, reference, temperature):
+    trainer, levels = sampled(tmp_path, f"dpo_beta={beta}", f"dpo_reference={reference}",
+                              f"temperature={temperature}", "score_at_sampling_temperature=true")
     z = hand_deltas(trainer, reference == "base").sum(1).tolist()
     assert len(z) >= 4 and max(abs(x) for x in z) > 1e-3  # pairs, and adapters away from the base
     loss = sum(math.log1p(math.exp(-beta * x)) for x in z) / len(z)  # -log sigmoid(y) = log(1 + e^-y)
@@ -102,11 +106,11 @@ def test_the_dpo_loss_and_its_fields(tmp_path, beta, reference):
 
 
 @pytest.mark.filterwarnings("ignore:Seems like `optimizer.step\\(\\)` has been overridden")
-@pytest.mark.parametrize("micro", [0, 2])
-def test_each_agent_is_stepped_on_the_gradient_of_its_own_delta(tmp_path, micro):
+@pytest.mark.parametrize("micro, temperature", [(0, 1.0), (2, 1.0), (0, 0.5)])
+def test_each_agent_is_stepped_on_the_gradient_of_its_own_delta(tmp_path, micro, temperature):
     """agent_0's gradient is that of mean -log sigmoid(beta (Delta_0 + Delta_1)) with Delta_1 held fixed, the pairs
-    micro-batched (2 rows: one pair at a time) or not."""
-    trainer, levels = sampled(tmp_path, "dpo_beta=1.0", f"micro_batch_size={micro}")
+    micro-batched (2 rows: one pair at a time) or not; the log-probs at temperature 1 whatever the sampling's."""
+    trainer, levels = sampled(tmp_path, "dpo_beta=1.0", f"micro_batch_size={micro}", f"temperature={temperature}")
     params = trainer.team.parameters_of("agent_0")
     d = hand_deltas(trainer, True, live="agent_0")
     trainer.team.models[0].set_adapter("agent_0")  # PEFT: only the active adapter's weights require grad
