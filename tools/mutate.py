@@ -115,7 +115,7 @@ MUTATIONS = [
              "a = r - (r.sum(-1, keepdims=True) - r) / (g - 1)", "a = r - (r.sum(-1, keepdims=True) - r) / g",
              ("tests/test_magrpo.py::test_rloo_advantage_leaves_one_out",)),
     Mutation("cross returns summed over partners", "kit/magrpo.py",
-             "    return out / count\n", "    return out\n",
+             "return out / count if leniency == 0", "return out if leniency == 0",
              ("tests/test_magrpo.py::test_cross_per_agent_return_is_the_mean_over_partners",)),
     Mutation("children's returns summed", "kit/magrpo.py",
              "future = np.array([np.mean(c, axis=0) for c in child_returns]",
@@ -436,7 +436,7 @@ MUTATIONS = [
              'target = (folder / "_smoke" / (run_name or Path(run_dir).name) if smoke() else folder / Path(run_dir).name)',
              "target = folder / Path(run_dir).name",
              ("tests/test_colab_third_pass.py::test_07_in_smoke_mode_copies_its_report_only_under_smoke_on_drive",)),
-    Mutation("the resume line counts the checkpoint's own step as dropped", "kit/colab.py",
+    Mutation("the resume line counts the checkpoint's own step as dropped", "kit/rundir.py",
              'if r.get("step", 0) > step}', 'if r.get("step", 0) >= step}',
              ("tests/test_colab_third_pass.py::test_a_resume_after_a_kill_says_which_logged_steps_are_dropped_and_redone",)),
     # ---- issue 33: more of TRL's update options
@@ -778,6 +778,18 @@ MUTATIONS = [
              "every = np.concatenate([np.ravel(part) for part in self.dist.gather(np.ravel(values).tolist())])",
              "every = np.ravel(values)",
              ("tests/test_distributed.py::test_scale_rewards_batch_divides_by_the_std_of_every_processs_returns",)),
+    # ---- lenient credit (leniency, leniency_decay_steps)
+    Mutation("leniency: the max weighted as the mean", "kit/magrpo.py",
+             "(1 - leniency) * out / count + leniency * best", "(1 - leniency) * out / count + leniency * out / count",
+             ("tests/test_credit.py::test_leniency_judges_a_sample_by_its_partners_best_answer",
+              f"{CFG_MATHS}::test_leniency_and_its_decay_reach_the_cross_advantages")),
+    Mutation("leniency never decays", "kit/magrpo.py",
+             "return float(leniency) * max(0.0, 1.0 - step / decay_steps)", "return float(leniency)",
+             ("tests/test_credit.py::test_leniency_falls_linearly_to_zero_over_its_decay_steps",
+              f"{CFG_MATHS}::test_leniency_and_its_decay_reach_the_cross_advantages")),
+    Mutation("games: the first move's continuations averaged whatever the leniency", "kit/game_trainer.py",
+             "judged = magrpo.lenient(grid, kappa)", "judged = grid.mean(-1)",
+             ("tests/test_coordination.py::test_cross_games_branch_the_first_move_and_score_it_by_its_continuations",)),
 ]
 
 
