@@ -369,6 +369,7 @@ class Trainer:
                     kl_sum += st.get("kl", 0.0) * share
                     clipped[0] += st.get("clipped", 0.0) if iteration else 0.0
                     clipped[1] += st.get("tokens", 0.0) if iteration else 0.0
+                self.algorithm.backward_into_actor(self, adapter, iteration)  # IAC's value heads on the actors
                 norm = self._step(adapter, opt, total_rows)
                 if iteration == 0:
                     first = {"loss": loss_sum, "kl": kl_sum, "norm": norm}

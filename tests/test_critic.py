@@ -146,7 +146,8 @@ def test_critic_warmup_steps_keep_the_actors_still(tmp_path):
     (("algorithm=maac", "critic_type=q", "baseline=counterfactual", "joint_mode=cross"), "baseline"),
     (("gae_lambda=1.5",), "gae_lambda"), (("value_loss_coef=0",), "value_loss_coef"),
     (("algorithm=a2c",), "algorithm"), (("critic_type=w",), "critic_type"),
-    (("algorithm=iac", "use_separate_critic=false"), "use_separate_critic"),
+    (("algorithm=maac", "use_separate_critic=false"), "use_separate_critic"),
+    (("use_separate_critic=false",), "use_separate_critic"),  # magrpo: no critic to put on the actor
     # combinations whose fields would not reach the maths (the critic replaces the group-relative advantages; the
     # reward model is scored after the task's rewards): refused rather than silently ignored
     (("algorithm=iac", "local_reward_weight=0.5"), "local_reward_weight"),
