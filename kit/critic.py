@@ -40,8 +40,9 @@ adapter with a second optimizer instead would give it two AdamW states and two w
 per-parameter scaling would cancel value_loss_coef; one optimizer on the summed gradient keeps the coefficient the
 weight of the value loss against the policy loss. share_adapter=true: one head per agent on the one adapter, the
 value loss the mean over every head's rows (as the policy loss is over every agent's). critic_warmup_steps: the
-actors' adapters wait, so the heads alone fit (num_iterations steps, the decoder without gradient). A checkpoint
-holds each head (models/critic_i/head.safetensors) and its optimizer; the adapter is the agent's.
+actors' adapters wait, so the heads alone fit (num_iterations steps, the decoder without gradient). The heads
+start at zero (V = 0), so the value gradient reaches an adapter from its head's second step on (dV/dh = w). A
+checkpoint holds each head (models/critic_i/head.safetensors) and its optimizer; the adapter is the agent's.
 
 Games (GameTrainer): every decision is a row; rewards are 0 until the episode's return at its last decision. IAC:
 each player's critic over that player's own decisions (its observation; q: and its move); MAAC: one critic over
@@ -354,9 +355,9 @@ class ActorCritic(MAGRPO):
             for lo in range(0, len(texts), step):
                 v = model.score_texts(texts[lo:lo + step], train_trunk=train_trunk)
                 rows = ac.value_loss(v, old_all[lo:lo + step], y_all[lo:lo + step], cfg.value_clip_range)
-                loss = cfg.value_loss_coef * rows.sum() / denom
-                loss.backward()
-                losses[name] += float(cfg.value_loss_coef * rows.detach().sum() / max(count, 1))
+                weighted = cfg.value_loss_coef * rows.sum()
+                (weighted / denom).backward()
+                losses[name] += float(weighted.detach() / max(count, 1))
         return losses, dict(zip(names, counts))
 
     def _step_heads(self, trainer, adapter: str, train_trunk: bool) -> dict[str, tuple[float, float]]:

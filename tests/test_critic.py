@@ -336,11 +336,13 @@ def test_value_loss_coef_weighs_the_value_gradient_on_the_actors_adapter(tmp_pat
     assert all(any(g.abs().sum() > 0 for g in expected[a]) for a in expected)
     added, hook = {}, alg.backward_into_actor
 
+    def grads(adapter):
+        return [torch.zeros_like(p) if p.grad is None else p.grad.clone() for p in trainer.team.parameters_of(adapter)]
+
     def spy(tr, adapter, iteration):
-        grads = lambda: [torch.zeros_like(p) if p.grad is None else p.grad.clone() for p in tr.team.parameters_of(adapter)]  # noqa: E731
-        before = grads()
+        before = grads(adapter)  # the policy loss's, already backpropagated
         hook(tr, adapter, iteration)
-        added[adapter] = [g - b for g, b in zip(grads(), before)]
+        added[adapter] = [g - b for g, b in zip(grads(adapter), before)]
 
     alg.backward_into_actor = spy
     trainer.update(levels)
