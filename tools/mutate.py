@@ -651,7 +651,7 @@ MUTATIONS = [
              ("tests/test_heads.py::test_last_token_index_by_hand",)),
     Mutation("scalar model switches its own gradient off after the forward", "kit/heads.py",
              "                for p in self.adapter_parameters():\n                    p.requires_grad_(True)\n",
-             "",
+             "                pass\n",
              ("tests/test_heads.py::test_forward_reads_the_last_real_token_and_grads_reach_adapter_and_head_only",)),
     Mutation("games: the critic ignores gae_lambda", "kit/critic.py",
              "a = ac.gae(rewards, values[seq], cfg.discount, cfg.gae_lambda)",
