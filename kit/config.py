@@ -63,7 +63,7 @@ class TrainConfig:
     # --- algorithm and critics (issue 31)
     algorithm: str = "magrpo"  # magrpo, iac, maac, centralized, madpo or marlhf (CoMLRL's trainers; README)
     critic_type: str = "v"  # iac/maac: v = V(prompt), q = Q(prompt, completion)
-    use_separate_critic: bool = True  # iac: a critic adapter + head per agent (false: not built yet; README)
+    use_separate_critic: bool = True  # iac: a critic adapter + head per agent; false: a head on the agent's own adapter
     baseline: str = "mean"  # critic_type q: Q minus the group mean of Q, or counterfactual (maac: COMA's)
     value_loss_coef: float = 0.6  # weight of the value loss (CoMLRL's default)
     value_clip_range: float | None = None  # clip V to V_old +- this in the value loss (num_iterations > 1)
@@ -491,8 +491,9 @@ def validate(cfg: TrainConfig) -> TrainConfig:
     need(cfg.algorithm != "centralized" or cfg.task != "game", "algorithm",
          "magrpo, iac or maac for a game (centralized writes every part in one completion; in a turn-based game "
          "one policy in every seat is share_adapter=true)")
-    need(cfg.use_separate_critic or cfg.algorithm != "iac", "use_separate_critic",
-         "true (a value head on the actor's own adapter is not built yet: README, Algorithms)")
+    need(cfg.use_separate_critic or cfg.algorithm == "iac", "use_separate_critic",
+         f"true with algorithm={cfg.algorithm} (false puts a value head on each agent's own adapter: IAC's option "
+         "only; MAAC's centralized critic reads every agent's prompt, so it has no one actor to sit on)")
     need(cfg.baseline == "mean" or (cfg.algorithm == "maac" and cfg.critic_type == "q"), "baseline",
          "mean, or counterfactual with algorithm=maac and critic_type=q (COMA's baseline needs a joint Q)")
     need(cfg.baseline == "mean" or cfg.joint_mode == "aligned", "baseline",

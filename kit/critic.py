@@ -3,6 +3,7 @@
     algorithm = algorithm_for(cfg, team)      # built once by the Trainer
     algorithm.advantages(trainer, levels)     # after the group-relative advantages: replace them (critics)
     algorithm.actors_wait(step)               # critic_warmup_steps: the actors skip their update
+    algorithm.backward_into_actor(trainer, adapter, iteration)  # in the update, before each actor's step
     stats = algorithm.fit(trainer)            # after the actors' update: fit its own models; metrics
     algorithm.models / optimizers / schedulers   # what the checkpoint saves and resume loads (kit/checkpoint.py)
 
@@ -25,6 +26,24 @@ S = V(prompt) for v, the group mean of Q for q; one turn: y = r (the reward, as 
 then advantage_normalization (each agent over the step and every process). Fit: num_iterations AdamW steps on
 value_loss_coef * the clipped value loss of every text against its target, the gradient summed over processes.
 
+use_separate_critic=false (iac only): critic_i is a kit/heads.py ValueHead, an fp32 head reading agent i's OWN
+adapter (no new adapter), as CoMLRL's value head on the actor. The value loss trains the head and the actor's
+adapter; the adapter takes ONE step per iteration, by the actor's own AdamW (learning_rate, its schedule and
+max_grad_norm), on the sum of the two gradients:
+
+    adapter a:  grad [ L_policy(a) + value_loss_coef * sum_{i on a} sum_rows L_V / rows(i on a) ]
+    head i:     its own AdamW (critic_learning_rate, its schedule), the same backward, stepped beside the adapter
+
+The update calls backward_into_actor after the policy loss's backward and before the actor's step, every
+iteration (V_old: the values that gave the advantages, so value_clip_range acts from the second). Stepping the
+adapter with a second optimizer instead would give it two AdamW states and two weight decays, and AdamW's
+per-parameter scaling would cancel value_loss_coef; one optimizer on the summed gradient keeps the coefficient the
+weight of the value loss against the policy loss. share_adapter=true: one head per agent on the one adapter, the
+value loss the mean over every head's rows (as the policy loss is over every agent's). critic_warmup_steps: the
+actors' adapters wait, so the heads alone fit (num_iterations steps, the decoder without gradient). The heads
+start at zero (V = 0), so the value gradient reaches an adapter from its head's second step on (dV/dh = w). A
+checkpoint holds each head (models/critic_i/head.safetensors) and its optimizer; the adapter is the agent's.
+
 Games (GameTrainer): every decision is a row; rewards are 0 until the episode's return at its last decision. IAC:
 each player's critic over that player's own decisions (its observation; q: and its move); MAAC: one critic over
 all decisions, reading every player's observation at that moment (the episode is replayed from its seed), q: and
@@ -33,7 +52,7 @@ lambda-return, GAE + V over its sequence (the discount per decision). Advantages
 minus the mean Q of the step's decisions that saw the same critic input without the move, over every process
 (turn-based: only the actor moves, so COMA's baseline is that mean).
 
-Not covered: use_separate_critic=false (a value head on the actor's adapter), target networks.
+Not covered: target networks; MAAC with use_separate_critic=false (refused: its critic reads every agent).
 Run its tests: python -m pytest tests/test_critic.py
 """
 
@@ -68,6 +87,9 @@ class MAGRPO:
     def actors_wait(self, step: int) -> bool:
         return False
 
+    def backward_into_actor(self, trainer, adapter: str, iteration: int) -> None:
+        """Before the actor's optimizer steps `adapter`: add this algorithm's own gradient to it (none here)."""
+
     def fit(self, trainer) -> dict:
         return {}
 
@@ -85,21 +107,28 @@ class ActorCritic(MAGRPO):
 
     def __init__(self, cfg, team, log=print, schedule=None):
         super().__init__(cfg, team, log)
-        from kit.heads import ScalarModel
+        from kit.heads import ScalarModel, ValueHead
         from kit.models import lora_config
 
         self.name, self.team = cfg.algorithm, team
+        self.shared = cfg.algorithm == "iac" and not cfg.use_separate_critic  # value heads on the actors' adapters
         names = [f"critic_{i}" for i in range(cfg.num_agents)] if cfg.algorithm == "iac" else ["critic"]
         lcfg = lora_config(cfg.lora_r, cfg.lora_alpha, cfg.lora_dropout, cfg.lora_target_modules)
         lr = cfg.critic_learning_rate or cfg.learning_rate
         for k, name in enumerate(names):
-            model = ScalarModel(team, name, lcfg, seed=cfg.seed + 1 + k)
+            if self.shared:
+                model = ValueHead(team, name, team.adapter_of[k])
+            else:
+                model = ScalarModel(team, name, lcfg, seed=cfg.seed + 1 + k)
             self.models[name] = model
             self.optimizers[name] = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=cfg.weight_decay)
             self.schedulers[name] = schedule(self.optimizers[name], cfg)  # the agents' schedule (Trainer's)
         self.batch: dict[str, tuple[list[str], list[float], list[float]]] = {}  # texts, targets, old values
-        log(f"[kit] algorithm={cfg.algorithm} critic_type={cfg.critic_type}: {len(names)} critic(s) on the shared "
-            f"base ({', '.join(names)})")
+        self._fitted: dict[str, tuple[float, float]] = {}  # shared heads: the update's first (loss, grad norm)
+        where = ("value heads on the agents' own adapters (use_separate_critic=false)" if self.shared
+                 else "critic(s) on the shared base")
+        log(f"[kit] algorithm={cfg.algorithm} critic_type={cfg.critic_type}: {len(names)} {where} "
+            f"({', '.join(names)})")
 
     def critic_of(self, agent: int) -> str:
         return f"critic_{agent}" if self.name == "iac" else "critic"
@@ -118,7 +147,7 @@ class ActorCritic(MAGRPO):
         out = {}
         for lo in range(0, len(unique), step):
             chunk = unique[lo:lo + step]
-            out.update(zip(chunk, model.score_texts(chunk).double().cpu().numpy()))
+            out.update(zip(chunk, model.score_texts(chunk, train_trunk=False).double().cpu().numpy()))
         return np.array([out[t] for t in texts], dtype=np.float64)
 
     def actors_wait(self, step: int) -> bool:
@@ -299,43 +328,92 @@ class ActorCritic(MAGRPO):
                     adv[idx] = ac.normalize(adv[idx], float(np.mean(every[p])), float(np.std(every[p])))
         return adv
 
-    # ---- fit (after the actors' update)
+    # ---- fit (after the actors' update; shared heads: inside it)
 
-    def fit(self, trainer) -> dict:
-        """num_iterations AdamW steps of every critic on value_loss_coef * its clipped value loss; its metrics."""
-        cfg, dist, stats = self.cfg, trainer.dist, {}
-        for name, model in self.models.items():
+    def heads_on(self, adapter: str) -> list[str]:
+        """The value heads that read `adapter` (use_separate_critic=false: agent i's, or every agent's when
+        share_adapter=true)."""
+        return [f"critic_{i}" for i in self.team.agents_of_adapter(adapter)]
+
+    def backward_into_actor(self, trainer, adapter: str, iteration: int) -> None:
+        """Called by the update before the actor's optimizer steps `adapter`, every iteration. Shared heads: add
+        value_loss_coef * the value loss's gradient to the adapter's (so its optimizer takes ONE step on
+        policy loss + value_loss_coef * value loss) and step the heads with their own optimizers. Else nothing."""
+        if not self.shared:
+            return
+        got = self._step_heads(trainer, adapter, train_trunk=True)
+        if iteration == 0:
+            self._fitted.update(got)
+
+    def _value_backward(self, trainer, names: list[str], train_trunk: bool) -> tuple[dict, dict]:
+        """Backward value_loss_coef * sum of the value losses of `names`' rows / their row count over every
+        process (one mean over all of them); per name, the logged loss value_loss_coef * mean of its own rows
+        (this process's part) and its row count over every process."""
+        cfg = self.cfg
+        counts = trainer.dist.sum([len(self.batch.get(name, ([], [], []))[0]) for name in names])
+        denom = max(sum(counts), 1)
+        losses = {}
+        for name, count in zip(names, counts):
             texts, targets, olds = self.batch.get(name, ([], [], []))
-            opt = self.optimizers[name]
-            total = dist.sum([len(texts)])[0]
+            model = self.models[name]
             step = cfg.micro_batch_size or len(texts) or 1
             device = model.head.weight.device
             y_all = torch.tensor(targets, dtype=torch.float32, device=device)
             old_all = torch.tensor(olds, dtype=torch.float32, device=device)
-            model.model.train()
-            first = None
-            for iteration in range(cfg.num_iterations):
-                opt.zero_grad(set_to_none=True)
-                loss_sum = 0.0
-                for lo in range(0, len(texts), step):
-                    v = model.score_texts(texts[lo:lo + step])
-                    rows = ac.value_loss(v, old_all[lo:lo + step], y_all[lo:lo + step], cfg.value_clip_range)
-                    loss = cfg.value_loss_coef * rows.sum() / max(total, 1)  # the mean over every process's rows
-                    loss.backward()
-                    loss_sum += float(loss.detach())
-                norm = trainer.step_parameters(model.parameters(), opt, total)
-                if first is None:
-                    first = (loss_sum, norm)
+            losses[name] = 0.0
+            for lo in range(0, len(texts), step):
+                v = model.score_texts(texts[lo:lo + step], train_trunk=train_trunk)
+                rows = ac.value_loss(v, old_all[lo:lo + step], y_all[lo:lo + step], cfg.value_clip_range)
+                weighted = cfg.value_loss_coef * rows.sum()
+                (weighted / denom).backward()
+                losses[name] += float(weighted.detach() / max(count, 1))
+        return losses, dict(zip(names, counts))
+
+    def _step_heads(self, trainer, adapter: str, train_trunk: bool) -> dict[str, tuple[float, float]]:
+        """One AdamW step of the heads on `adapter` (their gradient over every process); (loss, grad norm) each."""
+        names = self.heads_on(adapter)
+        for name in names:
+            self.optimizers[name].zero_grad(set_to_none=True)
+        losses, counts = self._value_backward(trainer, names, train_trunk)
+        return {name: (losses[name], trainer.step_parameters(self.models[name].parameters(), self.optimizers[name],
+                                                             counts[name])) for name in names}
+
+    def fit(self, trainer) -> dict:
+        """Separate critics: num_iterations AdamW steps of each on value_loss_coef * its clipped value loss. Shared
+        heads: already stepped inside the update (backward_into_actor), or, while the actors wait
+        (critic_warmup_steps), num_iterations steps of the heads alone on the adapters as they are. Metrics."""
+        cfg = self.cfg
+        fitted, self._fitted = self._fitted, {}
+        if self.shared and self.actors_wait(trainer.step):
+            for adapter in self.team.adapters:
+                for iteration in range(cfg.num_iterations):
+                    got = self._step_heads(trainer, adapter, train_trunk=False)
+                    if iteration == 0:
+                        fitted.update(got)
+        for name, model in self.models.items():
+            if not self.shared:
+                model.model.train()
+                for iteration in range(cfg.num_iterations):
+                    self.optimizers[name].zero_grad(set_to_none=True)
+                    losses, counts = self._value_backward(trainer, [name], train_trunk=True)
+                    norm = trainer.step_parameters(model.parameters(), self.optimizers[name], counts[name])
+                    fitted.setdefault(name, (losses[name], norm))
+                model.model.eval()
             self.schedulers[name].step()
-            model.model.eval()
-            loss_sum = dist.sum([first[0]])[0] if dist.world > 1 else first[0]
-            every = [(v, y) for part in dist.gather(list(zip(olds, targets))) for v, y in part]
-            stats[f"critic/value_loss/{name}"] = loss_sum
-            stats[f"critic/grad_norm/{name}"] = first[1]
-            ev = ac.explained_variance([v for v, _ in every], [y for _, y in every]) if every else float("nan")
-            if np.isfinite(ev):  # undefined when every target is the same (nothing to explain)
-                stats[f"critic/explained_variance/{name}"] = ev
-            stats[f"critic/value_mean/{name}"] = float(np.mean([v for v, _ in every])) if every else 0.0
+        return {key: v for name in self.models for key, v in self._stats(trainer, name, *fitted[name]).items()}
+
+    def _stats(self, trainer, name: str, loss: float, norm: float) -> dict:
+        """The metrics of critic `name`: the first iteration's loss and gradient norm, and how well the values
+        it gave before the step explain its targets (over every process)."""
+        dist = trainer.dist
+        texts, targets, olds = self.batch.get(name, ([], [], []))
+        loss = dist.sum([loss])[0] if dist.world > 1 else loss
+        every = [(v, y) for part in dist.gather(list(zip(olds, targets))) for v, y in part]
+        stats = {f"critic/value_loss/{name}": loss, f"critic/grad_norm/{name}": norm}
+        ev = ac.explained_variance([v for v, _ in every], [y for _, y in every]) if every else float("nan")
+        if np.isfinite(ev):  # undefined when every target is the same (nothing to explain)
+            stats[f"critic/explained_variance/{name}"] = ev
+        stats[f"critic/value_mean/{name}"] = float(np.mean([v for v, _ in every])) if every else 0.0
         return stats
 
 

@@ -12,6 +12,14 @@ non-padding token:
 
 The base stays frozen; only the adapter and the head train, with the owner's optimizer (`parameters()`).
 
+    head = ValueHead(team, "critic_0", adapter="agent_0")  # no new adapter: a head reading agent_0's own adapter
+    v = head.score_texts(texts)                  # gradient through agent_0's adapter and the head
+    v = head.score_texts(texts, train_trunk=False)   # the head only (the decoder runs without gradient)
+
+`ValueHead` (IAC's use_separate_critic=false) is the same scorer on an agent's adapter: its `parameters()` are the
+head's alone, and the value loss's gradient on the agent's LoRA weights is stepped by the agent's own optimizer
+(kit/critic.py says how); it saves only `head.safetensors`.
+
 What never sees it: the sampler and the compiled engine generate with `team.adapters` (the agents' adapters, from
 `team.adapter_of`), and the policy optimizers hold `team.parameters_of(agent adapter)`; a scalar model's adapter
 is in neither list, so it never samples and no policy step moves it. PEFT's `set_adapter` switches `requires_grad`
@@ -55,9 +63,7 @@ class ScalarModel:
     def __init__(self, team, name: str, config, seed: int = 0, base: int = 0):
         if name in team.adapter_of:
             raise ValueError(f"scalar model name {name!r} is an agent's adapter: choose another name")
-        self.team, self.name, self.base = team, name, base
-        self.model = team.models[base]
-        self.tokenizer = team.tokenizers[base]
+        self._place(team, name, name, base)
         active = self.model.active_adapter
         grads = {id(p): p.requires_grad for p in self.model.parameters()}
         gen = torch.random.get_rng_state()
@@ -74,6 +80,15 @@ class ScalarModel:
         for p in self.model.parameters():
             if id(p) in grads:
                 p.requires_grad_(grads[id(p)])
+        self._build_head()
+
+    def _place(self, team, name: str, adapter: str, base: int) -> None:
+        """Where it reads: `adapter` (its own, or an agent's for a ValueHead) on base `base` of the team."""
+        self.team, self.name, self.adapter, self.base = team, name, adapter, base
+        self.model = team.models[base]
+        self.tokenizer = team.tokenizers[base]
+
+    def _build_head(self) -> None:
         hf = self.model.get_base_model()
         self.decoder = getattr(hf, hf.base_model_prefix)
         device = next(self.model.parameters()).device
@@ -83,20 +98,24 @@ class ScalarModel:
         torch.nn.init.zeros_(self.head.bias)
 
     def adapter_parameters(self) -> list[torch.nn.Parameter]:
-        return adapter_parameters(self.model, self.name)
+        """The LoRA weights of the adapter it reads through."""
+        return adapter_parameters(self.model, self.adapter)
 
     def parameters(self) -> list[torch.nn.Parameter]:
         """What its optimizer holds: the adapter's LoRA weights, then the head's weight and bias (a stable order)."""
         return [*self.adapter_parameters(), *self.head.parameters()]
 
-    def __call__(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
-        """(R, L) left- or right-padded rows -> (R,) float32 scores, with gradient through the adapter and head."""
+    def __call__(self, input_ids: torch.Tensor, attention_mask: torch.Tensor,
+                 train_trunk: bool = True) -> torch.Tensor:
+        """(R, L) left- or right-padded rows -> (R,) float32 scores, with gradient through the head and, unless
+        `train_trunk=False` (the decoder then runs without gradient), through the adapter."""
         previous = self.model.active_adapter
         flags = [(p, p.requires_grad) for n, p in self.model.named_parameters() if "lora_" in n]
-        self.model.set_adapter(self.name)  # this adapter active and trainable; the base stays frozen
+        self.model.set_adapter(self.adapter)  # this adapter active and trainable; the base stays frozen
         try:
-            hidden = self.decoder(input_ids=input_ids, attention_mask=attention_mask,
-                                  position_ids=position_ids(attention_mask), use_cache=False).last_hidden_state
+            with torch.set_grad_enabled(torch.is_grad_enabled() and train_trunk):
+                hidden = self.decoder(input_ids=input_ids, attention_mask=attention_mask,
+                                      position_ids=position_ids(attention_mask), use_cache=False).last_hidden_state
             last = hidden[torch.arange(len(hidden), device=hidden.device), last_token_index(attention_mask)]  # (R, H)
             return self.head(last.float()).squeeze(-1)  # (R,)
         finally:
@@ -105,8 +124,9 @@ class ScalarModel:
             self.model.set_adapter(previous)
             for p, flag in flags:
                 p.requires_grad_(flag)
-            for p in self.adapter_parameters():
-                p.requires_grad_(True)
+            if train_trunk:
+                for p in self.adapter_parameters():
+                    p.requires_grad_(True)
 
     def encode(self, texts: list[str], use_chat_template: bool = False,
                max_tokens: int | None = None) -> dict[str, torch.Tensor]:
@@ -115,20 +135,17 @@ class ScalarModel:
         return left_pad(rows, self.tokenizer.pad_token_id, self.head.weight.device)
 
     def score_texts(self, texts: list[str], use_chat_template: bool = False,
-                    max_tokens: int | None = None) -> torch.Tensor:
+                    max_tokens: int | None = None, train_trunk: bool = True) -> torch.Tensor:
         """(len(texts),) scores of whole texts (a prompt, or a prompt and its completion written out)."""
         enc = self.encode(texts, use_chat_template, max_tokens)
-        return self(enc["input_ids"], enc["attention_mask"])
+        return self(enc["input_ids"], enc["attention_mask"], train_trunk)
 
     # ---- checkpoint (kit/checkpoint.py calls these)
 
     def save(self, folder: Path) -> None:
         """`folder/<name>/`: the adapter in PEFT format and head.safetensors."""
-        from safetensors.torch import save_file
-
         self.model.save_pretrained(folder, selected_adapters=[self.name])
-        save_file({k: v.detach().cpu().contiguous() for k, v in self.head.state_dict().items()},
-                  str(Path(folder) / self.name / HEAD_FILE))
+        self._save_head(folder)
 
     def load(self, folder: Path) -> None:
         """Load what `save` wrote into this model (in place: the optimizer keeps pointing at the same tensors)."""
@@ -136,13 +153,51 @@ class ScalarModel:
         from safetensors.torch import load_file
 
         where = Path(folder) / self.name
-        device = str(self.head.weight.device)
-        weights = load_file(str(where / "adapter_model.safetensors"), device=device)
+        weights = load_file(str(where / "adapter_model.safetensors"), device=str(self.head.weight.device))
         result = set_peft_model_state_dict(self.model, weights, adapter_name=self.name)
         missing = [k for k in result.missing_keys if "lora_" in k and f".{self.name}." in k]
         if missing:
             raise ValueError(f"checkpoint {folder} lacks weights for model {self.name}: {missing[:3]}...")
-        head = load_file(str(where / HEAD_FILE), device=device)
+        self._load_head(folder)
+
+    def _save_head(self, folder: Path) -> None:
+        from safetensors.torch import save_file
+
+        (Path(folder) / self.name).mkdir(parents=True, exist_ok=True)
+        save_file({k: v.detach().cpu().contiguous() for k, v in self.head.state_dict().items()},
+                  str(Path(folder) / self.name / HEAD_FILE))
+
+    def _load_head(self, folder: Path) -> None:
+        from safetensors.torch import load_file
+
+        head = load_file(str(Path(folder) / self.name / HEAD_FILE), device=str(self.head.weight.device))
         with torch.no_grad():
             for k, v in self.head.state_dict().items():
                 v.copy_(head[k])
+
+
+class ValueHead(ScalarModel):
+    """An fp32 head named `name` on an agent's OWN adapter `adapter` (use_separate_critic=false): no new adapter.
+
+    Its `parameters()` (what its optimizer holds) are the head's only; `adapter_parameters()` are the agent's
+    LoRA weights, which the value loss's gradient also reaches (the actor's optimizer steps them: kit/critic.py).
+    A checkpoint holds `<name>/head.safetensors` only (the adapter is saved as the agent's)."""
+
+    def __init__(self, team, name: str, adapter: str):
+        if name in team.adapter_of:
+            raise ValueError(f"value head name {name!r} is an agent's adapter: choose another name")
+        if adapter not in team.adapters:
+            raise ValueError(f"value head {name!r} reads adapter {adapter!r}, which no agent has ({team.adapters})")
+        self._place(team, name, adapter, team.base_of[team.agents_of_adapter(adapter)[0]])
+        self._build_head()
+
+    def parameters(self) -> list[torch.nn.Parameter]:
+        """The head's weight and bias: the adapter belongs to the agent (and its optimizer)."""
+        return list(self.head.parameters())
+
+    def save(self, folder: Path) -> None:
+        """`folder/<name>/head.safetensors`."""
+        self._save_head(folder)
+
+    def load(self, folder: Path) -> None:
+        self._load_head(folder)

@@ -20,8 +20,9 @@ Several GPUs: data parallelism over items (kit/distributed.py: `accelerate launc
 base per GPU for a heterogeneous team (`agent_devices`). The update is on-policy by default (one step per batch,
 the paper's); `num_iterations > 1` reuses the batch with the clipped ratio, and the rollout correction weighs
 whatever separates the sampler from the trainer (kit/magrpo.py). Other algorithms (algorithm=iac, maac) change only
-the advantages and fit their own models after the update, behind one object (kit/critic.py); centralized trains
-this loop on a one-agent form of the task (kit/centralized.py). Not covered: early termination of tree branches
+the advantages and fit their own models after the update (or, for value heads on the actors, add their gradient
+before each actor's step), behind one object (kit/critic.py); centralized trains this loop on a one-agent form of
+the task (kit/centralized.py). Not covered: early termination of tree branches
 (CoMLRL's early_termination_threshold).
 """
 
@@ -369,6 +370,7 @@ class Trainer:
                     kl_sum += st.get("kl", 0.0) * share
                     clipped[0] += st.get("clipped", 0.0) if iteration else 0.0
                     clipped[1] += st.get("tokens", 0.0) if iteration else 0.0
+                self.algorithm.backward_into_actor(self, adapter, iteration)  # IAC's value heads on the actors
                 norm = self._step(adapter, opt, total_rows)
                 if iteration == 0:
                     first = {"loss": loss_sum, "kl": kl_sum, "norm": norm}

@@ -19,8 +19,8 @@ One table per stage, one row per field (or per pair of fields that act together)
     adapters     lora_r, lora_alpha
 Elsewhere: micro_batch_size and share_adapter (tests/test_trainer.py), the game trainer's groups per deal
 (tests/test_games.py), the algorithm and critic fields of issue 31 (algorithm, critic_type, baseline,
-value_loss_coef, value_clip_range, advantage_normalization, critic_learning_rate, critic_warmup_steps, gae_lambda:
-tests/test_critic.py, by hand). The fields that pick the model, its precision, the task or the prompt text (model_name,
+value_loss_coef, value_clip_range, advantage_normalization, critic_learning_rate, critic_warmup_steps, gae_lambda,
+use_separate_critic: tests/test_critic.py, by hand). The fields that pick the model, its precision, the task or the prompt text (model_name,
 quantization, dtype, task, use_chat_template, ...) change the numbers that go in, not the formulas checked here.
 """
 

@@ -1,6 +1,9 @@
 """IAC and MAAC in the loop (kit/critic.py): every critic field reaches the advantages, the fit or the optimizer,
 with numbers worked out by hand; resume is exact with critics; games train with critics, and a game critic's
 advantages and fit targets are worked out by hand (its q baseline over every process too, threads as processes).
+with numbers worked out by hand; resume is exact with critics; games train with critics. use_separate_critic=false
+(value heads on the agents' own adapters): value_loss_coef weighs the value gradient on the actor's adapter, which
+one optimizer steps once per iteration; warm-up, resume, games and multi-turn with it.
 
 Run: python -m pytest tests/test_critic.py      (about a minute: a scripted sampler and the tiny model)
 
@@ -145,11 +148,14 @@ def test_value_clip_range_reaches_the_value_loss(tmp_path, monkeypatch):
     assert seen == [0.3, 0.3]  # one call per iteration
 
 
-def test_critic_warmup_steps_keep_the_actors_still(tmp_path):
-    """critic_warmup_steps=1: step 1 fits the critics only; step 2 moves the actors too (real samples)."""
+@pytest.mark.parametrize("separate", ["true", "false"])
+def test_critic_warmup_steps_keep_the_actors_still(tmp_path, separate):
+    """critic_warmup_steps=1: step 1 fits the critics only (shared heads: the heads alone, the adapters they read
+    stay); step 2 moves the actors too (real samples)."""
     cfg = load_config("tiny_cpu", overrides=[f"run_dir={tmp_path / 'w'}", "progress=false", "eval_every=0",
                                              "save_every=0", "batch_size=1", "num_generations=2", "num_steps=2",
-                                             "algorithm=iac", "critic_warmup_steps=1", "log_rollouts=false"])
+                                             "algorithm=iac", "critic_warmup_steps=1", "log_rollouts=false",
+                                             f"use_separate_critic={separate}"])
     trainer = Trainer(cfg, **QUIET)
 
     def actors():
@@ -170,7 +176,8 @@ def test_critic_warmup_steps_keep_the_actors_still(tmp_path):
     (("algorithm=maac", "critic_type=q", "baseline=counterfactual", "joint_mode=cross"), "baseline"),
     (("gae_lambda=1.5",), "gae_lambda"), (("value_loss_coef=0",), "value_loss_coef"),
     (("algorithm=a2c",), "algorithm"), (("critic_type=w",), "critic_type"),
-    (("algorithm=iac", "use_separate_critic=false"), "use_separate_critic"),
+    (("algorithm=maac", "use_separate_critic=false"), "use_separate_critic"),
+    (("use_separate_critic=false",), "use_separate_critic"),  # magrpo: no critic to put on the actor
     # combinations whose fields would not reach the maths (the critic replaces the group-relative advantages; the
     # reward model is scored after the task's rewards): refused rather than silently ignored
     (("algorithm=iac", "local_reward_weight=0.5"), "local_reward_weight"),
@@ -189,7 +196,9 @@ def critic_weights(trainer):
 
 
 @pytest.mark.parametrize("algo", [("algorithm=iac", "critic_type=q"),
-                                  pytest.param(("algorithm=maac",), marks=pytest.mark.slow)], ids=["iac-q", "maac-v"])
+                                  ("algorithm=iac", "use_separate_critic=false", "num_iterations=2"),
+                                  pytest.param(("algorithm=maac",), marks=pytest.mark.slow)],
+                         ids=["iac-q", "iac-shared-heads", "maac-v"])
 def test_resume_with_critics_is_exact(tmp_path, algo):
     """k steps, stop, resume, k more == 2k straight: bitwise actors, critics (adapters and heads), metrics."""
     common = ["progress=false", "num_steps=4", "save_every=2", "eval_every=0", "batch_size=2", "num_generations=2",
@@ -215,19 +224,23 @@ def test_resume_with_critics_is_exact(tmp_path, algo):
     assert any(k.startswith("critic/value_loss/") for k in rows("a")[-1])
 
 
-def test_a_damaged_critic_head_falls_back_to_the_older_checkpoint(tmp_path):
+@pytest.mark.parametrize("algo, head", [(("algorithm=maac",), "critic"),
+                                        (("algorithm=iac", "use_separate_critic=false"), "critic_1")],
+                         ids=["maac", "iac-shared-heads"])
+def test_a_damaged_critic_head_falls_back_to_the_older_checkpoint(tmp_path, algo, head):
     common = ["progress=false", "num_steps=2", "save_every=1", "eval_every=0", "batch_size=1", "num_generations=2",
-              "log_rollouts=false", "algorithm=maac", f"run_dir={tmp_path / 'r'}"]
+              "log_rollouts=false", *algo, f"run_dir={tmp_path / 'r'}"]
     Trainer(load_config("tiny_cpu", overrides=common), **QUIET).train()
-    (tmp_path / "r" / "ckpt" / "step_000002" / "models" / "critic" / "head.safetensors").write_bytes(b"x")
+    (tmp_path / "r" / "ckpt" / "step_000002" / "models" / head / "head.safetensors").write_bytes(b"x")
     with pytest.warns(UserWarning, match="skipping unreadable checkpoint"):
         resumed = Trainer(load_config("tiny_cpu", overrides=common), resume=True, **QUIET)
     assert resumed.step == 1
 
 
-@pytest.mark.parametrize("algo", [("algorithm=iac",), pytest.param(("algorithm=maac", "critic_type=q",
-                                                                   "baseline=counterfactual"), marks=pytest.mark.slow)],
-                         ids=["iac", "maac-q-cf"])
+@pytest.mark.parametrize("algo", [("algorithm=iac",), ("algorithm=iac", "use_separate_critic=false"),
+                                  pytest.param(("algorithm=maac", "critic_type=q", "baseline=counterfactual"),
+                                               marks=pytest.mark.slow)],
+                         ids=["iac", "iac-shared-heads", "maac-q-cf"])
 def test_a_game_trains_with_critics(tmp_path, algo):
     from kit.game_trainer import GameTrainer
 
@@ -386,3 +399,99 @@ def test_game_q_baseline_is_over_every_process(algo):
     two = threads.run(lambda r: game_step(hand_critic(algo, "q", values=move_values), *played([moves[r]]),
                                           dist=threads.rank(r)))
     np.testing.assert_allclose([two[0][0], two[1][0], two[0][1], two[1][1]], one)
+# ---- use_separate_critic=false: a value head on each agent's own adapter
+
+HEADS_ON = {"agent_0": ["critic_0"], "agent_1": ["critic_1"], "shared": ["critic_0", "critic_1"]}
+
+
+def value_gradient(trainer, adapter):
+    """d/d(adapter) of 0.5 * mean over the rows of every head on it of (V - y)^2, by autograd from its definition."""
+    alg, params = trainer.algorithm, trainer.team.parameters_of(adapter)
+    rows = []
+    for name in HEADS_ON[adapter]:
+        texts, targets, _ = alg.batch[name]
+        rows.append(0.5 * (alg.models[name].score_texts(texts) - torch.tensor(targets)) ** 2)
+    return torch.autograd.grad(torch.cat(rows).mean(), params)
+
+
+@pytest.mark.parametrize("coef, share", [(0.6, "false"), (1.5, "false"), (0.6, "true")])
+def test_value_loss_coef_weighs_the_value_gradient_on_the_actors_adapter(tmp_path, coef, share):
+    """The update adds value_loss_coef * grad(value loss) to the policy gradient of the adapter the head reads,
+    before the adapter's one optimizer step: what backward_into_actor adds is exactly coef * the value gradient
+    (IAC-v, one turn: each head reads its agent's prompt, target mean R = 6; share_adapter: both heads' rows)."""
+    trainer = trainer_for(tmp_path, "algorithm=iac", "use_separate_critic=false", f"value_loss_coef={coef}",
+                          f"share_adapter={share}")
+    alg = trainer.algorithm
+    for name, model in alg.models.items():  # a head off zero, or no gradient reaches the adapter (dV/dh = w)
+        with torch.no_grad():
+            model.head.weight.copy_(torch.linspace(-0.5, 0.5, model.head.weight.shape[1])[None])
+            model.head.bias.fill_(0.3)
+    levels = trainer.sample(trainer.batch_items(0))
+    assert alg.batch["critic_0"][1] == [6.0] and alg.batch["critic_1"][1] == [6.0]
+    expected = {a: value_gradient(trainer, a) for a in trainer.team.adapters}
+    assert all(any(g.abs().sum() > 0 for g in expected[a]) for a in expected)
+    added, hook = {}, alg.backward_into_actor
+
+    def grads(adapter):
+        return [torch.zeros_like(p) if p.grad is None else p.grad.clone() for p in trainer.team.parameters_of(adapter)]
+
+    def spy(tr, adapter, iteration):
+        before = grads(adapter)  # the policy loss's, already backpropagated
+        hook(tr, adapter, iteration)
+        added[adapter] = [g - b for g, b in zip(grads(adapter), before)]
+
+    alg.backward_into_actor = spy
+    trainer.update(levels)
+    assert set(added) == set(trainer.team.adapters)
+    for a in added:
+        assert max(float(g.abs().max()) for g in expected[a]) > 1.0  # far above the tolerance below
+        for got, want in zip(added[a], expected[a]):  # (policy + value) - policy in float32: absolute tolerance
+            torch.testing.assert_close(got, coef * want, rtol=1e-4, atol=1e-5)
+
+
+def test_shared_heads_step_once_per_iteration_and_no_parameter_has_two_optimizers(tmp_path):
+    """num_iterations=2: the actors' and the heads' AdamW each take 2 steps (fit adds none); every parameter is in
+    one optimizer; no adapter was added. The untrained heads say 0 under the target 6: 0.6 * 0.5 * 36 = 10.8."""
+    trainer = trainer_for(tmp_path, "algorithm=iac", "use_separate_critic=false", "num_iterations=2")
+    alg = trainer.algorithm
+    assert set(trainer.team.models[0].peft_config) == {"agent_0", "agent_1"}
+    held = [id(p) for opt in trainer.all_optimizers()[0].values() for g in opt.param_groups for p in g["params"]]
+    assert len(held) == len(set(held))
+    assert [id(p) for p in alg.optimizers["critic_0"].param_groups[0]["params"]] == \
+        [id(alg.models["critic_0"].head.weight), id(alg.models["critic_0"].head.bias)]
+    stats = trainer.update(trainer.sample(trainer.batch_items(0)))
+    stats.update(alg.fit(trainer))
+    for name in [*trainer.team.adapters, *alg.models]:
+        opt = trainer.all_optimizers()[0][name]
+        assert {float(st["step"]) for st in opt.state.values()} == {2.0}, name
+    assert stats["critic/value_loss/critic_0"] == pytest.approx(0.6 * 18.0, rel=1e-6)
+    assert stats["critic/value_loss/critic_1"] == pytest.approx(0.6 * 18.0, rel=1e-6)
+
+
+@pytest.mark.parametrize("lr", [0.01, 0.003])
+def test_critic_learning_rate_steps_the_shared_heads(tmp_path, lr):
+    """The head's bias after AdamW's first step: +lr (V = 0 under the target 6), whatever the actors' rate."""
+    trainer = trainer_for(tmp_path, "algorithm=iac", "use_separate_critic=false", f"critic_learning_rate={lr}",
+                          "learning_rate=0.5")
+    trainer.update(trainer.sample(trainer.batch_items(0)))
+    for name in ("critic_0", "critic_1"):
+        assert float(trainer.algorithm.models[name].head.bias.detach()) == pytest.approx(lr, rel=1e-6)
+
+
+@pytest.mark.parametrize("extra", [(), ("num_turns=2", "gae_lambda=0.5"), ("share_adapter=true", "critic_type=q")],
+                         ids=["one-turn", "two-turns", "shared-adapter-q"])
+def test_iac_with_heads_on_the_actors_trains(tmp_path, extra):
+    """The tiny toy, real samples: the adapters and the heads move, the critics' metrics are logged and finite."""
+    cfg = load_config("tiny_cpu", overrides=[f"run_dir={tmp_path / 's'}", "progress=false", "eval_every=0",
+                                             "save_every=0", "batch_size=2", "num_generations=2", "num_steps=2",
+                                             "log_rollouts=false", "algorithm=iac", "use_separate_critic=false",
+                                             *extra])
+    trainer = Trainer(cfg, **QUIET)
+    before = [p.detach().clone() for a in trainer.team.adapters for p in trainer.team.parameters_of(a)]
+    trainer.train()
+    after = [p.detach() for a in trainer.team.adapters for p in trainer.team.parameters_of(a)]
+    assert not all(torch.equal(p, q) for p, q in zip(before, after))
+    assert all(float(m.head.bias.detach()) != 0.0 for m in trainer.algorithm.models.values())
+    row = json.loads(open(tmp_path / "s" / "metrics.jsonl").readlines()[-1])
+    for name in ("critic_0", "critic_1"):
+        assert math.isfinite(row[f"critic/value_loss/{name}"]) and math.isfinite(row[f"critic/grad_norm/{name}"])

@@ -1,13 +1,15 @@
-"""The scalar model on the shared base (kit/heads.py): one more adapter and an fp32 head, unseen by the agents.
+"""The scalar model on the shared base (kit/heads.py): one more adapter and an fp32 head, unseen by the agents;
+the value head on an agent's own adapter (use_separate_critic=false).
 
 Run: python -m pytest tests/test_heads.py      (a few seconds, the tiny model)
 """
 
+import pytest
 import torch
 
 from kit import checkpoint
 from kit.config import load_config
-from kit.heads import ScalarModel, last_token_index
+from kit.heads import ScalarModel, ValueHead, last_token_index
 from kit.models import build_team, lora_config
 from kit.rollout import Sampler
 
@@ -18,6 +20,10 @@ def team_and_critic(tmp_path=None):
     critic = ScalarModel(team, "critic_0", lora_config(cfg.lora_r, cfg.lora_alpha, 0.0, cfg.lora_target_modules),
                          seed=cfg.seed)
     return cfg, team, critic
+
+
+def bare_team():
+    return build_team(load_config("tiny_cpu", overrides=["progress=false"]), log=lambda *_: None)
 
 
 def test_last_token_index_by_hand():
@@ -97,5 +103,69 @@ def test_checkpoint_saves_and_loads_the_model_and_its_optimizer_bitwise(tmp_path
     state, state2 = opts["critic_0"].state_dict()["state"], opts2["critic_0"].state_dict()["state"]
     assert all(torch.equal(state[k]["exp_avg_sq"], state2[k]["exp_avg_sq"]) for k in state)
     # a damaged head makes the checkpoint unreadable, as a damaged adapter does
+    (path / "models" / "critic_0" / "head.safetensors").write_bytes(b"broken")
+    assert checkpoint.unreadable(path) is not None
+
+
+def test_a_value_head_reads_the_agents_own_adapter_and_adds_none():
+    """s = w . h_L(x)[last] + b with h_L from the base + agent_0's adapter; its optimizer holds the head only; the
+    gradient reaches agent_0's LoRA weights unless train_trunk=False."""
+    team = bare_team()
+    adapters = set(team.models[0].peft_config)
+    head = ValueHead(team, "critic_0", "agent_0")
+    assert set(team.models[0].peft_config) == adapters and head.adapter == "agent_0"
+    assert [id(p) for p in head.parameters()] == [id(head.head.weight), id(head.head.bias)]
+    assert [id(p) for p in head.adapter_parameters()] == [id(p) for p in team.parameters_of("agent_0")]
+    with torch.no_grad():
+        head.head.weight.copy_(torch.linspace(-1, 1, head.head.weight.shape[1])[None])
+        head.head.bias.fill_(0.25)
+    with torch.no_grad():  # agent_0's adapter: lora_B off zero, so reading it differs from the bare base
+        for n, p in team.models[0].named_parameters():
+            if "lora_B" in n and ".agent_0." in n:
+                p.normal_(0, 0.1)
+    enc = head.encode(["a0 sum 12"])
+    team.models[0].set_adapter("agent_0")
+    with torch.no_grad():
+        h = head.decoder(input_ids=enc["input_ids"], attention_mask=enc["attention_mask"]).last_hidden_state[0, -1]
+        with team.models[0].disable_adapter():
+            bare = head.decoder(input_ids=enc["input_ids"], attention_mask=enc["attention_mask"]).last_hidden_state
+    assert not torch.allclose(h, bare[0, -1])
+    team.models[0].set_adapter("agent_1")  # another adapter active: the head still reads agent_0's, then restores
+    v = head.score_texts(["a0 sum 12"])
+    assert team.models[0].active_adapter == "agent_1"
+    torch.testing.assert_close(v, (h.float() @ head.head.weight[0] + 0.25)[None], rtol=1e-5, atol=1e-5)
+    v.sum().backward()
+    assert any(p.grad is not None and p.grad.abs().sum() > 0 for p in team.parameters_of("agent_0"))
+    assert all(p.grad is None for p in team.parameters_of("agent_1"))
+    for p in [*team.parameters_of("agent_0"), *head.parameters()]:
+        p.grad = None
+    head.score_texts(["a0 sum 12"], train_trunk=False).sum().backward()
+    assert head.head.weight.grad is not None
+    assert all(p.grad is None for p in team.parameters_of("agent_0"))
+
+
+def test_a_value_head_refuses_an_adapter_no_agent_has():
+    team = bare_team()
+    with pytest.raises(ValueError, match="agent_7"):
+        ValueHead(team, "critic_0", "agent_7")
+
+
+def test_a_value_head_checkpoint_is_its_head_only_and_loads_bitwise(tmp_path):
+    team = bare_team()
+    head = ValueHead(team, "critic_0", "agent_0")
+    with torch.no_grad():
+        head.head.weight.normal_()
+        head.head.bias.fill_(-0.5)
+    opts = {a: torch.optim.AdamW(team.parameters_of(a), lr=0.1) for a in team.adapters}
+    scheds = {a: torch.optim.lr_scheduler.LambdaLR(o, lambda k: 1.0) for a, o in opts.items()}
+    path = checkpoint.save(tmp_path, 1, team, opts, scheds, {}, models={"critic_0": head})
+    assert sorted(f.name for f in (path / "models" / "critic_0").iterdir()) == ["head.safetensors"]
+    assert checkpoint.unreadable(path) is None
+    team2 = bare_team()
+    head2 = ValueHead(team2, "critic_0", "agent_0")
+    opts2 = {a: torch.optim.AdamW(team2.parameters_of(a), lr=0.1) for a in team2.adapters}
+    scheds2 = {a: torch.optim.lr_scheduler.LambdaLR(o, lambda k: 1.0) for a, o in opts2.items()}
+    checkpoint.load_into(path, team2, opts2, scheds2, models={"critic_0": head2})
+    assert all(torch.equal(p, q) for p, q in zip(head2.parameters(), head.parameters()))
     (path / "models" / "critic_0" / "head.safetensors").write_bytes(b"broken")
     assert checkpoint.unreadable(path) is not None

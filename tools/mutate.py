@@ -631,7 +631,7 @@ MUTATIONS = [
              'elif cfg.baseline == "counterfactual":', "elif False:",
              ("tests/test_critic.py::test_critic_fields_reach_the_advantages",)),
     Mutation("critic ignores value_loss_coef", "kit/critic.py",
-             "loss = cfg.value_loss_coef * rows.sum()", "loss = rows.sum()",
+             "weighted = cfg.value_loss_coef * rows.sum()", "weighted = rows.sum()",
              ("tests/test_critic.py::test_value_loss_coef_scales_the_logged_value_loss",)),
     Mutation("critic ignores value_clip_range", "kit/critic.py",
              "y_all[lo:lo + step], cfg.value_clip_range)", "y_all[lo:lo + step], None)",
@@ -650,8 +650,8 @@ MUTATIONS = [
              "return attention_mask.sum(-1) - 1",
              ("tests/test_heads.py::test_last_token_index_by_hand",)),
     Mutation("scalar model switches its own gradient off after the forward", "kit/heads.py",
-             "            for p in self.adapter_parameters():\n                p.requires_grad_(True)\n",
-             "",
+             "                for p in self.adapter_parameters():\n                    p.requires_grad_(True)\n",
+             "                pass\n",
              ("tests/test_heads.py::test_forward_reads_the_last_real_token_and_grads_reach_adapter_and_head_only",)),
     Mutation("games: the critic ignores gae_lambda", "kit/critic.py",
              "a = ac.gae(rewards, values[seq], cfg.discount, cfg.gae_lambda)",
@@ -790,6 +790,17 @@ MUTATIONS = [
     Mutation("games: the first move's continuations averaged whatever the leniency", "kit/game_trainer.py",
              "judged = magrpo.lenient(grid, kappa)", "judged = grid.mean(-1)",
              ("tests/test_coordination.py::test_cross_games_branch_the_first_move_and_score_it_by_its_continuations",)),
+    # ---- issue 31: use_separate_critic=false (value heads on the agents' own adapters)
+    Mutation("value heads never reach the actor's adapter", "kit/critic.py",
+             "got = self._step_heads(trainer, adapter, train_trunk=True)",
+             "got = self._step_heads(trainer, adapter, train_trunk=False)",
+             ("tests/test_critic.py::test_value_loss_coef_weighs_the_value_gradient_on_the_actors_adapter",)),
+    Mutation("value heads stepped again after the update", "kit/critic.py",
+             "if self.shared and self.actors_wait(trainer.step):", "if self.shared:",
+             ("tests/test_critic.py::test_shared_heads_step_once_per_iteration_and_no_parameter_has_two_optimizers",)),
+    Mutation("one adapter's value loss over the first head's rows only", "kit/critic.py",
+             "denom = max(sum(counts), 1)", "denom = max(counts[0], 1)",
+             ("tests/test_critic.py::test_value_loss_coef_weighs_the_value_gradient_on_the_actors_adapter",)),
 ]
 
 
