@@ -36,6 +36,17 @@ TOY = {"magrpo": [], "madpo": ["algorithm=madpo", "preference_num_candidates=8"]
        "marlhf": ["algorithm=marlhf", "preference_num_candidates=8"],
        # run after the table above: the reward model refit every 50 steps on pairs from the current policy
        "marlhf_refresh50": ["algorithm=marlhf", "preference_num_candidates=8", "reward_refresh_every=50"]}
+# issue 32, second pass (2026-11-25): settings for a cheap exact reward, chosen on seeds 10-11 only (bench/README.md):
+# every non-tied pair of 16 candidates on every train item, none held out (the toy has 19 targets: a held-out item
+# is a target the reward model never sees), 8 epochs; scale_rewards=group (Bradley-Terry logits have no set scale)
+MANY_PAIRS = ["algorithm=marlhf", "preference_num_candidates=16", "pair_selection=all",
+              "preference_pairs_per_sample=null", "reward_heldout_fraction=0", "reward_num_train_epochs=8",
+              "scale_rewards=group"]
+ALL_PAIRS = [k for k in MANY_PAIRS if k not in ("preference_num_candidates=16", "scale_rewards=group")]  # 8 candidates
+TOY.update({"marlhf_all_pairs": ALL_PAIRS, "marlhf_all_pairs_group": [*ALL_PAIRS, "scale_rewards=group"],
+            "marlhf_many_pairs": MANY_PAIRS, "marlhf_many_pairs_refresh50": [*MANY_PAIRS, "reward_refresh_every=50"],
+            "marlhf_many_pairs_iac": [*MANY_PAIRS, "marlhf_rl_algorithm=iac"],
+            "marlhf_many_pairs_maac": [*MANY_PAIRS, "marlhf_rl_algorithm=maac"]})
 
 
 def toy(algorithm: str, seed: int, extra: tuple = ()) -> dict:

@@ -31,6 +31,9 @@ all decisions, reading every player's observation at that moment (the episode is
 the acting player's move. Advantages: GAE over the sequence (v); q: Q minus the mean Q of the step's decisions that
 saw the same critic input without the move (turn-based: only the actor moves, so COMA's baseline is that mean).
 
+MARLHF (algorithm=marlhf, marlhf_rl_algorithm=iac or maac, kit/marlhf.py): the same critics, with r the reward
+model's score of each joint action in place of the task's reward.
+
 Not covered: use_separate_critic=false (a value head on the actor's adapter), target networks.
 Run its tests: python -m pytest tests/test_critic.py
 """
@@ -44,6 +47,7 @@ import torch
 
 from kit import actor_critic as ac
 from kit import magrpo
+from kit.config import rl_algorithm
 
 
 class MAGRPO:
@@ -86,8 +90,8 @@ class ActorCritic(MAGRPO):
         from kit.heads import ScalarModel
         from kit.models import lora_config
 
-        self.name, self.team = cfg.algorithm, team
-        names = [f"critic_{i}" for i in range(cfg.num_agents)] if cfg.algorithm == "iac" else ["critic"]
+        self.name, self.team = rl_algorithm(cfg), team  # marlhf's RL stage: marlhf_rl_algorithm
+        names = [f"critic_{i}" for i in range(cfg.num_agents)] if self.name == "iac" else ["critic"]
         lcfg = lora_config(cfg.lora_r, cfg.lora_alpha, cfg.lora_dropout, cfg.lora_target_modules)
         lr = cfg.critic_learning_rate or cfg.learning_rate
         for k, name in enumerate(names):
@@ -96,7 +100,7 @@ class ActorCritic(MAGRPO):
             self.optimizers[name] = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=cfg.weight_decay)
             self.schedulers[name] = schedule(self.optimizers[name], cfg)  # the agents' schedule (Trainer's)
         self.batch: dict[str, tuple[list[str], list[float], list[float]]] = {}  # texts, targets, old values
-        log(f"[kit] algorithm={cfg.algorithm} critic_type={cfg.critic_type}: {len(names)} critic(s) on the shared "
+        log(f"[kit] algorithm={self.name} critic_type={cfg.critic_type}: {len(names)} critic(s) on the shared "
             f"base ({', '.join(names)})")
 
     def critic_of(self, agent: int) -> str:
@@ -331,8 +335,9 @@ class ActorCritic(MAGRPO):
 
 
 def algorithm_for(cfg, team, log=print, schedule=None) -> MAGRPO:
-    """The algorithm object of a run (centralized trains as MAGRPO on its wrapped one-agent task). `schedule(opt,
-    cfg)`: the LR schedule its models' optimizers follow (the Trainer passes its own, lr_schedule)."""
-    if cfg.algorithm in ("iac", "maac"):
+    """The algorithm object of a run (centralized trains as MAGRPO on its wrapped one-agent task; marlhf as its
+    marlhf_rl_algorithm, on the learnt reward). `schedule(opt, cfg)`: the LR schedule its models' optimizers follow
+    (the Trainer passes its own, lr_schedule)."""
+    if rl_algorithm(cfg) in ("iac", "maac"):
         return ActorCritic(cfg, team, log, schedule)
     return MAGRPO(cfg, team, log, schedule)
