@@ -47,8 +47,9 @@ ALL_PAIRS = ["preference_num_candidates=8" if k.startswith("preference_num_") el
              if k != "scale_rewards=group"]  # probed first: 8 candidates, raw logits as the reward
 TOY.update({"marlhf_all_pairs": ALL_PAIRS, "marlhf_all_pairs_group": [*ALL_PAIRS, "scale_rewards=group"],
             "marlhf_many_pairs": MANY_PAIRS, "marlhf_many_pairs_refresh50": [*MANY_PAIRS, "reward_refresh_every=50"],
-            "marlhf_many_pairs_iac": [*MANY_PAIRS, "marlhf_rl_algorithm=iac"],
-            "marlhf_many_pairs_maac": [*MANY_PAIRS, "marlhf_rl_algorithm=maac"]})
+            # the chosen settings (refresh50) with the critics as the RL stage (they normalise their own advantages)
+            **{f"marlhf_many_pairs_refresh50_{rl}": [k for k in MANY_PAIRS if k != "scale_rewards=group"] +
+               ["reward_refresh_every=50", f"marlhf_rl_algorithm={rl}"] for rl in ("iac", "maac")}})
 
 
 def toy(algorithm: str, seed: int, extra: tuple = ()) -> dict:

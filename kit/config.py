@@ -501,6 +501,8 @@ def validate(cfg: TrainConfig) -> TrainConfig:
          f"sum_then_normalize with {which} (a critic learns one return, the weighted sum)")
     need(not critics or cfg.advantage_mode != "role", "advantage_mode",
          f"not role with {which} (the critic is the baseline)")
+    need(not critics or cfg.scale_rewards == "none", "scale_rewards",
+         f"none with {which} (the critics' advantages replace the group's; advantage_normalization scales them)")
     need(cfg.algorithm != "marlhf" or (cfg.advantage_mode != "role"
                                       and cfg.multi_objective_aggregation == "sum_then_normalize"),
          "algorithm", "marlhf with advantage_mode other than role and multi_objective_aggregation="

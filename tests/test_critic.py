@@ -162,6 +162,8 @@ def test_critic_warmup_steps_keep_the_actors_still(tmp_path):
     (("algorithm=marlhf", "marlhf_rl_algorithm=maac", "advantage_mode=role"), "advantage_mode"),
     (("algorithm=marlhf", "marlhf_rl_algorithm=iac", "critic_type=q", "baseline=counterfactual"), "baseline"),
     (("algorithm=marlhf", "marlhf_rl_algorithm=iac", "use_separate_critic=false"), "use_separate_critic"),
+    (("algorithm=iac", "scale_rewards=group"), "scale_rewards"),
+    (("algorithm=marlhf", "marlhf_rl_algorithm=maac", "scale_rewards=group"), "scale_rewards"),
 ])
 def test_bad_critic_settings_fail_before_any_model_loads(overrides, field):
     with pytest.raises(ConfigError, match=field):
