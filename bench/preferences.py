@@ -2,6 +2,7 @@
 
     python bench/preferences.py toy --seeds 0 1 2 3 --workers 2        # magrpo, madpo, marlhf on tiny_cpu
     python bench/preferences.py writing --steps 40                      # TLDR, the oracle judge's pairs
+    python bench/preferences.py probe --seeds 10 11 --algorithms marlhf marlhf_many_pairs   # the reward model alone
 
 toy: the tiny_cpu preset (200 steps, G = 8) with `algorithm=` each of magrpo, madpo and marlhf; the preference
 trainers sample as many joint answers per prompt as MAGRPO (preference_num_candidates = 8) and otherwise keep the
@@ -36,6 +37,19 @@ TOY = {"magrpo": [], "madpo": ["algorithm=madpo", "preference_num_candidates=8"]
        "marlhf": ["algorithm=marlhf", "preference_num_candidates=8"],
        # run after the table above: the reward model refit every 50 steps on pairs from the current policy
        "marlhf_refresh50": ["algorithm=marlhf", "preference_num_candidates=8", "reward_refresh_every=50"]}
+# issue 32, second pass (2026-11-25): settings for a cheap exact reward, chosen on seeds 10-11 only (bench/README.md):
+# every non-tied pair of 16 candidates on every train item, none held out (the toy has 19 targets: a held-out item
+# is a target the reward model never sees), 8 epochs; scale_rewards=group (Bradley-Terry logits have no set scale)
+MANY_PAIRS = ["algorithm=marlhf", "preference_num_candidates=16", "pair_selection=all",
+              "preference_pairs_per_sample=null", "reward_heldout_fraction=0", "reward_num_train_epochs=8",
+              "scale_rewards=group"]
+ALL_PAIRS = ["preference_num_candidates=8" if k.startswith("preference_num_") else k for k in MANY_PAIRS
+             if k != "scale_rewards=group"]  # probed first: 8 candidates, raw logits as the reward
+TOY.update({"marlhf_all_pairs": ALL_PAIRS, "marlhf_all_pairs_group": [*ALL_PAIRS, "scale_rewards=group"],
+            "marlhf_many_pairs": MANY_PAIRS, "marlhf_many_pairs_refresh50": [*MANY_PAIRS, "reward_refresh_every=50"],
+            # the chosen settings (refresh50) with the critics as the RL stage (they normalise their own advantages)
+            **{f"marlhf_many_pairs_refresh50_{rl}": [k for k in MANY_PAIRS if k != "scale_rewards=group"] +
+               ["reward_refresh_every=50", f"marlhf_rl_algorithm={rl}"] for rl in ("iac", "maac")}})
 
 
 def toy(algorithm: str, seed: int, extra: tuple = ()) -> dict:
@@ -61,6 +75,35 @@ def toy(algorithm: str, seed: int, extra: tuple = ()) -> dict:
     if held:
         out["rm_heldout_accuracy"] = held[0]
     return out
+
+
+def probe(algorithm: str, seed: int) -> dict:
+    """The reward model of `algorithm`'s settings after its step-0 fit, read on every single-digit joint answer of
+    every target: the task's reward of its favourite answer per target (the best constant answer scores about 0.45,
+    reading the target 1.0) and the mean over targets of corr(score, task reward) over the 100 answers."""
+    import numpy as np
+    import torch
+
+    torch.set_num_threads(1)
+    from kit.config import load_config
+    from kit.marlhf import MARLHFTrainer, joint_text
+
+    with tempfile.TemporaryDirectory() as tmp:
+        cfg = load_config("tiny_cpu", overrides=[*TOY[algorithm], f"seed={seed}", f"run_dir={tmp}/run",
+                                                 "progress=false", "log_rollouts=false", "save_every=0"])
+        trainer = MARLHFTrainer(cfg, log=lambda *_: None)
+        fit = trainer.fit()
+        best, corr = [], []
+        for item in trainer.task.load("eval"):
+            answers = [(str(a), str(b)) for a in range(10) for b in range(10)]
+            s = trainer.scores([joint_text(trainer.task.prompts(item), ans) for ans in answers]).numpy()
+            r = np.array([trainer.task.reward(item, ans).total for ans in answers])
+            best.append(r[s.argmax()])
+            corr.append(np.corrcoef(s, r)[0, 1])
+        trainer.close()
+    return {"algorithm": algorithm, "seed": seed, "rm_num_pairs": fit["rm/num_pairs"],
+            "rm_train_accuracy": round(fit["rm/train_accuracy"], 3), "argmax_task_reward": round(float(np.mean(best)), 3),
+            "corr_per_target": round(float(np.nanmean(corr)), 3)}
 
 
 WRITING = ["task=writing", "task_args={kind: tldr}", "max_new_tokens=48", "batch_size=4", "num_generations=4",
@@ -144,7 +187,7 @@ def writing(steps: int, seed: int = 0) -> dict:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("part", choices=("toy", "writing"))
+    ap.add_argument("part", choices=("toy", "probe", "writing"))
     ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2, 3])
     ap.add_argument("--algorithms", nargs="+", default=["magrpo", "madpo", "marlhf"], choices=list(TOY))
     ap.add_argument("--workers", type=int, default=2)
@@ -154,6 +197,8 @@ def main() -> None:
     os.makedirs(os.path.dirname(args.out), exist_ok=True)
     if args.part == "writing":
         rows = [writing(args.steps, s) for s in args.seeds]
+    elif args.part == "probe":
+        rows = [probe(a, s) for a in args.algorithms for s in args.seeds]
     else:
         jobs = [(a, s) for a in args.algorithms for s in args.seeds]
         with ProcessPoolExecutor(args.workers) as pool:

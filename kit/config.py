@@ -131,6 +131,7 @@ class TrainConfig:
     reward_num_train_epochs: int = 4  # marlhf: passes over the pairs per fit (CoMLRL's name)
     reward_train_batch_size: int = 8  # marlhf: pairs per reward-model step (CoMLRL's name)
     reward_refresh_every: int = 0  # marlhf: refit on pairs from the current policy every this many steps (0: once)
+    marlhf_rl_algorithm: str = "magrpo"  # marlhf: the RL stage on the learnt reward: magrpo, iac or maac (critics)
     # --- run directory, logging, checkpoints
     run_dir: str = "checkpoints/run"  # where config, metrics, rollouts and checkpoints go
     mirror_dir: str | None = None  # also copy logs and each checkpoint here after saving (a Drive folder)
@@ -165,6 +166,7 @@ CHOICES = {
     "pair_selection": ("reward_gap", "all", "random"),
     "preference_source": ("reward", "judge"),
     "dpo_reference": ("base", "none"),
+    "marlhf_rl_algorithm": ("magrpo", "iac", "maac"),
 }
 # Fields that do not change what is trained: a resumed run may differ in these. The rollout engine and its weights
 # change how samples are drawn, not the objective (the trainer's policy gradient): under rollout_correction=auto
@@ -491,20 +493,27 @@ def validate(cfg: TrainConfig) -> TrainConfig:
     need(cfg.algorithm != "centralized" or cfg.task != "game", "algorithm",
          "magrpo, iac or maac for a game (centralized writes every part in one completion; in a turn-based game "
          "one policy in every seat is share_adapter=true)")
+    rl = rl_algorithm(cfg)  # marlhf with marlhf_rl_algorithm=iac or maac trains critics as iac or maac do
+    need(cfg.marlhf_rl_algorithm == "magrpo" or cfg.algorithm == "marlhf", "marlhf_rl_algorithm",
+         f"magrpo with algorithm={cfg.algorithm} (it picks the RL stage of algorithm=marlhf only; for critics on the "
+         "task's reward use algorithm=iac or maac)")
     need(cfg.use_separate_critic or cfg.algorithm == "iac", "use_separate_critic",
          f"true with algorithm={cfg.algorithm} (false puts a value head on each agent's own adapter: IAC's option "
          "only; MAAC's centralized critic reads every agent's prompt, so it has no one actor to sit on)")
-    need(cfg.baseline == "mean" or (cfg.algorithm == "maac" and cfg.critic_type == "q"), "baseline",
+    need(cfg.baseline == "mean" or (rl == "maac" and cfg.critic_type == "q"), "baseline",
          "mean, or counterfactual with algorithm=maac and critic_type=q (COMA's baseline needs a joint Q)")
     need(cfg.baseline == "mean" or cfg.joint_mode == "aligned", "baseline",
          "mean with joint_mode=cross (counterfactual swaps one agent's action in aligned joint actions)")
-    critics = cfg.algorithm in ("iac", "maac")  # their advantages replace the group-relative ones (kit/critic.py)
+    critics = rl in ("iac", "maac")  # their advantages replace the group-relative ones (kit/critic.py)
+    which = f"algorithm={cfg.algorithm}" + (f" and marlhf_rl_algorithm={rl}" if cfg.algorithm == "marlhf" else "")
     need(not critics or cfg.local_reward_weight == 0, "local_reward_weight",
-         f"0 with algorithm={cfg.algorithm} (its critics learn the team's return; local rewards do not reach them)")
+         f"0 with {which} (its critics learn the team's return; local rewards do not reach them)")
     need(not critics or cfg.multi_objective_aggregation == "sum_then_normalize", "multi_objective_aggregation",
-         f"sum_then_normalize with algorithm={cfg.algorithm} (a critic learns one return, the weighted sum)")
+         f"sum_then_normalize with {which} (a critic learns one return, the weighted sum)")
     need(not critics or cfg.advantage_mode != "role", "advantage_mode",
-         f"not role with algorithm={cfg.algorithm} (the critic is the baseline)")
+         f"not role with {which} (the critic is the baseline)")
+    need(not critics or cfg.scale_rewards == "none", "scale_rewards",
+         f"none with {which} (the critics' advantages replace the group's; advantage_normalization scales them)")
     need(cfg.algorithm != "marlhf" or (cfg.advantage_mode != "role"
                                       and cfg.multi_objective_aggregation == "sum_then_normalize"),
          "algorithm", "marlhf with advantage_mode other than role and multi_objective_aggregation="
@@ -551,6 +560,12 @@ def validate(cfg: TrainConfig) -> TrainConfig:
     except ValueError as err:
         raise ConfigError(f"reward_processor={cfg.reward_processor!r}: {err}") from None
     return cfg
+
+
+def rl_algorithm(cfg: TrainConfig) -> str:
+    """The algorithm of the policy update: marlhf's RL stage (marlhf_rl_algorithm) on its learnt reward, else the
+    run's own algorithm (magrpo, iac, maac, centralized, madpo)."""
+    return cfg.marlhf_rl_algorithm if cfg.algorithm == "marlhf" else cfg.algorithm
 
 
 def to_dict(cfg: TrainConfig) -> dict:

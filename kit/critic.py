@@ -52,6 +52,9 @@ lambda-return, GAE + V over its sequence (the discount per decision). Advantages
 minus the mean Q of the step's decisions that saw the same critic input without the move, over every process
 (turn-based: only the actor moves, so COMA's baseline is that mean).
 
+MARLHF (algorithm=marlhf, marlhf_rl_algorithm=iac or maac, kit/marlhf.py): the same critics, with r the reward
+model's score of each joint action in place of the task's reward (separate critics only).
+
 Not covered: target networks; MAAC with use_separate_critic=false (refused: its critic reads every agent).
 Run its tests: python -m pytest tests/test_critic.py
 """
@@ -65,6 +68,7 @@ import torch
 
 from kit import actor_critic as ac
 from kit import magrpo
+from kit.config import rl_algorithm
 
 
 class MAGRPO:
@@ -110,9 +114,9 @@ class ActorCritic(MAGRPO):
         from kit.heads import ScalarModel, ValueHead
         from kit.models import lora_config
 
-        self.name, self.team = cfg.algorithm, team
-        self.shared = cfg.algorithm == "iac" and not cfg.use_separate_critic  # value heads on the actors' adapters
-        names = [f"critic_{i}" for i in range(cfg.num_agents)] if cfg.algorithm == "iac" else ["critic"]
+        self.name, self.team = rl_algorithm(cfg), team  # marlhf's RL stage: marlhf_rl_algorithm
+        self.shared = self.name == "iac" and not cfg.use_separate_critic  # value heads on the actors' adapters
+        names = [f"critic_{i}" for i in range(cfg.num_agents)] if self.name == "iac" else ["critic"]
         lcfg = lora_config(cfg.lora_r, cfg.lora_alpha, cfg.lora_dropout, cfg.lora_target_modules)
         lr = cfg.critic_learning_rate or cfg.learning_rate
         for k, name in enumerate(names):
@@ -127,7 +131,7 @@ class ActorCritic(MAGRPO):
         self._fitted: dict[str, tuple[float, float]] = {}  # shared heads: the update's first (loss, grad norm)
         where = ("value heads on the agents' own adapters (use_separate_critic=false)" if self.shared
                  else "critic(s) on the shared base")
-        log(f"[kit] algorithm={cfg.algorithm} critic_type={cfg.critic_type}: {len(names)} {where} "
+        log(f"[kit] algorithm={self.name} critic_type={cfg.critic_type}: {len(names)} {where} "
             f"({', '.join(names)})")
 
     def critic_of(self, agent: int) -> str:
@@ -418,8 +422,9 @@ class ActorCritic(MAGRPO):
 
 
 def algorithm_for(cfg, team, log=print, schedule=None) -> MAGRPO:
-    """The algorithm object of a run (centralized trains as MAGRPO on its wrapped one-agent task). `schedule(opt,
-    cfg)`: the LR schedule its models' optimizers follow (the Trainer passes its own, lr_schedule)."""
-    if cfg.algorithm in ("iac", "maac"):
+    """The algorithm object of a run (centralized trains as MAGRPO on its wrapped one-agent task; marlhf as its
+    marlhf_rl_algorithm, on the learnt reward). `schedule(opt, cfg)`: the LR schedule its models' optimizers follow
+    (the Trainer passes its own, lr_schedule)."""
+    if rl_algorithm(cfg) in ("iac", "maac"):
         return ActorCritic(cfg, team, log, schedule)
     return MAGRPO(cfg, team, log, schedule)

@@ -1,7 +1,9 @@
-"""MARLHF: a joint reward model learnt from pairs (Bradley-Terry) on the shared base, then the reward of MAGRPO.
+"""MARLHF: a joint reward model learnt from pairs (Bradley-Terry) on the shared base, then the reward of MAGRPO,
+IAC or MAAC.
 
     cfg = load_config("tiny_cpu", overrides=["algorithm=marlhf"])     # CLI: --set algorithm=marlhf
     MARLHFTrainer(cfg).train()
+    # the RL stage with critics: overrides=["algorithm=marlhf", "marlhf_rl_algorithm=maac"]
 
 The reward model is a kit/heads.py ScalarModel: one more LoRA adapter ("reward_model") on the team's shared base
 and an fp32 head on the last token; no second copy of the weights. It reads a joint answer as text,
@@ -20,11 +22,18 @@ AdamW (`reward_learning_rate`) on the Bradley-Terry loss -log sigmoid(s(w) - s(l
 model continuing from its previous fit. Every process gathers every pair and runs the same fit, so 2 processes
 give the reward model 1 does.
 
-Training: MAGRPO as in kit/trainer.py, with each joint action's reward replaced by the reward model's score (the
-task's reward stays in the logs as reward/task, and evaluation is scored with the task's reward). Metrics of a
+Training (`marlhf_rl_algorithm`): MAGRPO as in kit/trainer.py, or IAC / MAAC (kit/critic.py), with each joint
+action's reward replaced by the reward model's score before any return or advantage is computed, so the group
+baseline (magrpo) or the critics' targets (iac, maac: y = r for one turn) read the score exactly where they read
+the task's reward otherwise. The task's reward stays in the logs as reward/task, and evaluation is scored with the
+task's reward. The scores are raw Bradley-Terry logits: their scale is whatever the fit gave (it grows with the
+epochs), so with magrpo `scale_rewards=group` makes the update independent of it (the critics normalise their
+advantages already, advantage_normalization). Metrics of a
 fit step: rm/loss, rm/train_accuracy, rm/heldout_accuracy, rm/num_pairs, rm/heldout_pairs. The reward model and
-its optimizer are in every checkpoint (models/reward_model/), so a resumed run continues exactly.
-Not covered: IAC/MAAC on the learnt reward (issue 31's algorithms), a reward model on another base than base 0.
+its optimizer are in every checkpoint (models/reward_model/), beside the critics' (models/critic*/), so a resumed
+run continues exactly.
+Not covered: a reward model on another base than base 0; multi-turn joint answers (num_turns=1).
+Run its tests: python -m pytest tests/test_marlhf.py
 """
 
 from __future__ import annotations
@@ -127,7 +136,11 @@ class MARLHFTrainer(PreferencePairs, Trainer):
     def sample(self, items: list[dict], positions: list[int] | None = None) -> list[Level]:
         due = self.step == 0 or (self.cfg.reward_refresh_every and self.step % self.cfg.reward_refresh_every == 0)
         self.rm_stats = self.fit() if due else {}
-        levels = super().sample(items, positions)  # rewarded by the task: kept as reward/task
+        return super().sample(items, positions)  # scored by the task, then by the model (below)
+
+    def _returns_and_advantages(self, levels: list[Level]) -> None:
+        """The reward model's score replaces each joint action's reward (the task's is kept as parts["task"]), then
+        the RL stage's returns and advantages: MAGRPO's group baseline, or the critics' (kit/critic.py)."""
         for level in levels:
             texts = [joint_text(node["prompts"], self.joint(level.rollout, n, idx))
                      for n, node in enumerate(level.nodes) for idx in level.joints]
@@ -135,8 +148,7 @@ class MARLHFTrainer(PreferencePairs, Trainer):
             J = len(level.joints)
             level.rewards = [[Reward(s[n * J + j], {**r.parts, "task": r.total}, r.details)
                               for j, r in enumerate(node)] for n, node in enumerate(level.rewards)]
-        self._returns_and_advantages(levels)  # MAGRPO's advantages of the learnt reward
-        return levels
+        super()._returns_and_advantages(levels)
 
     def update(self, levels: list[Level]) -> dict:
         return {**super().update(levels), **self.rm_stats}

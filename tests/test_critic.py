@@ -185,10 +185,32 @@ def test_critic_warmup_steps_keep_the_actors_still(tmp_path, separate):
     (("algorithm=iac", "advantage_mode=role"), "advantage_mode"),
     (("algorithm=marlhf", "advantage_mode=role"), "algorithm"),
     (("algorithm=marlhf", "multi_objective_aggregation=normalize_then_sum"), "algorithm"),
+    # marlhf_rl_algorithm picks marlhf's RL stage only; with critics, every critic rule holds on the learnt reward
+    (("marlhf_rl_algorithm=iac",), "marlhf_rl_algorithm"),
+    (("algorithm=maac", "marlhf_rl_algorithm=maac"), "marlhf_rl_algorithm"),
+    (("algorithm=marlhf", "marlhf_rl_algorithm=a2c"), "marlhf_rl_algorithm"),
+    (("algorithm=marlhf", "marlhf_rl_algorithm=iac", "local_reward_weight=0.5"), "local_reward_weight"),
+    (("algorithm=marlhf", "marlhf_rl_algorithm=maac", "advantage_mode=role"), "advantage_mode"),
+    (("algorithm=marlhf", "marlhf_rl_algorithm=iac", "critic_type=q", "baseline=counterfactual"), "baseline"),
+    (("algorithm=marlhf", "marlhf_rl_algorithm=iac", "use_separate_critic=false"), "use_separate_critic"),
+    (("algorithm=iac", "scale_rewards=group"), "scale_rewards"),
+    (("algorithm=marlhf", "marlhf_rl_algorithm=maac", "scale_rewards=group"), "scale_rewards"),
 ])
 def test_bad_critic_settings_fail_before_any_model_loads(overrides, field):
     with pytest.raises(ConfigError, match=field):
         load_config("tiny_cpu", overrides=list(overrides))
+
+
+def test_marlhf_picks_its_rl_stage_by_marlhf_rl_algorithm():
+    """marlhf's RL stage is magrpo unless marlhf_rl_algorithm says iac or maac; the critic rules then read that
+    stage (COMA's counterfactual baseline is allowed for maac-q on the learnt reward)."""
+    from kit.config import rl_algorithm
+
+    assert rl_algorithm(load_config("tiny_cpu", overrides=["algorithm=marlhf"])) == "magrpo"
+    cfg = load_config("tiny_cpu", overrides=["algorithm=marlhf", "marlhf_rl_algorithm=maac", "critic_type=q",
+                                             "baseline=counterfactual"])
+    assert rl_algorithm(cfg) == "maac"
+    assert rl_algorithm(load_config("tiny_cpu", overrides=["algorithm=iac"])) == "iac"
 
 
 def critic_weights(trainer):

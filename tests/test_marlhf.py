@@ -1,5 +1,6 @@
 """MARLHF on the tiny model (kit/marlhf.py): the reward model's fields reach its Bradley-Terry fit, its score is
-the reward MAGRPO's advantages see, judge pairs go through the judge's ledger, and a run resumes exactly.
+the reward MAGRPO's advantages and the critics' targets (marlhf_rl_algorithm=iac, maac) see, judge pairs go through
+the judge's ledger, each RL stage trains on the toy task, and a run resumes exactly (critics included).
 
 Run: python -m pytest tests/test_marlhf.py      (about 30 s)
 """
@@ -106,23 +107,73 @@ def test_judge_pairs_are_labelled_in_both_orders_and_paid_once(tmp_path):
     assert json.loads((tmp_path / "run" / "budget.json").read_text())["calls"] == 32
 
 
+CRITIC_TARGETS = [  # RL stage, critic_type, the critic fitted and whether its targets are per node (v: the mean)
+    ("iac", "q", "critic_1", False), ("maac", "q", "critic", False), ("maac", "v", "critic", True)]
+
+
+@pytest.mark.parametrize("rl, critic_type, name, per_node", CRITIC_TARGETS,
+                         ids=[f"{r[0]}-{r[1]}" for r in CRITIC_TARGETS])
+def test_the_critics_fit_targets_are_the_reward_models_scores(tmp_path, rl, critic_type, name, per_node):
+    """One turn: a critic's target is the reward, y = r (kit/critic.py); under marlhf r is the reward model's score
+    of the joint action, never the task's [0, 3, 15]."""
+    trainer = scripted(tmp_path, "batch_size=1", "num_generations=3", f"marlhf_rl_algorithm={rl}",
+                       f"critic_type={critic_type}")
+    assert trainer.algorithm.name == rl and NAME in trainer.algorithm.models and name in trainer.algorithm.models
+    with torch.no_grad():
+        trainer.rm.head.weight.normal_(0.0, 0.1, generator=torch.Generator().manual_seed(1))
+    trainer.fit = lambda: {}
+    trainer.sample(trainer.batch_items(0))
+    item = trainer.batch_items(0)[0]
+    s = [float(trainer.rm.score_texts([joint_text([f"x {item['id']}", "y"], (str(g),) * 2)])[0].detach())
+         for g in range(3)]
+    assert max(s) - min(s) > 1e-3  # the scores tell the joint actions apart
+    _, targets, _ = trainer.algorithm.batch[name]
+    assert targets == pytest.approx([sum(s) / 3] if per_node else s, abs=1e-5)
+
+
+@pytest.mark.parametrize("rl", ["magrpo", "iac", "maac"])
+def test_each_rl_stage_trains_on_the_toy_task(tmp_path, rl):
+    """Three steps of the tiny model on the toy task: every agent's adapter, the reward model (fit at step 0, 3 AdamW
+    steps) and (iac, maac) every critic (one AdamW step per step) move, every tensor of them (LoRA's B moves once the
+    zero head has, then its A), and the logs carry the fit's and the critics' metrics."""
+    trainer = MARLHFTrainer(config(tmp_path, f"marlhf_rl_algorithm={rl}", "num_steps=3", "batch_size=2",
+                                   "num_generations=2", "reward_num_items=4", "reward_num_train_epochs=3",
+                                   "save_every=0", "log_rollouts=false"), **QUIET)
+    models = trainer.algorithm.models
+    assert sorted(models) == sorted([NAME] + {"magrpo": [], "iac": ["critic_0", "critic_1"], "maac": ["critic"]}[rl])
+    before = [(p, p.detach().clone()) for p in trained(trainer)]
+    trainer.train()
+    assert all(not torch.equal(p.detach(), p0) for p, p0 in before)
+    rows = [json.loads(line) for line in open(tmp_path / "run" / "metrics.jsonl")]
+    assert "rm/train_accuracy" in rows[0] and "rm/train_accuracy" not in rows[1]
+    assert any(k.startswith("critic/value_loss/") for k in rows[-1]) == (rl != "magrpo")
+
+
+def trained(trainer):
+    """Every trained tensor: the agents' adapters, the reward model's and the critics' (adapter and head)."""
+    return [p for a in trainer.team.adapters for p in trainer.team.parameters_of(a)] + \
+        [p for name in sorted(trainer.algorithm.models) for p in trainer.algorithm.models[name].parameters()]
+
+
 def weights(trainer):
-    return [p.detach().clone() for a in trainer.team.adapters for p in trainer.team.parameters_of(a)] + \
-        [p.detach().clone() for p in trainer.rm.parameters()]
+    return [p.detach().clone() for p in trained(trainer)]
 
 
 @pytest.mark.slow
-def test_marlhf_resumes_exactly(tmp_path):
+@pytest.mark.parametrize("rl", [("marlhf_rl_algorithm=magrpo",), ("marlhf_rl_algorithm=iac", "critic_type=q"),
+                                ("marlhf_rl_algorithm=maac",)], ids=["magrpo", "iac-q", "maac-v"])
+def test_marlhf_resumes_exactly(tmp_path, rl):
     """Fits at steps 0 and 3, a checkpoint at 2: the resumed run scores with the saved reward model, and refits it
-    from its saved weights and optimizer state."""
+    from its saved weights and optimizer state; the critics (iac, maac) continue from theirs."""
     common = ("num_steps=4", "save_every=2", "reward_refresh_every=3", "reward_num_items=6", "batch_size=2",
-              "num_generations=2", "reward_num_train_epochs=1")
+              "num_generations=2", "reward_num_train_epochs=1", *rl)
     straight = MARLHFTrainer(config(tmp_path, *common, name="a"), **QUIET)
     straight.train()
     MARLHFTrainer(config(tmp_path, *common, name="b"), **QUIET).train(max_steps=2)
     resumed = MARLHFTrainer(config(tmp_path, *common, name="b"), resume=True, **QUIET)
     assert resumed.step == 2
     resumed.train()
+    assert len(weights(straight)) == len(weights(resumed))
     assert all(torch.equal(x, y) for x, y in zip(weights(straight), weights(resumed)))
 
     def rows(run):

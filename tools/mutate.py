@@ -737,6 +737,18 @@ MUTATIONS = [
     Mutation("the reward model not loaded on resume", "kit/marlhf.py",
              "self._reward_model()  # before the checkpoint loads into it", "pass",
              ("tests/test_marlhf.py::test_marlhf_resumes_exactly",)),
+    # issue 32, second pass: MARLHF's RL stage with critics (marlhf_rl_algorithm)
+    Mutation("marlhf_rl_algorithm ignored: MAGRPO on the learnt reward", "kit/critic.py",
+             'if rl_algorithm(cfg) in ("iac", "maac"):', 'if cfg.algorithm in ("iac", "maac"):',
+             ("tests/test_marlhf.py::test_the_critics_fit_targets_are_the_reward_models_scores",)),
+    Mutation("marlhf's critics fit the task's reward", "kit/critic.py",
+             "trainer.reward_model.process(x.total) for x in node]",
+             'trainer.reward_model.process(x.parts.get("task", x.total)) for x in node]',
+             ("tests/test_marlhf.py::test_the_critics_fit_targets_are_the_reward_models_scores",)),
+    Mutation("marlhf_rl_algorithm accepted without algorithm=marlhf", "kit/config.py",
+             'need(cfg.marlhf_rl_algorithm == "magrpo" or cfg.algorithm == "marlhf",',
+             'need(True or cfg.algorithm == "marlhf",',
+             ("tests/test_critic.py::test_bad_critic_settings_fail_before_any_model_loads",)),
     # ---- the lead's review fixes: combinations refused, the warm-up's schedule
     Mutation("critics accept local rewards they never read", "kit/config.py",
              "need(not critics or cfg.local_reward_weight == 0,", "need(True or cfg.local_reward_weight == 0,",
