@@ -36,6 +36,7 @@ METHODS = {
     "marginal": ["joint_mode=cross", "advantage_mode=marginal", "num_generations=4", "batch_size=4"],
     "role": ["advantage_mode=role"],
     "iac": ["algorithm=iac"],
+    "iac_shared": ["algorithm=iac", "use_separate_critic=false"],  # value heads on the players' own adapters
     "maac_v": ["algorithm=maac", "critic_type=v"],
     "maac_q_cf": ["algorithm=maac", "critic_type=q", "baseline=counterfactual"],
     # lenient credit (kit/magrpo.py `lenient`): each first move judged by its partner's best answer, kappa 1 falling
