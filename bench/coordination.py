@@ -101,17 +101,28 @@ def run(method: str, game: str, seed: int, steps: int, every: int) -> dict:
 def table(rows: list[dict]) -> str:
     keys = sorted({(r["method"], r["game"], r["steps"]) for r in rows},
                   key=lambda k: (k[1], list(METHODS).index(k[0]) if k[0] in METHODS else 99, k[2]))
-    lines = ["| game (optimum) | method | seeds | reached the optimum | final greedy (mean) | final sampled (mean) "
-             "| s/step |", "|---|---|---|---|---|---|---|"]
+    from kit.coordination import card_blind_moves, deterministic, payoff_table, value
+
+    def blind(game: str) -> float:  # the best return of a team that ignores the cards
+        P = payoff_table(game)
+        a0, reply = card_blind_moves(P)
+        return value(P, deterministic([a0] * P.shape[0], P.shape[-1]), deterministic([reply] * P.shape[0], P.shape[-1]))
+
+    lines = ["| game (optimum, card-blind best) | method | seeds | reached the optimum | at the card-blind best | "
+             "final greedy (mean) | final sampled (mean) | player 0 reads its card | s/step |",
+             "|---|---|---|---|---|---|---|---|---|"]
     for method, game, steps in keys:
         mine = sorted((r for r in rows if (r["method"], r["game"], r["steps"]) == (method, game, steps)),
                       key=lambda r: r["seed"])
         n = len(mine)
         mean = lambda k: sum(r[k] for r in mine) / n  # noqa: E731
         seeds = f"{mine[0]['seed']}-{mine[-1]['seed']}" if n > 1 else str(mine[0]["seed"])
-        lines.append(f"| {game} ({mine[0]['optimum']:.4g}) | {method} | {seeds} ({n}) | "
-                     f"{sum(r['reached'] for r in mine)}/{n} | {mean('greedy'):.3f} | {mean('sampled'):.3f} | "
-                     f"{mean('s_per_step'):.3f} |")
+        b = blind(game)
+        at_blind = sum(abs(r["greedy"] - b) < 1e-9 for r in mine)
+        reads = sum(len(set(map(str, r["moves"]["player_0"]))) > 1 for r in mine)  # greedy first move differs by card
+        lines.append(f"| {game} ({mine[0]['optimum']:.4g}, {b:.4g}) | {method} | {seeds} ({n}) | "
+                     f"{sum(r['reached'] for r in mine)}/{n} | {at_blind}/{n} | {mean('greedy'):.3f} | "
+                     f"{mean('sampled'):.3f} | {reads}/{n} | {mean('s_per_step'):.3f} |")
     return "\n".join(lines)
 
 
