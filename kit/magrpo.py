@@ -462,6 +462,22 @@ def high_entropy_mask(entropy: torch.Tensor, mask: torch.Tensor, quantile: float
     return ((entropy.detach() >= threshold) & m).to(entropy.dtype)
 
 
+def loss_options(cfg) -> dict:
+    """The config's fields of `policy_loss` that are the same for every batch: the ratio's clip and TRL's GRPO
+    options (issue 33), by their `policy_loss` names."""
+    return dict(epsilon=cfg.epsilon, epsilon_high=cfg.epsilon_high, max_tokens=cfg.max_new_tokens,
+                importance_sampling_level=cfg.importance_sampling_level, delta=cfg.delta,
+                sapo_temperature_pos=cfg.sapo_temperature_pos, sapo_temperature_neg=cfg.sapo_temperature_neg,
+                off_policy_mask_threshold=cfg.off_policy_mask_threshold,
+                use_bias_correction_kl=cfg.use_bias_correction_kl,
+                top_entropy_quantile=cfg.top_entropy_quantile, entropy_coef=cfg.entropy_coef)
+
+
+def needs_entropy(options: dict) -> bool:
+    """Whether the loss needs each token's entropy (an entropy mask or bonus); else it is never computed."""
+    return options["top_entropy_quantile"] < 1 or options["entropy_coef"] > 0
+
+
 def policy_loss(logp: torch.Tensor, mask: torch.Tensor, adv: torch.Tensor, loss_type: str = "sum",
                 ref_logp: torch.Tensor | None = None, beta: float = 0.0, *, weights: torch.Tensor | None = None,
                 old_logp: torch.Tensor | None = None, epsilon: float = 0.2, epsilon_high: float | None = None,

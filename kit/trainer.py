@@ -333,7 +333,8 @@ class Trainer:
             first: dict = {}
             clipped = [0.0, 0.0]  # clipped tokens, tokens (iterations after the first)
             temperature = cfg.temperature if cfg.score_at_sampling_temperature else 1.0
-            need_entropy = cfg.top_entropy_quantile < 1 or cfg.entropy_coef > 0  # else never computed
+            options = magrpo.loss_options(cfg)  # the clip, TRL's GRPO options (issue 33)
+            need_entropy = magrpo.needs_entropy(options)  # else never computed
             extra = {"entropy": 0.0, "masked_rows": 0.0}  # the first iteration's, over the chunks
             for iteration in range(cfg.num_iterations):
                 opt.zero_grad(set_to_none=True)
@@ -355,13 +356,8 @@ class Trainer:
                     loss, st = magrpo.policy_loss(
                         logp, mask, adv, cfg.loss_type, refs[c], cfg.beta,
                         weights=None if self.correction == "none" else weights[c],
-                        old_logp=old[c] if cfg.num_iterations > 1 else None, epsilon=cfg.epsilon,
-                        epsilon_high=cfg.epsilon_high, max_tokens=cfg.max_new_tokens,
-                        importance_sampling_level=cfg.importance_sampling_level, delta=cfg.delta,
-                        sapo_temperature_pos=cfg.sapo_temperature_pos, sapo_temperature_neg=cfg.sapo_temperature_neg,
-                        sampler_logp=sub.sampler_logprobs, off_policy_mask_threshold=cfg.off_policy_mask_threshold,
-                        use_bias_correction_kl=cfg.use_bias_correction_kl, entropy=entropy,
-                        top_entropy_quantile=cfg.top_entropy_quantile, entropy_coef=cfg.entropy_coef)
+                        old_logp=old[c] if cfg.num_iterations > 1 else None,
+                        sampler_logp=sub.sampler_logprobs, entropy=entropy, **options)
                     (loss * share).backward()  # the sum over chunks is the loss over all rows (or tokens)
                     if iteration == 0:
                         extra["entropy"] += st.get("entropy", 0.0) * share
