@@ -11,9 +11,11 @@ minus the mean of the G replies to the same first move, over their std; player 0
 over the group std. Plain gradient ascent on the logits at rate 0.5, 300 steps. The greedy joint policy's exact
 return (kit/coordination.py `value`) is compared with the game's optimum.
 
-What it shows (2026-11-25, seeds 100-115, read before any LLM run): on game E the mean keeps every seed at the
-card-blind 8 and leniency takes every seed to 10; on A, B and D leniency changes nothing; on C neither reaches 2.5.
-What it leaves out is what an LLM player adds: one network for every card, whose answers move together.
+What it shows (2026-11-25, seeds 100-115; E was read before any LLM run of `lenient`): on game E the mean keeps
+every seed at the card-blind 8 and leniency takes every seed to 10; B and D reach their optimum on every seed
+either way, A on 7 of 16 either way; on C neither reaches 2.5; on F leniency reaches it on 3-4 seeds against 1.
+What it leaves out is what an LLM player adds: one network for every card, whose answers move together
+(bench/README.md: in the LLM runs, player 0's greedy move never depends on its card).
 """
 
 from __future__ import annotations
