@@ -119,7 +119,8 @@ def table(rows: list[dict]) -> str:
         seeds = f"{mine[0]['seed']}-{mine[-1]['seed']}" if n > 1 else str(mine[0]["seed"])
         b = blind(game)
         at_blind = sum(abs(r["greedy"] - b) < 1e-9 for r in mine)
-        reads = sum(len(set(map(str, r["moves"]["player_0"]))) > 1 for r in mine)  # greedy first move differs by card
+        reads = sum(len(set(map(str, r.get("moves", {}).get("player_0", [])))) > 1  # its greedy move differs by card
+                    for r in mine)  # (rows written before `moves` existed count as not reading it)
         lines.append(f"| {game} ({mine[0]['optimum']:.4g}, {b:.4g}) | {method} | {seeds} ({n}) | "
                      f"{sum(r['reached'] for r in mine)}/{n} | {at_blind}/{n} | {mean('greedy'):.3f} | "
                      f"{mean('sampled'):.3f} | {reads}/{n} | {mean('s_per_step'):.3f} |")

@@ -204,5 +204,6 @@ def test_the_bench_skips_methods_this_tree_cannot_run_and_counts_seeds_at_the_op
     assert "no_such_field" in bench.runnable("nothing_here")
     assert bench.runnable("magrpo") is None
     rows = [{"method": "role", "game": "E", "steps": 300, "seed": s, "greedy": g, "sampled": 7.0, "optimum": 10.0,
-             "reached": g == 10.0, "s_per_step": 0.2} for s, g in ((0, 10.0), (1, 8.0))]
-    assert "| E (10) | role | 0-1 (2) | 1/2 | 9.000 | 7.000 | 0.200 |" in bench.table(rows)
+             "reached": g == 10.0, "s_per_step": 0.2, "moves": {"player_0": m}}
+            for s, g, m in ((0, 10.0, [0, 2]), (1, 8.0, [1, 1]))]  # seed 0 signals its card, seed 1 is card-blind
+    assert "| E (10, 8) | role | 0-1 (2) | 1/2 | 1/2 | 9.000 | 7.000 | 1/2 | 0.200 |" in bench.table(rows)
