@@ -165,6 +165,8 @@ def main(argv: list[str] | None = None) -> int:
     if trainer.dist.is_main:  # several processes (accelerate launch, torchrun): one summary
         print(format_summary(summary))
         print(json.dumps(summary))
+    trainer.dist.barrier()  # every process ends the run before the group goes (a peer gone first can abort gloo)
+    trainer.dist.close()
     return 0
 
 
