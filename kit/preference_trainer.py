@@ -216,11 +216,7 @@ class MADPOTrainer(PreferencePairs, Trainer):
         joint = deltas.sum(1)  # (P,)
         (total,) = self.dist.sum([len(buf.pairs)])
         for adapter in team.adapters:
-            agents = team.agents_of_adapter(adapter)
-            model = team.model_of(agents[0])
-            model.set_adapter(adapter)
-            model.train()
-            opt = self.optimizers[adapter]
+            agents, model, opt = self.train_mode(adapter)
             opt.zero_grad(set_to_none=True)
             seg = buf.level.rollout.segment(team.base_of[agents[0]])
             row = {int(s): r for r, s in enumerate(seg.sample.tolist())} if seg is not None else {}

@@ -315,11 +315,7 @@ class Trainer:
                     self.schedulers[adapter].step()
             return stats
         for adapter in team.adapters:
-            agents = team.agents_of_adapter(adapter)
-            model = team.model_of(agents[0])
-            model.set_adapter(adapter)
-            model.train()
-            opt = self.optimizers[adapter]
+            agents, model, opt = self.train_mode(adapter)
             chunks = [(seg.slice(lo, hi), adv[lo:hi]) for seg, adv, lo, hi in self._chunks(agents, levels)]
             masks = [self.loss_mask(sub) for sub, _ in chunks]
             total_rows, total_tokens = self.dist.sum([sum(len(adv) for _, adv in chunks),
@@ -397,6 +393,14 @@ class Trainer:
                               f"mismatch/rows_past_cap/{adapter}":
                                   mismatch["rows_past_cap"] / max(mismatch["rows"], 1.0)})
         return stats
+
+    def train_mode(self, adapter: str):
+        """The adapter's agents, its model switched to it in train mode, and its optimizer: an update's preamble."""
+        agents = self.team.agents_of_adapter(adapter)
+        model = self.team.model_of(agents[0])
+        model.set_adapter(adapter)
+        model.train()
+        return agents, model, self.optimizers[adapter]
 
     @staticmethod
     @torch.no_grad()
