@@ -24,7 +24,8 @@ from pathlib import Path
 @dataclass
 class TrainConfig:
     # --- team and model
-    model_name: str = "tiny"  # hub name or local path of the base model; "tiny" is the built-in CPU model
+    model_name: str = "tiny"  # hub name, local path or short name (smollm2-135m) of the base; "tiny": built-in
+    model_sources: dict = field(default_factory=dict)  # short name -> hub, package or the source a run recorded
     agent_models: list[str] | None = None  # one base per agent for heterogeneous teams (overrides model_name)
     num_agents: int = 2  # agents in the team
     share_adapter: bool = False  # one LoRA adapter (and optimizer) shared by all agents
@@ -236,8 +237,43 @@ def _preset_colab_hanabi() -> TrainConfig:
                        run_dir="checkpoints/colab_hanabi")
 
 
+def _smol(**fields) -> TrainConfig:
+    """What the three smol presets share: SmolLM2-135M-Instruct (`smollm2-135m`: the hub's weights where it answers,
+    else the packaged GGUF; kit/weights.py), full precision on a CPU, 2 agents x G=4 on one item a step, rank-16 LoRA."""
+    base = dict(model_name="smollm2-135m", num_generations=4, batch_size=1, temperature=0.7, top_p=0.9,
+                lora_r=16, lora_alpha=32, learning_rate=3e-4, num_steps=30, eval_every=10, save_every=10)
+    return TrainConfig(**{**base, **fields})
+
+
+def _preset_smol_writing() -> TrainConfig:
+    """A real pretrained team on a laptop CPU: SmolLM2-135M-Instruct on TLDR (a concise and a detailed summary),
+    48 new tokens each; a step is about 15 s on 2 cores, and the held-out reward rises within 20 steps
+    (bench/README.md, "SmolLM2-135M on a CPU")."""
+    return _smol(task="writing", task_args={"kind": "tldr"}, max_new_tokens=48, num_eval_items=8,
+                 run_dir="checkpoints/smol_writing")
+
+
+def _preset_smol_code() -> TrainConfig:
+    """SmolLM2-135M-Instruct on the cooperative coding problems (helper writes aux, main the entry point), 96 new
+    tokens (the untrained model's first code block fits; what it rambles after is cut), sandboxed tests in 2
+    threads, 8 of the 12 held-out problems. At 135M few tests pass: the signal is the structure and syntax levels
+    (bench/README.md). `--set num_turns=2` adds the task's feedback turn; HumanEval instead of the cooperative
+    problems: `--set 'task_args={dataset: humaneval}'`."""
+    return _smol(task="code", task_args={"dataset": "coop"}, max_new_tokens=96, reward_workers=2,
+                 num_eval_items=8, run_dir="checkpoints/smol_code")
+
+
+def _preset_smol_hanabi() -> TrainConfig:
+    """SmolLM2-135M-Instruct in self-play on OpenSpiel's tiny_hanabi with the full prompt (cards and moves named),
+    one adapter per player, a short numbered answer per move."""
+    return _smol(task="game", task_args={"game": "tiny_hanabi", "prompt_style": "full"}, max_new_tokens=4,
+                 temperature=1.0, top_p=1.0, num_generations=8, batch_size=2, learning_rate=1e-4, num_steps=60,
+                 eval_every=10, save_every=20, num_eval_items=16, run_dir="checkpoints/smol_hanabi")
+
+
 PRESETS = {"tiny_cpu": _preset_tiny_cpu, "colab_t4": _preset_colab_t4, "colab_a100": _preset_colab_a100,
-           "tiny_hanabi": _preset_tiny_hanabi, "colab_hanabi": _preset_colab_hanabi}
+           "tiny_hanabi": _preset_tiny_hanabi, "colab_hanabi": _preset_colab_hanabi,
+           "smol_writing": _preset_smol_writing, "smol_code": _preset_smol_code, "smol_hanabi": _preset_smol_hanabi}
 
 
 class ConfigError(ValueError):
@@ -406,6 +442,12 @@ def validate(cfg: TrainConfig) -> TrainConfig:
             raise ConfigError(f"{name}={getattr(cfg, name)!r} is not allowed; allowed: {allowed}")
 
     need(cfg.num_agents >= 1, "num_agents", "an integer >= 1")
+    from kit import weights
+
+    for name, source in cfg.model_sources.items():
+        problem = weights.check_source(name, str(source))
+        if problem:
+            raise ConfigError(f"model_sources={cfg.model_sources!r} is not allowed: {problem}")
     need(cfg.num_generations >= 2, "num_generations", "an integer >= 2 (the group baseline needs 2 samples)")
     need(0 < cfg.top_p <= 1, "top_p", "a number in (0, 1]")
     need(cfg.temperature > 0, "temperature", "a number > 0 (training samples; evaluation is greedy)")
@@ -587,6 +629,16 @@ def training_diff(old: dict, new: TrainConfig) -> list[str]:
         if old.get(key) != cur.get(key):
             diff.append(f"{key}: {old.get(key)!r} -> {cur.get(key)!r}")
     return diff
+
+
+def adopt_model_sources(saved: str | Path, cfg: TrainConfig) -> None:
+    """A short model name resolved when the run started (kit/weights.py) resolves the same on resume: take the
+    saved source for every name the new config leaves open or asks for only by kind (hub, package)."""
+    recorded = saved_values(load_file(saved)).get("model_sources") or {}
+    for name, source in recorded.items():
+        asked = cfg.model_sources.get(name)
+        if asked is None or asked == source.split(":", 1)[0]:
+            cfg.model_sources = {**cfg.model_sources, name: source}
 
 
 def check_resume(saved: str | Path, cfg: TrainConfig) -> None:

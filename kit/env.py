@@ -104,6 +104,9 @@ def _lookup(name: str) -> tuple[str | None, str | None]:
         return None, f"{kind}: {err}"
 
 
+CPU_PRESET_PREFIXES = ("tiny", "smol")  # presets sized for a laptop CPU (the tiny model, SmolLM2-135M)
+
+
 class GPUNeeded(RuntimeError):
     """A preset made for a GPU asked for on a machine without one."""
 
@@ -112,8 +115,8 @@ def require_gpu(preset: str) -> None:
     """Full mode on a CPU runtime would load a billion-parameter model in fp32 and crawl: stop with the way out."""
     import torch
 
-    if not preset.startswith("tiny") and not torch.cuda.is_available():
+    if not preset.startswith(CPU_PRESET_PREFIXES) and not torch.cuda.is_available():
         raise GPUNeeded(f"preset {preset!r} needs a GPU and this runtime has none. In Colab: Runtime > Change "
                         "runtime type > GPU (A100 for colab_a100, T4 for colab_t4), then Run all again. To try "
-                        "the kit on a CPU, set PRESET = 'tiny_cpu', or use smoke mode: in Colab, add a cell at the top "
+                        "the kit on a CPU, set PRESET = 'smol_writing' (a real 135M model, minutes) or 'tiny_cpu', or use smoke mode: in Colab, add a cell at the top "
                         "with `%env KIT_SMOKE=1` and Run all (a shell: export KIT_SMOKE=1).")

@@ -184,11 +184,18 @@ def resolve_dtype(dtype: str, device: torch.device) -> torch.dtype:
 
 
 def load_base(name: str, *, quantization: str = "auto", dtype: str = "auto", device: str = "auto",
-              gradient_checkpointing: bool = False, seed: int = 0, log=print):
-    """Load a base causal LM and its tokenizer by hub name or local path; returns (model, tokenizer).
+              gradient_checkpointing: bool = False, seed: int = 0, log=print, revision: str | None = None):
+    """Load a base causal LM and its tokenizer by hub name, local path or short name (kit/weights.py, e.g.
+    smollm2-135m: the hub where it answers, else a packaged copy); returns (model, tokenizer).
 
     quantization: "auto" (4-bit NF4 on CUDA, full precision on a CPU), "4bit" (always), "none".
+    revision: the hub commit to load (a resumed run's; None: the newest).
     """
+    from kit import weights
+
+    if weights.is_short_name(name):
+        name, source = weights.resolve(name, log=log)
+        revision = source.split("@", 1)[1] if source.startswith("hub:") else None
     dev = resolve_device(device)
     torch_dtype = resolve_dtype(dtype, dev)
     if name == TINY:
@@ -212,14 +219,19 @@ def load_base(name: str, *, quantization: str = "auto", dtype: str = "auto", dev
             load_in_4bit=True, bnb_4bit_quant_type="nf4", bnb_4bit_use_double_quant=True,
             bnb_4bit_compute_dtype=compute)
         kwargs["device_map"] = {"": dev.index or 0} if dev.type == "cuda" else {"": "cpu"}
+    if revision:
+        kwargs["revision"] = revision
     try:
-        tok = AutoTokenizer.from_pretrained(name)
+        tok = AutoTokenizer.from_pretrained(name, **({"revision": revision} if revision else {}))
         model = AutoModelForCausalLM.from_pretrained(name, **kwargs)
     except OSError as err:
+        short = [s for s, spec in weights.SHORT_NAMES.items() if spec.hub_id == name]
         raise RuntimeError(
             f"could not load model {name!r}: {err}\n"
             "Check the name on huggingface.co, or pass a local folder. Gated models need a token "
-            "(HF_TOKEN, or Colab secrets). Without a network, use model_name=tiny.") from err
+            "(HF_TOKEN, or Colab secrets). Without a network, use model_name=tiny"
+            + (f", or model_name={short[0]} (the same model, from a package when the hub does not answer)."
+               if short else ".")) from err
     if not use_4bit:
         model.to(dev)
     if tok.pad_token is None:  # many causal LMs ship without one; eos is the usual stand-in
@@ -322,6 +334,7 @@ class Team:
     rollout_engine: str = "auto"  # auto, hf, compiled (kit/rollout.py)
     generation_weights: str = "auto"  # auto, copy, 4bit: what the compiled engine decodes with (kit/compiled.py)
     engines: dict = field(default_factory=dict, repr=False)  # base -> its rollout engine, built on first use
+    sources: dict = field(default_factory=dict)  # short model name -> where its weights came from (kit/weights.py)
 
     @property
     def num_agents(self) -> int:
@@ -348,6 +361,7 @@ class Team:
 
 def build_team(cfg, log=print) -> Team:
     """Load the base model(s) named in the config and attach the agents' adapters."""
+    from kit import weights
     from kit.centralized import team_config
 
     cfg = team_config(cfg)  # algorithm=centralized: one agent writes every part
@@ -356,16 +370,21 @@ def build_team(cfg, log=print) -> Team:
     unique = list(dict.fromkeys(names))
     base_of = [unique.index(n) for n in names]
     lcfg = lora_config(cfg.lora_r, cfg.lora_alpha, cfg.lora_dropout, cfg.lora_target_modules)
-    models, toks = [], []
+    models, toks, sources = [], [], {}
     devices = list(getattr(cfg, "agent_devices", None) or [cfg.device] * cfg.num_agents)
     for b, name in enumerate(unique):
-        model, tok = load_base(name, quantization=cfg.quantization, dtype=cfg.dtype, device=devices[names.index(name)],
-                               gradient_checkpointing=cfg.gradient_checkpointing, seed=cfg.seed, log=log)
+        path, revision = name, None
+        if weights.is_short_name(name):  # the hub or the package, as the run's config pins it (a resume: the same)
+            path, sources[name] = weights.resolve(name, cfg.model_sources.get(name), log=log)
+            revision = sources[name].split("@", 1)[1] if sources[name].startswith("hub:") else None
+        model, tok = load_base(path, quantization=cfg.quantization, dtype=cfg.dtype, device=devices[names.index(name)],
+                               gradient_checkpointing=cfg.gradient_checkpointing, seed=cfg.seed, log=log,
+                               revision=revision)
         mine = list(dict.fromkeys(a for a, bb in zip(adapter_of, base_of) if bb == b))
         models.append(attach_adapters(model, mine, lcfg, seed=cfg.seed))
         toks.append(tok)
     return Team(models, toks, base_of, adapter_of, rollout_engine=cfg.rollout_engine,
-                generation_weights=cfg.generation_weights)
+                generation_weights=cfg.generation_weights, sources=sources)
 
 
 def trainable_count(team: Team) -> tuple[int, int]:

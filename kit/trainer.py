@@ -105,6 +105,7 @@ class Trainer:
             raise FileExistsError(f"run_dir {str(self.run_dir)!r} already holds a run; resume it (resume=True, "
                                   "--resume) or choose another run_dir")
         if exists:  # refuse a changed setting, or a run whose checkpoints are all damaged, before model loading
+            config_mod.adopt_model_sources(saved, cfg)  # a resume loads the weights the run started on
             config_mod.check_resume(saved, cfg)
             checkpoint.check_resumable(self.run_dir, cfg.mirror_dir)
         elif resume:
@@ -139,6 +140,7 @@ class Trainer:
             from kit.models import build_team
 
             team = build_team(dataclasses.replace(cfg, device=self.dist.device(cfg.device)), log=log)
+        cfg.model_sources = self.cfg.model_sources = {**cfg.model_sources, **team.sources}  # recorded in config.json
         self.team = team
         self.sampler = sampler or Sampler.from_config(team, cfg)  # anything with sample(requests, n, params)
         self.correction = rollout_correction(cfg, team, log)  # none, token_truncate or sequence_mask

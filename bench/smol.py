@@ -1,0 +1,189 @@
+"""SmolLM2-135M-Instruct on a laptop CPU: the paper's Table 1 at 135M, the step's time split, held-out curves.
+
+    python bench/smol.py train writing --seeds 0 1 2           # smol_writing per seed, then baselines + team
+    python bench/smol.py train code --seeds 0 1 2              # smol_code, one turn
+    python bench/smol.py train code --turns 2 --seeds 0 1 2    # smol_code with the task's feedback turn
+    python bench/smol.py train hanabi --seeds 0 1 2            # smol_hanabi (random / rule / untrained / trained)
+    python bench/smol.py table                                 # bench/results/smol.md + smol_<task>.png
+
+Each run is the preset with `--set seed=S` (and `--steps`, `--turns`), trained in checkpoints/smol_bench/<label>_s<S>
+(git-ignored). After training, `kit baselines` runs on the same held-out items at `--n` samples per item: the four
+baselines on the untrained base (single model, naive concatenation = the untrained team, sequential pipeline,
+one-round discussion; a game: random, rule, base) and the trained team (`magrpo`), all sampled at the preset's
+temperature. A multi-turn run evaluates its team's first-turn answers (the kit's held-out evaluation is one turn)
+and skips the baselines, which are the one-turn runs' (same base, same items).
+
+`table` pools the seeds: a method's value is the mean over items of the per-item mean over seeds and samples, its
+interval a 95% percentile bootstrap over the held-out items (kit/stats.py), and MAGRPO minus the untrained team a
+paired bootstrap on the same items; the range over seeds is beside it. The figure is each method's held-out greedy
+reward over steps (eval/reward_mean), the mean over seeds with a band from the lowest to the highest seed, and the
+baselines' sampled means as dashed lines. The time split is the mean over training steps of the logged perf/
+times: generate, reward (scoring, sandboxed tests), update.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+RUNS = ROOT / "checkpoints" / "smol_bench"
+OUT = ROOT / "bench" / "results"
+PRESET = {"writing": "smol_writing", "code": "smol_code", "hanabi": "smol_hanabi"}
+BASELINE_ORDER = ["single", "naive", "sequential", "discussion", "random", "rule", "base"]
+
+
+def label(task: str, turns: int) -> str:
+    return task if turns == 1 else f"{task}_{turns}turns"
+
+
+def train(task: str, seeds: list[int], steps: int | None, turns: int, n: int, extra: list[str]) -> None:
+    from kit.baselines import compare
+    from kit.config import load_config
+    from kit.game_trainer import trainer_class
+
+    for seed in seeds:
+        run_dir = RUNS / f"{label(task, turns)}_s{seed}"
+        overrides = [f"seed={seed}", f"run_dir={run_dir}", "progress=false", *extra]
+        overrides += [f"num_steps={steps}"] if steps else []
+        overrides += [f"num_turns={turns}"] if turns > 1 else []
+        cfg = load_config(PRESET[task], overrides=overrides)
+        done = (run_dir / "config.json").exists()
+        trainer = trainer_class(cfg.task, cfg.algorithm)(cfg, resume=done)
+        trainer.train()
+        trainer.close()
+        methods = [] if turns > 1 else None  # None: every baseline of the task
+        compare(run_dir, methods, n=n)
+
+
+def load_runs() -> dict[str, list[dict]]:
+    """label -> its seeds' {seed, config, metrics, baselines}."""
+    runs: dict[str, list[dict]] = {}
+    for run_dir in sorted(RUNS.glob("*_s*")):
+        base = run_dir / "eval" / "baselines.json"
+        if not (run_dir / "metrics.jsonl").exists():
+            continue
+        name, seed = run_dir.name.rsplit("_s", 1)
+        runs.setdefault(name, []).append({
+            "seed": int(seed), "config": json.loads((run_dir / "config.json").read_text()),
+            "metrics": [json.loads(line) for line in open(run_dir / "metrics.jsonl")],
+            "baselines": json.loads(base.read_text()) if base.exists() else []})
+    return runs
+
+
+def pooled(rows: list[dict]) -> tuple[float, float, float, list[float], np.ndarray]:
+    """(mean, low, high, per-seed means, per-item mean over seeds) of one method's rows, one row per seed."""
+    from kit import stats
+
+    items = np.mean([r["per_item"]["reward"] for r in rows], axis=0)  # (items,)
+    mean, low, high = stats.bootstrap(items)
+    return mean, low, high, [r["reward/mean"] for r in rows], items
+
+
+def split(metrics: list[dict]) -> dict:
+    steps = [m for m in metrics if "perf/step_s" in m]
+    gen = np.mean([m["perf/generate_s"] for m in steps])
+    sample = np.mean([m["perf/sample_s"] for m in steps])
+    return {"step": np.mean([m["perf/step_s"] for m in steps]), "generate": gen, "reward": sample - gen,
+            "update": np.mean([m["perf/update_s"] for m in steps]), "steps": len(steps)}
+
+
+def table() -> None:
+    from kit import stats
+
+    runs = load_runs()
+    lines = ["# SmolLM2-135M-Instruct on a CPU (made by `python bench/smol.py table`)", ""]
+    for task in ("writing", "code", "hanabi"):
+        names = [k for k in runs if k == task or k.startswith(f"{task}_")]
+        if not names:
+            continue
+        lines += [f"## {task}", "", "| method | seeds | held-out reward (95% CI over items) | per seed | "
+                  "MAGRPO minus it, paired (95% CI) |", "|---|---|---|---|---|"]
+        base_runs = runs.get(task, [])
+        methods = [m for m in BASELINE_ORDER if any(r["method"] == m for s in base_runs for r in s["baselines"])]
+        rows_of = {m: [r for s in base_runs for r in s["baselines"] if r["method"] == m] for m in methods}
+        for name in names:
+            team = [r for s in runs[name] for r in s["baselines"] if r["method"] == "magrpo"]
+            if team:
+                rows_of[f"magrpo ({name})"] = team
+        reference = "naive" if "naive" in rows_of else "base" if "base" in rows_of else None
+        for method, rows in rows_of.items():
+            mean, low, high, per_seed, items = pooled(rows)
+            diff = ""
+            if method.startswith("magrpo") and reference:
+                d, dl, dh = stats.paired_bootstrap(items, pooled(rows_of[reference])[4])
+                diff = f"{d:+.3f} [{dl:+.3f}, {dh:+.3f}] vs {reference}"
+            lines.append(f"| {method} | {len(rows)} | {mean:.3f} [{low:.3f}, {high:.3f}] | "
+                         f"{', '.join(f'{v:.2f}' for v in per_seed)} | {diff} |")
+        n = rows_of[next(iter(rows_of))][0]["num_samples"] if rows_of else 0
+        lines += ["", f"Sampled at the preset's temperature, {n} joint actions per held-out item per seed.", "",
+                  "| run | steps | s/step | generate | reward | update | greedy held-out, step 0 -> last (per seed) |",
+                  "|---|---|---|---|---|---|---|"]
+        for name in names:
+            for s in runs[name]:
+                t = split(s["metrics"])
+                evals = [m["eval/reward_mean"] for m in s["metrics"] if "eval/reward_mean" in m]
+                lines.append(f"| {name} s{s['seed']} | {t['steps']} | {t['step']:.1f} | {t['generate']:.1f} | "
+                             f"{t['reward']:.1f} | {t['update']:.1f} | {evals[0]:.3f} -> {evals[-1]:.3f} |")
+        lines.append("")
+        figure_of(task, {k: runs[k] for k in names}, rows_of)
+        lines += [f"![held-out reward over steps]({'smol_' + task}.png)", ""]
+    (OUT / "smol.md").write_text("\n".join(lines))
+    print("\n".join(lines))
+
+
+def figure_of(task: str, groups: dict[str, list[dict]], baselines: dict[str, list[dict]]) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6.5, 4))
+    for name, seeds in groups.items():
+        curves = [{m["step"]: m["eval/reward_mean"] for m in s["metrics"] if "eval/reward_mean" in m} for s in seeds]
+        steps = sorted(set.intersection(*(set(c) for c in curves)))
+        values = np.array([[c[k] for k in steps] for c in curves])  # (seeds, points)
+        line, = ax.plot(steps, values.mean(0), marker="o", label=f"MAGRPO {name} (greedy, {len(seeds)} seeds)")
+        ax.fill_between(steps, values.min(0), values.max(0), color=line.get_color(), alpha=0.2)
+    for method, rows in baselines.items():
+        if not method.startswith("magrpo"):
+            ax.axhline(np.mean([r["reward/mean"] for r in rows]), ls="--", lw=1, color="grey")
+            ax.annotate(f"{method} (sampled)", (0, np.mean([r["reward/mean"] for r in rows])), fontsize=7,
+                        va="bottom", color="grey")
+    ax.set_xlabel("training step")
+    ax.set_ylabel("held-out reward")
+    ax.set_title(f"SmolLM2-135M, {task}: mean over seeds, band = lowest to highest seed")
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(OUT / f"smol_{task}.png", dpi=120)
+    plt.close(fig)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    sub = parser.add_subparsers(dest="cmd", required=True)
+    tr = sub.add_parser("train")
+    tr.add_argument("task", choices=sorted(PRESET))
+    tr.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    tr.add_argument("--steps", type=int, default=None, help="default: the preset's num_steps")
+    tr.add_argument("--turns", type=int, default=1)
+    tr.add_argument("--n", type=int, default=4, help="samples per held-out item for the table")
+    tr.add_argument("--set", dest="extra", action="append", default=[], metavar="KEY=VALUE")
+    sub.add_parser("table")
+    args = parser.parse_args()
+    if args.cmd == "train":
+        train(args.task, args.seeds, args.steps, args.turns, args.n, args.extra)
+    else:
+        table()
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    main()
