@@ -65,7 +65,7 @@ class TrainConfig:
     critic_type: str = "v"  # iac/maac: v = V(prompt), q = Q(prompt, completion)
     use_separate_critic: bool = True  # iac: a critic adapter + head per agent; false: a head on the agent's own adapter
     baseline: str = "mean"  # critic_type q: Q minus the group mean of Q, or counterfactual (maac: COMA's)
-    value_loss_coef: float = 0.6  # weight of the value loss (CoMLRL's default)
+    value_loss_coef: float = 0.6  # weight of the value loss mean (V - y)^2 (CoMLRL's default and form: no 0.5)
     value_clip_range: float | None = None  # clip V to V_old +- this in the value loss (num_iterations > 1)
     advantage_normalization: bool = True  # iac/maac: each agent's advantages to mean 0, std 1 over the step
     critic_learning_rate: float | None = None  # AdamW rate of the critics (None: learning_rate)

@@ -117,12 +117,13 @@ def test_a_lambda_return_averages_the_child_nodes_unequal_joint_actions(tmp_path
 
 @pytest.mark.parametrize("coef", [0.6, 1.0])
 def test_value_loss_coef_scales_the_logged_value_loss(tmp_path, coef):
-    """The untrained critic (zero head) says 0; MAAC-v's one prompt has the target mean(R) = 6: 0.5 * 36 = 18."""
+    """The untrained critic (zero head) says 0; MAAC-v's one prompt has the target mean(R) = 6: (0 - 6)^2 = 36
+    (CoMLRL's squared error; before issue 41 the kit's carried PPO's 0.5, 18)."""
     trainer = trainer_for(tmp_path, "algorithm=maac", f"value_loss_coef={coef}")
     del trainer.algorithm.values  # the real critic
     trainer.sample(trainer.batch_items(0))
     stats = trainer.algorithm.fit(trainer)
-    assert stats["critic/value_loss/critic"] == pytest.approx(coef * 18.0, rel=1e-6)
+    assert stats["critic/value_loss/critic"] == pytest.approx(coef * 36.0, rel=1e-6)
 
 
 @pytest.mark.parametrize("lr", [0.01, 0.003])
@@ -427,12 +428,13 @@ HEADS_ON = {"agent_0": ["critic_0"], "agent_1": ["critic_1"], "shared": ["critic
 
 
 def value_gradient(trainer, adapter):
-    """d/d(adapter) of 0.5 * mean over the rows of every head on it of (V - y)^2, by autograd from its definition."""
+    """d/d(adapter) of the mean over the rows of every head on it of (V - y)^2 (CoMLRL's value loss, no 0.5), by
+    autograd from its definition."""
     alg, params = trainer.algorithm, trainer.team.parameters_of(adapter)
     rows = []
     for name in HEADS_ON[adapter]:
         texts, targets, _ = alg.batch[name]
-        rows.append(0.5 * (alg.models[name].score_texts(texts) - torch.tensor(targets)) ** 2)
+        rows.append((alg.models[name].score_texts(texts) - torch.tensor(targets)) ** 2)
     return torch.autograd.grad(torch.cat(rows).mean(), params)
 
 
@@ -473,7 +475,8 @@ def test_value_loss_coef_weighs_the_value_gradient_on_the_actors_adapter(tmp_pat
 
 def test_shared_heads_step_once_per_iteration_and_no_parameter_has_two_optimizers(tmp_path):
     """num_iterations=2: the actors' and the heads' AdamW each take 2 steps (fit adds none); every parameter is in
-    one optimizer; no adapter was added. The untrained heads say 0 under the target 6: 0.6 * 0.5 * 36 = 10.8."""
+    one optimizer; no adapter was added. The untrained heads say 0 under the target 6: 0.6 * 36 = 21.6 (CoMLRL's
+    squared error, no 0.5)."""
     trainer = trainer_for(tmp_path, "algorithm=iac", "use_separate_critic=false", "num_iterations=2")
     alg = trainer.algorithm
     assert set(trainer.team.models[0].peft_config) == {"agent_0", "agent_1"}
@@ -486,8 +489,8 @@ def test_shared_heads_step_once_per_iteration_and_no_parameter_has_two_optimizer
     for name in [*trainer.team.adapters, *alg.models]:
         opt = trainer.all_optimizers()[0][name]
         assert {float(st["step"]) for st in opt.state.values()} == {2.0}, name
-    assert stats["critic/value_loss/critic_0"] == pytest.approx(0.6 * 18.0, rel=1e-6)
-    assert stats["critic/value_loss/critic_1"] == pytest.approx(0.6 * 18.0, rel=1e-6)
+    assert stats["critic/value_loss/critic_0"] == pytest.approx(0.6 * 36.0, rel=1e-6)
+    assert stats["critic/value_loss/critic_1"] == pytest.approx(0.6 * 36.0, rel=1e-6)
 
 
 @pytest.mark.parametrize("lr", [0.01, 0.003])

@@ -608,7 +608,7 @@ MUTATIONS = [
              "return own - q.mean(-1)", "return own - q.mean(-2)",
              ("tests/test_actor_critic.py::test_counterfactual_advantages_by_hand",)),
     Mutation("value loss never clipped", "kit/actor_critic.py",
-             "return 0.5 * torch.maximum(plain, (clipped - targets) ** 2)", "return 0.5 * plain",
+             "return torch.maximum(plain, (clipped - targets) ** 2)", "return plain",
              ("tests/test_actor_critic.py::test_value_loss_by_hand",)),
     Mutation("explained variance over the std", "kit/actor_critic.py",
              "(y - v).var() / var)", "(y - v).std() / var)",
