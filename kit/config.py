@@ -95,7 +95,7 @@ class TrainConfig:
     off_policy_mask_threshold: float | None = None  # drop completions with A < 0 and mean KL(sampler || policy) above
     use_bias_correction_kl: bool = False  # the KL term's tokens weighted by their importance ratio
     top_entropy_quantile: float = 1.0  # the policy term on this top share of tokens by entropy (1: every token)
-    entropy_coef: float = 0.0  # entropy bonus, the entropy reduced like the loss (0: off, no entropy computed)
+    entropy_coef: float = 0.0  # TRL's entropy bonus: mean entropy of the kept tokens (0: off, none computed)
     multi_objective_aggregation: str = "sum_then_normalize"  # or normalize_then_sum: each reward normalised first
     reward_weights: list[float] | None = None  # weights of the reward functions (None: all 1)
     reward_processor: str = "identity"  # applied before advantages, e.g. "scale(0.25)|clamp(-1,1)"

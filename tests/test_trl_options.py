@@ -141,14 +141,25 @@ def test_the_entropy_mask_zeroes_the_policy_term_of_low_entropy_tokens():
     assert float(loss.detach()) == pytest.approx((2 * 1.0 + 2 * 1.0) / 2)  # row 0 keeps 0.5, 0.9; row 1 keeps 0.7, 0.8
 
 
-@pytest.mark.parametrize("loss_type, bonus", [("sum", (1.5 + 2.0) / 2), ("token_mean", 3.5 / 7)])
-def test_the_entropy_bonus_is_reduced_like_the_loss_and_lowers_it(loss_type, bonus):
+# TRL's entropy bonus (issue 41): the mean entropy over the completion tokens the entropy mask keeps, whatever the
+# loss_type. 7 completion tokens summing to 3.5: 0.5 for every loss_type (the kit's old bonus, reduced like the
+# loss, was (1.5 + 2.0) / 2 = 1.75 under `sum`); the top half (0.5 0.9 | 0.7 0.8): 2.9 / 4 = 0.725.
+ENTROPY_BONUS = [(lt, q, bonus) for lt in ("sum", "grpo", "token_mean", "dr_grpo")
+                 for q, bonus in ((1.0, 0.5), (0.5, 2.9 / 4))]
+
+
+@pytest.mark.parametrize("loss_type, quantile, bonus", ENTROPY_BONUS, ids=[f"{r[0]}-q{r[1]}" for r in ENTROPY_BONUS])
+def test_the_entropy_bonus_is_trls_mean_entropy_of_the_kept_tokens_and_lowers_the_loss(loss_type, quantile, bonus):
     entropy = ENTROPY.clone().requires_grad_()
     loss, st = magrpo.policy_loss(torch.zeros(2, 4), ENTROPY_MASK, torch.zeros(2), loss_type, entropy=entropy,
-                                  entropy_coef=0.1)
-    assert st["entropy"] == pytest.approx(bonus) and float(loss.detach()) == pytest.approx(-0.1 * bonus)
+                                  entropy_coef=0.1, top_entropy_quantile=quantile, max_tokens=4)
+    assert float(loss.detach()) == pytest.approx(-0.1 * bonus)
+    assert st["entropy"] == pytest.approx(0.5)  # logged: the mean over every completion token (TRL's `entropy`)
     loss.backward()
-    assert float(entropy.grad[0, 3]) == 0.0 and float(entropy.grad[0, 0]) < 0  # padding out; more entropy: lower
+    kept = 7 if quantile == 1.0 else 4
+    want = torch.full((2, 4), -0.1 / kept) * (ENTROPY_MASK if quantile == 1.0 else
+                                              torch.tensor([[0.0, 1.0, 1.0, 0.0], [0.0, 1.0, 0.0, 1.0]]))
+    torch.testing.assert_close(entropy.grad, want)  # padding and dropped tokens out; more entropy: lower loss
 
 
 def test_the_chunked_head_entropy_equals_autograd_on_the_full_logits_in_value_and_gradient():

@@ -526,8 +526,8 @@ MUTATIONS = [
              "torch.exp(log_importance_weights(logp, old, mask, importance_sampling_level)).detach()",
              (f"{TRL_OPTIONS}::test_the_bias_corrected_kl_is_weighted_by_the_ratio_and_keeps_its_gradient",)),
     Mutation("the entropy bonus raises the loss", "kit/magrpo.py",
-             "loss = loss - entropy_coef * bonus if", "loss = loss + entropy_coef * bonus if",
-             (f"{TRL_OPTIONS}::test_the_entropy_bonus_is_reduced_like_the_loss_and_lowers_it",)),
+             "loss = loss - entropy_coef * bonus", "loss = loss + entropy_coef * bonus",
+             (f"{TRL_OPTIONS}::test_the_entropy_bonus_is_trls_mean_entropy_of_the_kept_tokens_and_lowers_the_loss",)),
     Mutation("the head's entropy without the log-sum-exp", "kit/magrpo.py",
              "ent[i:i + chunk] = lse - torch.softmax(logits, -1).mul_(logits).sum(-1)",
              "ent[i:i + chunk] = -torch.softmax(logits, -1).mul_(logits).sum(-1)",
@@ -813,6 +813,13 @@ MUTATIONS = [
     Mutation("one adapter's value loss over the first head's rows only", "kit/critic.py",
              "denom = max(sum(counts), 1)", "denom = max(counts[0], 1)",
              ("tests/test_critic.py::test_value_loss_coef_weighs_the_value_gradient_on_the_actors_adapter",)),
+    # ---- issue 41: an independent review of the critics', preferences' and GRPO options' maths
+    Mutation("the entropy bonus reduced like the loss (not TRL's)", "kit/magrpo.py",
+             'bonus = reduce(entropy, kept, "token_mean")', "bonus = reduce(entropy, kept, reduction, max_tokens)",
+             (f"{TRL_OPTIONS}::test_the_entropy_bonus_is_trls_mean_entropy_of_the_kept_tokens_and_lowers_the_loss",)),
+    Mutation("the entropy bonus over every completion token, not those the entropy mask keeps", "kit/magrpo.py",
+             'bonus = reduce(entropy, kept, "token_mean")', 'bonus = reduce(entropy, mask, "token_mean")',
+             (f"{TRL_OPTIONS}::test_the_entropy_bonus_is_trls_mean_entropy_of_the_kept_tokens_and_lowers_the_loss",)),
 ]
 
 
