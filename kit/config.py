@@ -17,6 +17,7 @@ import math
 import re
 import types
 import typing
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -559,7 +560,20 @@ def validate(cfg: TrainConfig) -> TrainConfig:
         parse_processor(cfg.reward_processor)
     except ValueError as err:
         raise ConfigError(f"reward_processor={cfg.reward_processor!r}: {err}") from None
+    if cfg.importance_sampling_level == "sequence" and cfg.loss_type not in SEQUENCE_LOSSES:
+        warnings.warn(gspo_warning(cfg.loss_type), UserWarning, stacklevel=2)
     return cfg
+
+
+SEQUENCE_LOSSES = ("grpo", "sapo")  # a mean per completion: each completion's one ratio counts once
+
+
+def gspo_warning(loss_type: str) -> str:
+    """What a run with sequence-level ratios and a token-summing loss_type is told (TRL warns too)."""
+    return (f"importance_sampling_level=sequence with loss_type={loss_type}: {loss_type} sums each completion's "
+            "per-token terms, so each completion's one clipped ratio term is weighed by its length; that is not "
+            "GSPO. GSPO (arXiv 2507.18071) is importance_sampling_level=sequence with loss_type=grpo (one term per "
+            "completion, averaged)")
 
 
 def rl_algorithm(cfg: TrainConfig) -> str:

@@ -33,7 +33,9 @@ More of TRL's GRPOTrainer (issue 33; `_compute_loss` and `_generate_and_score_co
 2025-26, followed term by term; where the kit differs it says so):
     importance_sampling_level  token: r_t as above; sequence (GSPO): one ratio per completion,
                     s = exp(sum_t m_t (logp_t - old_t) / |o|), clipped like r_t; the gradient flows through the
-                    mean (TRL's GRPOTrainer; its experimental GSPO-token's stop-gradient form has the same value)
+                    mean (TRL's GRPOTrainer; its experimental GSPO-token's stop-gradient form has the same value).
+                    GSPO is this with loss_type grpo (one term per completion); a token-summing loss_type (sum,
+                    token_mean, dr_grpo, cispo) weighs each completion's term by its length, and the config warns
     delta           (INTELLECT-2) the unclipped branch uses min(r, delta): l_t = -min(min(r, delta) A, clip(r) A)
     loss_type cispo (MiniMax-M1) l_t = -sg(min(r_t, 1 + eps_high)) A log pi(a_t), reduced like token_mean
                     (TRL caps at `epsilon_high` itself; here at 1 + epsilon_high, the paper's and the kit's clip)

@@ -68,6 +68,35 @@ def test_at_ratio_one_every_loss_type_has_the_policy_gradient_of_eq2(loss_type, 
     torch.testing.assert_close(logp.grad, torch.tensor([per_row]).t().expand(2, 3) * MASK)
 
 
+@pytest.mark.parametrize("loss_type", ["sum", "token_mean", "dapo", "bnpo", "dr_grpo", "cispo"])
+def test_sequence_ratios_with_a_token_summing_loss_warn_that_it_is_not_gspo(loss_type):
+    """Issue 41: each completion's clipped sequence term counted once per token is weighed by its length (not GSPO);
+    TRL warns, and so does the kit, naming the pairing that is GSPO."""
+    with pytest.warns(UserWarning, match=f"loss_type={loss_type}.*not GSPO.*loss_type=grpo"):
+        load_config("tiny_cpu", overrides=["importance_sampling_level=sequence", f"loss_type={loss_type}"])
+
+
+@pytest.mark.parametrize("overrides", [("importance_sampling_level=sequence", "loss_type=grpo"),
+                                       ("importance_sampling_level=sequence", "loss_type=sapo"),
+                                       ("importance_sampling_level=token", "loss_type=sum")])
+def test_gspo_and_token_ratios_do_not_warn(overrides):
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", UserWarning)
+        load_config("tiny_cpu", overrides=list(overrides))
+
+
+def test_gspo_is_sequence_ratios_with_grpo_one_term_per_completion():
+    """Under grpo the sequence level's loss is GSPO's (1 / G) sum_i -min(s_i A_i, clip(s_i) A_i): row 0 (2 tokens)
+    s = e^0.3 clipped to 1.2 with A = 1; row 1 (3 tokens) s = e^-0.1 with A = -1; under sum row 1 would count 3 times."""
+    logp = torch.tensor([[-1.0, -2.0, 0.0], [-0.5, -0.5, -0.5]])
+    old = torch.tensor([[-1.1, -2.5, -9.0], [-0.4, -0.5, -0.3]])
+    loss, _ = magrpo.policy_loss(logp, MASK, torch.tensor([1.0, -1.0]), "grpo", old_logp=old,
+                                 importance_sampling_level="sequence")
+    assert float(loss) == pytest.approx((-1.2 + math.exp(-0.1)) / 2, rel=1e-6)
+
+
 def test_delta_caps_the_unclipped_ratio_of_a_negative_advantage():
     logp, old, mask, adv = torch.tensor([[0.0]]), torch.tensor([[-math.log(1.5)]]), torch.ones(1, 1), torch.tensor([-1.0])
     plain, _ = magrpo.policy_loss(logp, mask, adv, "sum", old_logp=old)

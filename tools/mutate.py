@@ -820,6 +820,10 @@ MUTATIONS = [
     Mutation("the entropy bonus over every completion token, not those the entropy mask keeps", "kit/magrpo.py",
              'bonus = reduce(entropy, kept, "token_mean")', 'bonus = reduce(entropy, mask, "token_mean")',
              (f"{TRL_OPTIONS}::test_the_entropy_bonus_is_trls_mean_entropy_of_the_kept_tokens_and_lowers_the_loss",)),
+    Mutation("no warning for sequence ratios with a token-summing loss (not GSPO)", "kit/config.py",
+             'if cfg.importance_sampling_level == "sequence" and cfg.loss_type not in SEQUENCE_LOSSES:',
+             'if False:',
+             (f"{TRL_OPTIONS}::test_sequence_ratios_with_a_token_summing_loss_warn_that_it_is_not_gspo",)),
 ]
 
 
