@@ -824,6 +824,17 @@ MUTATIONS = [
              'if cfg.importance_sampling_level == "sequence" and cfg.loss_type not in SEQUENCE_LOSSES:',
              'if False:',
              (f"{TRL_OPTIONS}::test_sequence_ratios_with_a_token_summing_loss_warn_that_it_is_not_gspo",)),
+    Mutation("MARLHF's reward model reads the joint text cut to max_prompt_tokens", "kit/marlhf.py",
+             "self.rm.score_texts(texts[i:i + mb]).float().cpu()",
+             "self.rm.score_texts(texts[i:i + mb], max_tokens=self.cfg.max_prompt_tokens).float().cpu()",
+             ("tests/test_marlhf.py::test_the_reward_model_reads_every_agents_whole_answer_with_long_prompts",)),
+    Mutation("MARLHF's reward model reads the prompts uncut", "kit/marlhf.py",
+             "return joint_text(prompts, completions, self.rm.tokenizer, self.cfg.max_prompt_tokens)",
+             "return joint_text(prompts, completions)",
+             ("tests/test_marlhf.py::test_the_reward_model_reads_every_agents_whole_answer_with_long_prompts",)),
+    Mutation("MARLHF: a joint action's score read joint-major, not item-major", "kit/marlhf.py",
+             "Reward(s[n * J + j],", "Reward(s[j * len(level.nodes) + n],",
+             ("tests/test_marlhf.py::test_each_item_and_joint_action_gets_its_own_score",)),
 ]
 
 
