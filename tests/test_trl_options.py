@@ -150,6 +150,36 @@ def test_the_bias_corrected_kl_is_weighted_by_the_ratio_and_keeps_its_gradient()
     assert float(on_policy.detach()) == pytest.approx(k3) and float(grad) == pytest.approx(0.5)
 
 
+def test_the_bias_corrected_kl_under_sequence_ratios_uses_each_completions_one_ratio():
+    """Issue 41: with importance_sampling_level=sequence the k3 of every token is weighed by its completion's
+    sequence ratio s = exp(mean log-ratio), not by its own token ratio. One row, 2 tokens: log-ratios 0.4 and 0
+    (s = e^0.2), ref - logp = -0.5 and 0.5."""
+    logp = torch.tensor([[-1.0, -1.0]])
+    old, ref, mask, adv = torch.tensor([[-1.4, -1.0]]), torch.tensor([[-1.5, -0.5]]), torch.ones(1, 2), torch.zeros(1)
+    k3 = [math.exp(-0.5) + 0.5 - 1, math.exp(0.5) - 0.5 - 1]
+    _, st = magrpo.policy_loss(logp, mask, adv, "sum", ref, 1.0, old_logp=old, use_bias_correction_kl=True,
+                               importance_sampling_level="sequence")
+    assert st["kl"] == pytest.approx((k3[0] + k3[1]) * math.exp(0.2))  # sum over the row's tokens, one row
+    _, tok = magrpo.policy_loss(logp, mask, adv, "sum", ref, 1.0, old_logp=old, use_bias_correction_kl=True)
+    assert tok["kl"] == pytest.approx(k3[0] * math.exp(0.4) + k3[1])  # token level: each its own ratio
+
+
+def test_the_off_policy_mask_measures_the_current_policy_not_the_old_one():
+    """Issue 41: at num_iterations >= 2 the mask's KL is mean_t (logp_sampler - logp) with logp the CURRENT policy
+    (TRL's per_token_logps), not the old one's. Sampler = old: the old policy's KL is 0; the current policy has moved
+    0.6 nats per token away from the sampler, past 0.5, so the completion (A < 0) is dropped."""
+    mask, adv = torch.ones(1, 2), torch.tensor([-1.0])
+    old = torch.tensor([[-1.0, -1.0]])
+    logp = old - 0.6  # the current policy
+    loss, st = magrpo.policy_loss(logp, mask, adv, "sum", old_logp=old, sampler_logp=old.clone(),
+                                  off_policy_mask_threshold=0.5)
+    assert st["masked_rows"] == 1.0 and float(loss) == 0.0
+    kept, st = magrpo.policy_loss(logp, mask, adv, "sum", old_logp=old, sampler_logp=old.clone(),
+                                  off_policy_mask_threshold=0.7)
+    # kept: r = e^-0.6 = 0.549 per token, below 1 - 0.2 with A = -1: -min(-0.549, -0.8) = 0.8 each, 2 tokens
+    assert st["masked_rows"] == 0.0 and float(kept) == pytest.approx(1.6)
+
+
 # ---- entropy: the mask, the bonus, the chunked head
 
 ENTROPY = torch.tensor([[0.1, 0.5, 0.9, 5.0], [0.3, 0.7, 0.2, 0.8]])  # the 5.0 is padding

@@ -835,6 +835,17 @@ MUTATIONS = [
     Mutation("MARLHF: a joint action's score read joint-major, not item-major", "kit/marlhf.py",
              "Reward(s[n * J + j],", "Reward(s[j * len(level.nodes) + n],",
              ("tests/test_marlhf.py::test_each_item_and_joint_action_gets_its_own_score",)),
+    Mutation("the bias-corrected KL weighs each token by its own ratio under sequence ratios", "kit/magrpo.py",
+             "k3 = k3 * torch.exp(log_importance_weights(logp, old, mask, importance_sampling_level))",
+             'k3 = k3 * torch.exp(log_importance_weights(logp, old, mask, "token"))',
+             (f"{TRL_OPTIONS}::test_the_bias_corrected_kl_under_sequence_ratios_uses_each_completions_one_ratio",)),
+    Mutation("the off-policy mask measures the old policy", "kit/magrpo.py",
+             "keep = off_policy_mask(logp, sampler_logp,",
+             "keep = off_policy_mask(logp if old_logp is None else old_logp, sampler_logp,",
+             (f"{TRL_OPTIONS}::test_the_off_policy_mask_measures_the_current_policy_not_the_old_one",)),
+    Mutation("the judge: a verdict in one order and a tie in the other counts", "kit/judge_pairs.py",
+             "return first if first == -second else 0", "return first or -second if first != second else 0",
+             ("tests/test_judge_pairs.py::test_a_verdict_in_one_order_and_a_tie_in_the_other_is_a_tie",)),
 ]
 
 
