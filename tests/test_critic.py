@@ -14,6 +14,7 @@ lookup of the text they read, so the numbers are known; the critic model itself 
 
 import json
 import math
+import warnings
 
 import numpy as np
 import pytest
@@ -113,6 +114,85 @@ def test_a_lambda_return_averages_the_child_nodes_unequal_joint_actions(tmp_path
     np.testing.assert_allclose(levels[0].advantages[0], [[3, 6, 18], [2, 5, 17]])  # minus V(x) = 1, V(y) = 2
     texts, targets, _ = trainer.algorithm.batch["critic_0"]
     assert texts[0] == "x" and targets[0] == pytest.approx(np.mean([4, 7, 19]))  # V's target: the mean y_0
+
+
+BASE = {"a": 10.0, "b": 40.0}  # item a's and item b's second-turn values
+
+
+def per_critic(name: str, text: str) -> float:
+    """Critic i's score: 0 on a first-turn text; on "again <item> <g>" (v) or that plus a completion h (q),
+    BASE[item] + 5 i + (g for v, h for q): every item and every agent's critic says something else."""
+    if not text.startswith("again"):
+        return 0.0
+    _, item, tail = text.split()
+    return BASE[item] + 5 * int(name[-1]) + int(tail[-1])
+
+
+def two_items_two_turns(tmp_path, *overrides, sampler=None):
+    """Items a and b on one process, two turns, each item's feedback naming it; critics scored by per_critic."""
+    task = from_functions([{"id": "a"}, {"id": "b"}], lambda it: ["x", "y"], joint_reward,
+                          feedback_fn=lambda it, comps, reward: [f"again {it['id']} {c}" for c in comps])
+    cfg = load_config("tiny_cpu", overrides=[f"run_dir={tmp_path / 'run'}", "progress=false", "eval_every=0",
+                                              "beta=0", "top_p=1.0", "batch_size=2", "num_generations=3",
+                                              "advantage_normalization=false", "num_turns=2", "discount=0.5",
+                                              *overrides])
+    trainer = Trainer(cfg, task=task, sampler=sampler or Scripted(), **QUIET)
+    trainer.algorithm.values = lambda name, texts: np.array([per_critic(name, t) for t in texts])
+    return trainer, trainer.sample([{"id": "a"}, {"id": "b"}])
+
+
+def test_each_items_returns_bootstrap_from_its_own_children_through_each_agents_critic(tmp_path):
+    """Issue 41: two items, two turns, IAC-v, TD(0) (discount 0.5): y_0 = r_g + 0.5 V_i("again <item> g"), the
+    child of THIS item's joint action g read by agent i's OWN critic: BASE[item] + 5 i + g. R = [0, 3, 15];
+    V_i(first-turn prompt) = 0, so the advantage is y_0 itself."""
+    _, levels = two_items_two_turns(tmp_path, "algorithm=iac")
+    R, g = np.array([0.0, 3.0, 15.0]), np.arange(3)
+    expected = [[R + 0.5 * (BASE[item] + 5 * i + g) for i in range(2)] for item in ("a", "b")]
+    np.testing.assert_allclose(levels[0].advantages, expected)  # item a agent 0: [5, 8.5, 21]; b agent 1: [22.5...]
+
+
+def test_a_q_critics_bootstrap_is_the_mean_q_over_the_childs_actions(tmp_path):
+    """Issue 41: IAC-q, two items, two turns, TD(0): S_i(child) = the on-policy mean over the child's G actions of
+    Q_i. Varied: child j's samples are (j + k) mod 3, so its Q_i are BASE[item] + 5 i + {0, 1, 2}, mean
+    BASE[item] + 5 i + 1 (its first action alone: + j). Critic i's turn-0 targets: r_g + 0.5 S_i(child g)."""
+    trainer, _ = two_items_two_turns(tmp_path, "algorithm=iac", "critic_type=q", sampler=Varied())
+    R = np.array([0.0, 3.0, 15.0])
+    for i in range(2):
+        texts, targets, _ = trainer.algorithm.batch[f"critic_{i}"]
+        assert texts[:6] == [("x" if i == 0 else "y") + str(g) for g in range(3)] * 2  # item a's rows, then b's
+        want = np.concatenate([R + 0.5 * (BASE[item] + 5 * i + 1) for item in ("a", "b")])
+        np.testing.assert_allclose(targets[:6], want)
+
+
+def test_the_value_loss_is_one_mean_over_every_micro_batch(tmp_path):
+    """Issue 41 (fast; the 2-process test caught this only slowly): IAC-q, G = 3 rows per critic in micro-batches of
+    2 and 1. The critic's gradient is that of value_loss_coef * mean over the 3 rows of (Q - y)^2, by autograd on all
+    3 at once: each micro-batch is divided by the rows of the whole, never by its own."""
+    trainer = trainer_for(tmp_path, "algorithm=iac", "critic_type=q", "micro_batch_size=2", "value_loss_coef=0.6",
+                          "max_grad_norm=0")  # the gradient as the loss gives it, unclipped
+    alg = trainer.algorithm
+    del alg.values  # the real critics
+    model = alg.models["critic_0"]
+    with torch.no_grad():  # a head off zero, so the gradient reaches the adapter too (dV/dh = w)
+        model.head.weight.copy_(torch.linspace(-0.5, 0.5, model.head.weight.shape[1])[None])
+    trainer.sample(trainer.batch_items(0))
+    texts, targets, _ = alg.batch["critic_0"]
+    assert len(texts) == 3 and targets == [0.0, 3.0, 15.0]
+    params = model.parameters()
+    hand = torch.autograd.grad(0.6 * ((model.score_texts(texts) - torch.tensor(targets)) ** 2).mean(), params)
+    seen, real = {}, alg.optimizers["critic_0"].step
+
+    def step(*args, **kwargs):
+        seen.setdefault("grads", [p.grad.clone() for p in params])
+        return real(*args, **kwargs)
+
+    alg.optimizers["critic_0"].step = step
+    with warnings.catch_warnings():  # torch's "optimizer.step() overridden" about the spy above
+        warnings.simplefilter("ignore", UserWarning)
+        alg.fit(trainer)
+    assert max(float(g.abs().max()) for g in hand) > 1e-3
+    for got, want in zip(seen["grads"], hand):
+        torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-6)
 
 
 @pytest.mark.parametrize("coef", [0.6, 1.0])

@@ -846,6 +846,22 @@ MUTATIONS = [
     Mutation("the judge: a verdict in one order and a tie in the other counts", "kit/judge_pairs.py",
              "return first if first == -second else 0", "return first or -second if first != second else 0",
              ("tests/test_judge_pairs.py::test_a_verdict_in_one_order_and_a_tie_in_the_other_is_a_tie",)),
+    Mutation("normalize_then_sum: the std of this process's sums only", "kit/advantages.py",
+             "batch_std=trainer.step_std(summed))", "batch_std=float(summed.std()))",
+             ("tests/test_distributed.py::test_normalize_then_sum_divides_by_the_std_of_every_processs_sums",)),
+    Mutation("a lambda-return bootstraps from the child nodes joint-major, not item-major", "kit/critic.py",
+             "kids = np.arange(len(lv.nodes))[:, None] * J + np.arange(J)[None]",
+             "kids = np.arange(len(lv.nodes))[:, None] + np.arange(J)[None] * len(lv.nodes)",
+             ("tests/test_critic.py::test_each_items_returns_bootstrap_from_its_own_children_through_each_agents_critic",)),
+    Mutation("every agent's return bootstraps from critic 0's value", "kit/critic.py",
+             "next_v = S_next[kids].transpose(0, 2, 1)", "next_v = S_next[kids][:, :, :1].transpose(0, 2, 1)",
+             ("tests/test_critic.py::test_each_items_returns_bootstrap_from_its_own_children_through_each_agents_critic",)),
+    Mutation("a q critic bootstraps from the child's first action, not the mean over its actions", "kit/critic.py",
+             "S = est.mean(-1)  # (nodes, C = N)", "S = est[..., 0]  # (nodes, C = N)",
+             ("tests/test_critic.py::test_a_q_critics_bootstrap_is_the_mean_q_over_the_childs_actions",)),
+    Mutation("each micro-batch's value loss divided by its own rows", "kit/critic.py",
+             "(weighted / denom).backward()", "(weighted / len(v)).backward()",
+             ("tests/test_critic.py::test_the_value_loss_is_one_mean_over_every_micro_batch",)),
 ]
 
 
