@@ -89,7 +89,7 @@ def test_gspo_and_token_ratios_do_not_warn(overrides):
 
 def test_gspo_is_sequence_ratios_with_grpo_one_term_per_completion():
     """Under grpo the sequence level's loss is GSPO's (1 / G) sum_i -min(s_i A_i, clip(s_i) A_i): row 0 (2 tokens)
-    s = e^0.3 clipped to 1.2 with A = 1; row 1 (3 tokens) s = e^-0.1 with A = -1; under sum row 1 would count 3 times."""
+    s = e^0.3 clipped to 1.2 with A = 1; row 1 (3 tokens) s = e^-0.1 with A = -1; under sum row 1 counts 3 times."""
     logp = torch.tensor([[-1.0, -2.0, 0.0], [-0.5, -0.5, -0.5]])
     old = torch.tensor([[-1.1, -2.5, -9.0], [-0.4, -0.5, -0.3]])
     loss, _ = magrpo.policy_loss(logp, MASK, torch.tensor([1.0, -1.0]), "grpo", old_logp=old,
