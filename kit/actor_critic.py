@@ -12,8 +12,10 @@ inputs come from are kit/critic.py.
     advantage (q)       baseline mean:           A_g = Q(s, a_g) - mean_h Q(s, a_h)   (over the agent's group)
                         baseline counterfactual: A_i = Q(s, a_i, a_-i) - mean_k Q(s, a_i^k, a_-i)
                                                  (COMA: agent i's own G samples, the partners' actions fixed)
-    value loss          L_V = 0.5 * mean[max((V - y)^2, (clip(V, V_old - c, V_old + c) - y)^2)]
-                        (PPO's clipped form; c = value_clip_range, None: the plain 0.5 * mean (V - y)^2)
+    value loss          L_V = mean[max((V - y)^2, (clip(V, V_old - c, V_old + c) - y)^2)]
+                        (PPO's clipped form; c = value_clip_range, None: the plain mean (V - y)^2). No 0.5 in
+                        front, as CoMLRL's IAC/MAAC (PPO and cleanrl have one): value_loss_coef weighs this loss
+                        exactly as CoMLRL's value_loss_coef weighs its own, so its 0.6 means the same here
     normalisation       A <- (A - mean A) / (std A + eps)   over the step (advantage_normalization)
     explained variance  1 - Var(y - V) / Var(y)           (1: V predicts y; 0: no better than the mean; nan: y constant)
 
@@ -81,13 +83,14 @@ def normalize(adv, mean: float | None = None, std: float | None = None, eps: flo
 
 def value_loss(values: torch.Tensor, old_values: torch.Tensor, targets: torch.Tensor,
                clip_range: float | None = None) -> torch.Tensor:
-    """Per-row value loss 0.5 * max((V - y)^2, (V_clipped - y)^2), V_clipped = V_old + clamp(V - V_old, -c, c);
-    (R,) -> (R,), the caller takes the (weighted) mean. clip_range None: 0.5 * (V - y)^2."""
+    """Per-row value loss max((V - y)^2, (V_clipped - y)^2), V_clipped = V_old + clamp(V - V_old, -c, c);
+    (R,) -> (R,), the caller takes the (weighted) mean. clip_range None: (V - y)^2. CoMLRL's squared error, without
+    PPO's 0.5."""
     plain = (values - targets) ** 2
     if clip_range is None:
-        return 0.5 * plain
+        return plain
     clipped = old_values + (values - old_values).clamp(-clip_range, clip_range)
-    return 0.5 * torch.maximum(plain, (clipped - targets) ** 2)
+    return torch.maximum(plain, (clipped - targets) ** 2)
 
 
 def explained_variance(values, targets) -> float:

@@ -17,6 +17,7 @@ import math
 import re
 import types
 import typing
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -66,7 +67,7 @@ class TrainConfig:
     critic_type: str = "v"  # iac/maac: v = V(prompt), q = Q(prompt, completion)
     use_separate_critic: bool = True  # iac: a critic adapter + head per agent; false: a head on the agent's own adapter
     baseline: str = "mean"  # critic_type q: Q minus the group mean of Q, or counterfactual (maac: COMA's)
-    value_loss_coef: float = 0.6  # weight of the value loss (CoMLRL's default)
+    value_loss_coef: float = 0.6  # weight of the value loss mean (V - y)^2 (CoMLRL's default and form: no 0.5)
     value_clip_range: float | None = None  # clip V to V_old +- this in the value loss (num_iterations > 1)
     advantage_normalization: bool = True  # iac/maac: each agent's advantages to mean 0, std 1 over the step
     critic_learning_rate: float | None = None  # AdamW rate of the critics (None: learning_rate)
@@ -96,7 +97,7 @@ class TrainConfig:
     off_policy_mask_threshold: float | None = None  # drop completions with A < 0 and mean KL(sampler || policy) above
     use_bias_correction_kl: bool = False  # the KL term's tokens weighted by their importance ratio
     top_entropy_quantile: float = 1.0  # the policy term on this top share of tokens by entropy (1: every token)
-    entropy_coef: float = 0.0  # entropy bonus, the entropy reduced like the loss (0: off, no entropy computed)
+    entropy_coef: float = 0.0  # TRL's entropy bonus: mean entropy of the kept tokens (0: off, none computed)
     multi_objective_aggregation: str = "sum_then_normalize"  # or normalize_then_sum: each reward normalised first
     reward_weights: list[float] | None = None  # weights of the reward functions (None: all 1)
     reward_processor: str = "identity"  # applied before advantages, e.g. "scale(0.25)|clamp(-1,1)"
@@ -601,7 +602,20 @@ def validate(cfg: TrainConfig) -> TrainConfig:
         parse_processor(cfg.reward_processor)
     except ValueError as err:
         raise ConfigError(f"reward_processor={cfg.reward_processor!r}: {err}") from None
+    if cfg.importance_sampling_level == "sequence" and cfg.loss_type not in SEQUENCE_LOSSES:
+        warnings.warn(gspo_warning(cfg.loss_type), UserWarning, stacklevel=2)
     return cfg
+
+
+SEQUENCE_LOSSES = ("grpo", "sapo")  # a mean per completion: each completion's one ratio counts once
+
+
+def gspo_warning(loss_type: str) -> str:
+    """What a run with sequence-level ratios and a token-summing loss_type is told (TRL warns too)."""
+    return (f"importance_sampling_level=sequence with loss_type={loss_type}: {loss_type} sums each completion's "
+            "per-token terms, so each completion's one clipped ratio term is weighed by its length; that is not "
+            "GSPO. GSPO (arXiv 2507.18071) is importance_sampling_level=sequence with loss_type=grpo (one term per "
+            "completion, averaged)")
 
 
 def rl_algorithm(cfg: TrainConfig) -> str:

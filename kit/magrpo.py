@@ -33,7 +33,9 @@ More of TRL's GRPOTrainer (issue 33; `_compute_loss` and `_generate_and_score_co
 2025-26, followed term by term; where the kit differs it says so):
     importance_sampling_level  token: r_t as above; sequence (GSPO): one ratio per completion,
                     s = exp(sum_t m_t (logp_t - old_t) / |o|), clipped like r_t; the gradient flows through the
-                    mean (TRL's GRPOTrainer; its experimental GSPO-token's stop-gradient form has the same value)
+                    mean (TRL's GRPOTrainer; its experimental GSPO-token's stop-gradient form has the same value).
+                    GSPO is this with loss_type grpo (one term per completion); a token-summing loss_type (sum,
+                    token_mean, dr_grpo, cispo) weighs each completion's term by its length, and the config warns
     delta           (INTELLECT-2) the unclipped branch uses min(r, delta): l_t = -min(min(r, delta) A, clip(r) A)
     loss_type cispo (MiniMax-M1) l_t = -sg(min(r_t, 1 + eps_high)) A log pi(a_t), reduced like token_mean
                     (TRL caps at `epsilon_high` itself; here at 1 + epsilon_high, the paper's and the kit's clip)
@@ -46,7 +48,11 @@ More of TRL's GRPOTrainer (issue 33; `_compute_loss` and `_generate_and_score_co
     top_entropy_quantile  ("Beyond the 80/20 rule") the policy term only where H_t >= the (1 - q) quantile of the
                     completion tokens' entropies (torch.quantile, linear), H_t = -sum_v p log p of the policy at the
                     sampling temperature, detached; per micro-batch (TRL: per device batch)
-    entropy_coef    loss -= entropy_coef * (H reduced like the loss), with its gradient
+    entropy_coef    (TRL's) loss -= entropy_coef * sum_t k_t H_t / sum_t k_t, the mean entropy over the completion
+                    tokens the entropy mask keeps (k_t: 1 on a completion token, times the top_entropy_quantile
+                    mask when it is on), with its gradient; whatever the loss_type (TRL adds it after reducing
+                    the loss). Per micro-batch, as TRL's is per device batch; the trainer weighs micro-batches as
+                    it weighs their losses, so with one micro-batch it is the step's mean
     normalize_then_sum (GDPO) A = sum_k w_k (R_k - mean_g R_k) / (std_g R_k + eps), then divided by its std over
                     the step (TRL; sum_then_normalize, the default, takes the advantage of sum_k w_k R_k)
 At ratio 1 every form's gradient is Eq. 2's (tests/test_trl_options.py), so with num_iterations = 1 the kit takes
@@ -520,10 +526,12 @@ def policy_loss(logp: torch.Tensor, mask: torch.Tensor, adv: torch.Tensor, loss_
         keep = off_policy_mask(logp, sampler_logp, mask, adv[:, 0], off_policy_mask_threshold)  # (R, 1)
         per_token = per_token * keep
         stats["masked_rows"] = float((1 - keep).sum())
+    kept = mask  # the completion tokens the entropy mask keeps (all of them without it)
     if top_entropy_quantile < 1.0:
         if entropy is None:
             raise ValueError("top_entropy_quantile < 1 needs the policy's entropy per token (entropy)")
-        per_token = per_token * high_entropy_mask(entropy, mask, top_entropy_quantile)
+        kept = high_entropy_mask(entropy, mask, top_entropy_quantile)
+        per_token = per_token * kept
     if weights is not None:
         per_token = per_token * weights.detach()
     loss = reduce(per_token, mask, reduction, max_tokens)
@@ -544,10 +552,11 @@ def policy_loss(logp: torch.Tensor, mask: torch.Tensor, adv: torch.Tensor, loss_
         stats["kl"] = float(kl.detach())
     if entropy_coef > 0 and entropy is None:
         raise ValueError("entropy_coef > 0 needs the policy's entropy per token (entropy)")
-    if entropy is not None:  # logged whenever computed; a bonus with entropy_coef
-        bonus = reduce(entropy, mask, reduction, max_tokens)
-        loss = loss - entropy_coef * bonus if entropy_coef > 0 else loss
-        stats["entropy"] = float(bonus.detach())
+    if entropy is not None:  # logged whenever computed: the mean over completion tokens (TRL's `entropy`)
+        stats["entropy"] = float(reduce(entropy.detach(), mask, "token_mean"))
+        if entropy_coef > 0:  # TRL's bonus: the mean entropy of the kept tokens, whatever the loss_type
+            bonus = reduce(entropy, kept, "token_mean")
+            loss = loss - entropy_coef * bonus
     return loss, stats
 
 

@@ -12,6 +12,9 @@ and an fp32 head on the last token; no second copy of the weights. It reads a jo
     <agent 0's completion>
     [Agent 1] ...
 
+every agent's completion whole; with max_prompt_tokens each prompt loses its middle as the sampler cut it (the
+joint text is never cut as a whole, which would lose agent 0's answer first: issue 41).
+
 Fit (at step 0, then every `reward_refresh_every` steps; 0: once, then frozen, CoMLRL's offline MARLHF): the
 current policy samples `preference_num_candidates` joint answers for `reward_num_items` train items (a seeded
 choice per fit) in one batched call, and `pair_selection` picks pairs by the task's joint reward, or the Claude
@@ -49,8 +52,16 @@ from kit.trainer import Level, Trainer
 NAME = "reward_model"
 
 
-def joint_text(prompts, completions) -> str:
-    """A joint answer as the reward model reads it: each agent's prompt, then its completion."""
+def joint_text(prompts, completions, tokenizer=None, max_prompt_tokens: int | None = None) -> str:
+    """A joint answer as the reward model reads it: each agent's prompt, then its whole completion.
+
+    With `max_prompt_tokens`, each PROMPT loses its middle as the sampler cuts it (kit/rollout.py encode_prompt),
+    never a completion: cutting the joint text as a whole would take agent 0's answer first. The text is then at
+    most N (max_prompt_tokens + max_new_tokens) tokens and a few per block, and is read whole."""
+    if max_prompt_tokens is not None:
+        from kit.rollout import encode_prompt
+
+        prompts = [tokenizer.decode(encode_prompt(tokenizer, p, False, max_prompt_tokens)) for p in prompts]
     return "\n".join(f"[Agent {i}] {p}\n{c}" for i, (p, c) in enumerate(zip(prompts, completions)))
 
 
@@ -91,8 +102,12 @@ class MARLHFTrainer(PreferencePairs, Trainer):
     def scores(self, texts: list[str]) -> torch.Tensor:
         """(len(texts),) reward-model scores, `micro_batch_size` texts at a time."""
         mb = self.cfg.micro_batch_size or len(texts)
-        return torch.cat([self.rm.score_texts(texts[i:i + mb], max_tokens=self.cfg.max_prompt_tokens).float().cpu()
+        return torch.cat([self.rm.score_texts(texts[i:i + mb]).float().cpu()  # whole: rm_text cut the prompts only
                           for i in range(0, len(texts), mb)]) if texts else torch.zeros(0)
+
+    def rm_text(self, prompts, completions) -> str:
+        """joint_text with each prompt cut to max_prompt_tokens (as its agent saw it) and every answer whole."""
+        return joint_text(prompts, completions, self.rm.tokenizer, self.cfg.max_prompt_tokens)
 
     def fit(self) -> dict:
         """New pairs from the current policy, then the Bradley-Terry fit; the fit's metrics."""
@@ -103,8 +118,8 @@ class MARLHFTrainer(PreferencePairs, Trainer):
         buf = self.candidates([self.train_items[chosen[k]] for k in mine], mine, reference=False, kind="pairs")
         held = round(cfg.reward_heldout_fraction * n)  # items 0..held-1 of the choice only measure the model
         ro, nodes = buf.level.rollout, buf.level.nodes
-        local = [(nodes[k]["id"], w, l, joint_text(nodes[k]["prompts"], self.joint(ro, k, (w,) * cfg.num_agents)),
-                  joint_text(nodes[k]["prompts"], self.joint(ro, k, (l,) * cfg.num_agents)))
+        local = [(nodes[k]["id"], w, l, self.rm_text(nodes[k]["prompts"], self.joint(ro, k, (w,) * cfg.num_agents)),
+                  self.rm_text(nodes[k]["prompts"], self.joint(ro, k, (l,) * cfg.num_agents)))
                  for k, w, l in buf.pairs]
         pairs = sorted(p for part in self.dist.gather(local) for p in part)  # every process: all, in one order
         train = [p for p in pairs if p[0] >= held]
@@ -114,8 +129,7 @@ class MARLHFTrainer(PreferencePairs, Trainer):
             order = np.random.default_rng([cfg.seed, self.step, epoch]).permutation(len(train))
             for lo in range(0, len(train), bs):
                 batch = [train[k] for k in order[lo:lo + bs]]
-                s = self.rm.score_texts([p[3] for p in batch] + [p[4] for p in batch],
-                                        max_tokens=cfg.max_prompt_tokens)  # (2b,): winners, then losers
+                s = self.rm.score_texts([p[3] for p in batch] + [p[4] for p in batch])  # (2b,): winners, losers
                 loss = preference.bradley_terry_loss(s[:len(batch)], s[len(batch):])
                 opt.zero_grad(set_to_none=True)
                 loss.backward()
@@ -142,7 +156,7 @@ class MARLHFTrainer(PreferencePairs, Trainer):
         """The reward model's score replaces each joint action's reward (the task's is kept as parts["task"]), then
         the RL stage's returns and advantages: MAGRPO's group baseline, or the critics' (kit/critic.py)."""
         for level in levels:
-            texts = [joint_text(node["prompts"], self.joint(level.rollout, n, idx))
+            texts = [self.rm_text(node["prompts"], self.joint(level.rollout, n, idx))
                      for n, node in enumerate(level.nodes) for idx in level.joints]
             s = self.scores(texts).tolist()
             J = len(level.joints)

@@ -358,7 +358,7 @@ class Trainer:
                         sampler_logp=sub.sampler_logprobs, entropy=entropy, **options)
                     (loss * share).backward()  # the sum over chunks is the loss over all rows (or tokens)
                     if iteration == 0:
-                        extra["entropy"] += st.get("entropy", 0.0) * share
+                        extra["entropy"] += st.get("entropy", 0.0) * int(mask.sum()) / max(total_tokens, 1)
                         extra["masked_rows"] += st.get("masked_rows", 0.0)
                     loss_sum += float(loss.detach()) * share
                     kl_sum += st.get("kl", 0.0) * share
@@ -382,7 +382,7 @@ class Trainer:
                 stats[f"kl/{adapter}"] = first["kl"]
             if cfg.num_iterations > 1:
                 stats[f"clip_fraction/{adapter}"] = clipped[0] / max(clipped[1], 1.0)
-            if need_entropy:  # the policy's entropy per token, reduced like the loss
+            if need_entropy:  # the policy's mean entropy per completion token over the step (TRL's `entropy`)
                 stats[f"entropy/{adapter}"] = extra["entropy"]
             if cfg.off_policy_mask_threshold is not None:  # the share of completions the mask dropped
                 stats[f"off_policy_masked/{adapter}"] = extra["masked_rows"] / max(total_rows, 1)

@@ -73,10 +73,11 @@ def test_normalize_by_hand():
 
 def test_value_loss_by_hand():
     v, old, y = torch.tensor([1.0, 2.0]), torch.tensor([0.5, 2.5]), torch.tensor([2.0, 2.0])
-    # clip 0.2. row 0: plain (1 - 2)^2 = 1; clipped 0.5 + 0.2 = 0.7, (0.7 - 2)^2 = 1.69; 0.5 * max = 0.845
-    #           row 1: plain 0; clipped 2.5 - 0.2 = 2.3, (2.3 - 2)^2 = 0.09; 0.5 * max = 0.045
-    torch.testing.assert_close(ac.value_loss(v, old, y, 0.2), torch.tensor([0.845, 0.045]))
-    torch.testing.assert_close(ac.value_loss(v, old, y, None), torch.tensor([0.5, 0.0]))
+    # CoMLRL's squared error, no PPO 0.5 (issue 41: with the 0.5, value_loss_coef=0.6 weighed half of CoMLRL's)
+    # clip 0.2. row 0: plain (1 - 2)^2 = 1; clipped 0.5 + 0.2 = 0.7, (0.7 - 2)^2 = 1.69; max = 1.69
+    #           row 1: plain 0; clipped 2.5 - 0.2 = 2.3, (2.3 - 2)^2 = 0.09; max = 0.09
+    torch.testing.assert_close(ac.value_loss(v, old, y, 0.2), torch.tensor([1.69, 0.09]))
+    torch.testing.assert_close(ac.value_loss(v, old, y, None), torch.tensor([1.0, 0.0]))
 
 
 def test_explained_variance_by_hand():

@@ -417,7 +417,8 @@ def full_logprobs(model, seg, temperature: float) -> torch.Tensor:
 def hand_issue33(trainer, level, adapter: str, term, reduction: str = "sum", beta: float = 0.0,
                  kl_times_ratio: bool = False) -> float:
     """One adapter's loss by hand: term(logp, ratio, adv, mask, sampler, entropy) gives the (R, T) policy term
-    (ratio = e^OLD_SHIFT per position), reduced by `reduction`, plus beta * k3 (times the ratio if asked)."""
+    (ratio = e^OLD_SHIFT per position), reduced by `reduction`, plus beta * k3 (times the ratio if asked); or a
+    pair (that term, a number added after the reduction)."""
     agents = trainer.team.agents_of_adapter(adapter)
     model = trainer.team.model_of(agents[0])
     model.set_adapter(adapter)
@@ -433,6 +434,7 @@ def hand_issue33(trainer, level, adapter: str, term, reduction: str = "sum", bet
     mask = seg.completion_mask.double()
     ratio = torch.exp(OLD_SHIFT[:T].double()).expand_as(logp)
     x = term(logp=logp, ratio=ratio, adv=adv, mask=mask, sampler=seg.sampler_logprobs.double(), entropy=entropy)
+    x, after = x if isinstance(x, tuple) else (x, 0.0)  # a term added after the reduction (the entropy bonus)
 
     def reduce(y):
         y = torch.where(mask.bool(), y, 0.0)
@@ -443,7 +445,7 @@ def hand_issue33(trainer, level, adapter: str, term, reduction: str = "sum", bet
         return y.sum() / mask.sum()  # token_mean
 
     k3 = torch.exp(ref - logp) - (ref - logp) - 1
-    return float(reduce(x) + beta * reduce(k3 * ratio if kl_times_ratio else k3))
+    return float(reduce(x) + beta * reduce(k3 * ratio if kl_times_ratio else k3) + after)
 
 
 def clipped(r, adv, high=0.2):
@@ -457,6 +459,11 @@ def sequence_ratio(mask):
 def sapo(ratio, adv, pos, neg):
     tau = torch.where(adv > 0, pos, neg).double()
     return -(4 / tau) * torch.sigmoid(tau * (ratio - 1)) * adv
+
+
+def mean_of(values, mask):
+    """The mean of `values` where `mask` is 1."""
+    return float(torch.where(mask.bool(), values, 0.0).sum() / mask.sum())
 
 
 def entropy_top_half(entropy, mask):
@@ -485,9 +492,16 @@ ISSUE33_LOSSES = [  # overrides, whether the old policy is shifted, the hand ter
      lambda logp, ratio, adv, **_: clipped(ratio, adv), "sum", 0.5, True),
     (("top_entropy_quantile=0.5",), False,
      lambda logp, adv, mask, entropy, **_: -adv * logp * entropy_top_half(entropy, mask), "sum", 0.0, False),
-    (("entropy_coef=0.1",), False, lambda logp, adv, entropy, **_: -adv * logp - 0.1 * entropy, "sum", 0.0, False),
+    # TRL's entropy bonus (issue 41): minus 0.1 x the mean entropy of the completion tokens (of those the entropy
+    # mask keeps), added after the loss_type's reduction (before issue 41 it was reduced like the loss)
+    (("entropy_coef=0.1",), False, lambda logp, adv, mask, entropy, **_: (-adv * logp, -0.1 * mean_of(entropy, mask)),
+     "sum", 0.0, False),
     (("entropy_coef=0.1", "loss_type=token_mean"), False,
-     lambda logp, adv, entropy, **_: -adv * logp - 0.1 * entropy, "token_mean", 0.0, False),
+     lambda logp, adv, mask, entropy, **_: (-adv * logp, -0.1 * mean_of(entropy, mask)), "token_mean", 0.0, False),
+    (("entropy_coef=0.1", "top_entropy_quantile=0.5"), False,
+     lambda logp, adv, mask, entropy, **_: (-adv * logp * entropy_top_half(entropy, mask),
+                                            -0.1 * mean_of(entropy, entropy_top_half(entropy, mask))),
+     "sum", 0.0, False),
     # the sampler 0.3 nats per token above the policy: completions with A < 0 are past 0.2 and dropped
     (("off_policy_mask_threshold=0.2",), False,
      lambda logp, adv, mask, sampler, **_: -adv * logp * ((adv >= 0) | (kl_of_row(sampler, logp, mask) <= 0.2)),

@@ -14,6 +14,7 @@ lookup of the text they read, so the numbers are known; the critic model itself 
 
 import json
 import math
+import warnings
 
 import numpy as np
 import pytest
@@ -115,14 +116,94 @@ def test_a_lambda_return_averages_the_child_nodes_unequal_joint_actions(tmp_path
     assert texts[0] == "x" and targets[0] == pytest.approx(np.mean([4, 7, 19]))  # V's target: the mean y_0
 
 
+BASE = {"a": 10.0, "b": 40.0}  # item a's and item b's second-turn values
+
+
+def per_critic(name: str, text: str) -> float:
+    """Critic i's score: 0 on a first-turn text; on "again <item> <g>" (v) or that plus a completion h (q),
+    BASE[item] + 5 i + (g for v, h for q): every item and every agent's critic says something else."""
+    if not text.startswith("again"):
+        return 0.0
+    _, item, tail = text.split()
+    return BASE[item] + 5 * int(name[-1]) + int(tail[-1])
+
+
+def two_items_two_turns(tmp_path, *overrides, sampler=None):
+    """Items a and b on one process, two turns, each item's feedback naming it; critics scored by per_critic."""
+    task = from_functions([{"id": "a"}, {"id": "b"}], lambda it: ["x", "y"], joint_reward,
+                          feedback_fn=lambda it, comps, reward: [f"again {it['id']} {c}" for c in comps])
+    cfg = load_config("tiny_cpu", overrides=[f"run_dir={tmp_path / 'run'}", "progress=false", "eval_every=0",
+                                              "beta=0", "top_p=1.0", "batch_size=2", "num_generations=3",
+                                              "advantage_normalization=false", "num_turns=2", "discount=0.5",
+                                              *overrides])
+    trainer = Trainer(cfg, task=task, sampler=sampler or Scripted(), **QUIET)
+    trainer.algorithm.values = lambda name, texts: np.array([per_critic(name, t) for t in texts])
+    return trainer, trainer.sample([{"id": "a"}, {"id": "b"}])
+
+
+def test_each_items_returns_bootstrap_from_its_own_children_through_each_agents_critic(tmp_path):
+    """Issue 41: two items, two turns, IAC-v, TD(0) (discount 0.5): y_0 = r_g + 0.5 V_i("again <item> g"), the
+    child of THIS item's joint action g read by agent i's OWN critic: BASE[item] + 5 i + g. R = [0, 3, 15];
+    V_i(first-turn prompt) = 0, so the advantage is y_0 itself."""
+    _, levels = two_items_two_turns(tmp_path, "algorithm=iac")
+    R, g = np.array([0.0, 3.0, 15.0]), np.arange(3)
+    expected = [[R + 0.5 * (BASE[item] + 5 * i + g) for i in range(2)] for item in ("a", "b")]
+    np.testing.assert_allclose(levels[0].advantages, expected)  # item a agent 0: [5, 8.5, 21]; b agent 1: [22.5...]
+
+
+def test_a_q_critics_bootstrap_is_the_mean_q_over_the_childs_actions(tmp_path):
+    """Issue 41: IAC-q, two items, two turns, TD(0): S_i(child) = the on-policy mean over the child's G actions of
+    Q_i. Varied: child j's samples are (j + k) mod 3, so its Q_i are BASE[item] + 5 i + {0, 1, 2}, mean
+    BASE[item] + 5 i + 1 (its first action alone: + j). Critic i's turn-0 targets: r_g + 0.5 S_i(child g)."""
+    trainer, _ = two_items_two_turns(tmp_path, "algorithm=iac", "critic_type=q", sampler=Varied())
+    R = np.array([0.0, 3.0, 15.0])
+    for i in range(2):
+        texts, targets, _ = trainer.algorithm.batch[f"critic_{i}"]
+        assert texts[:6] == [("x" if i == 0 else "y") + str(g) for g in range(3)] * 2  # item a's rows, then b's
+        want = np.concatenate([R + 0.5 * (BASE[item] + 5 * i + 1) for item in ("a", "b")])
+        np.testing.assert_allclose(targets[:6], want)
+
+
+def test_the_value_loss_is_one_mean_over_every_micro_batch(tmp_path):
+    """Issue 41 (fast; the 2-process test caught this only slowly): IAC-q, G = 3 rows per critic in micro-batches of
+    2 and 1. The critic's gradient is that of value_loss_coef * mean over the 3 rows of (Q - y)^2, by autograd on all
+    3 at once: each micro-batch is divided by the rows of the whole, never by its own."""
+    trainer = trainer_for(tmp_path, "algorithm=iac", "critic_type=q", "micro_batch_size=2", "value_loss_coef=0.6",
+                          "max_grad_norm=0")  # the gradient as the loss gives it, unclipped
+    alg = trainer.algorithm
+    del alg.values  # the real critics
+    model = alg.models["critic_0"]
+    with torch.no_grad():  # a head off zero, so the gradient reaches the adapter too (dV/dh = w)
+        model.head.weight.copy_(torch.linspace(-0.5, 0.5, model.head.weight.shape[1])[None])
+    trainer.sample(trainer.batch_items(0))
+    texts, targets, _ = alg.batch["critic_0"]
+    assert len(texts) == 3 and targets == [0.0, 3.0, 15.0]
+    params = model.parameters()
+    hand = torch.autograd.grad(0.6 * ((model.score_texts(texts) - torch.tensor(targets)) ** 2).mean(), params)
+    seen, real = {}, alg.optimizers["critic_0"].step
+
+    def step(*args, **kwargs):
+        seen.setdefault("grads", [p.grad.clone() for p in params])
+        return real(*args, **kwargs)
+
+    alg.optimizers["critic_0"].step = step
+    with warnings.catch_warnings():  # torch's "optimizer.step() overridden" about the spy above
+        warnings.simplefilter("ignore", UserWarning)
+        alg.fit(trainer)
+    assert max(float(g.abs().max()) for g in hand) > 1e-3
+    for got, want in zip(seen["grads"], hand):
+        torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-6)
+
+
 @pytest.mark.parametrize("coef", [0.6, 1.0])
 def test_value_loss_coef_scales_the_logged_value_loss(tmp_path, coef):
-    """The untrained critic (zero head) says 0; MAAC-v's one prompt has the target mean(R) = 6: 0.5 * 36 = 18."""
+    """The untrained critic (zero head) says 0; MAAC-v's one prompt has the target mean(R) = 6: (0 - 6)^2 = 36
+    (CoMLRL's squared error; before issue 41 the kit's carried PPO's 0.5, 18)."""
     trainer = trainer_for(tmp_path, "algorithm=maac", f"value_loss_coef={coef}")
     del trainer.algorithm.values  # the real critic
     trainer.sample(trainer.batch_items(0))
     stats = trainer.algorithm.fit(trainer)
-    assert stats["critic/value_loss/critic"] == pytest.approx(coef * 18.0, rel=1e-6)
+    assert stats["critic/value_loss/critic"] == pytest.approx(coef * 36.0, rel=1e-6)
 
 
 @pytest.mark.parametrize("lr", [0.01, 0.003])
@@ -427,12 +508,13 @@ HEADS_ON = {"agent_0": ["critic_0"], "agent_1": ["critic_1"], "shared": ["critic
 
 
 def value_gradient(trainer, adapter):
-    """d/d(adapter) of 0.5 * mean over the rows of every head on it of (V - y)^2, by autograd from its definition."""
+    """d/d(adapter) of the mean over the rows of every head on it of (V - y)^2 (CoMLRL's value loss, no 0.5), by
+    autograd from its definition."""
     alg, params = trainer.algorithm, trainer.team.parameters_of(adapter)
     rows = []
     for name in HEADS_ON[adapter]:
         texts, targets, _ = alg.batch[name]
-        rows.append(0.5 * (alg.models[name].score_texts(texts) - torch.tensor(targets)) ** 2)
+        rows.append((alg.models[name].score_texts(texts) - torch.tensor(targets)) ** 2)
     return torch.autograd.grad(torch.cat(rows).mean(), params)
 
 
@@ -473,7 +555,8 @@ def test_value_loss_coef_weighs_the_value_gradient_on_the_actors_adapter(tmp_pat
 
 def test_shared_heads_step_once_per_iteration_and_no_parameter_has_two_optimizers(tmp_path):
     """num_iterations=2: the actors' and the heads' AdamW each take 2 steps (fit adds none); every parameter is in
-    one optimizer; no adapter was added. The untrained heads say 0 under the target 6: 0.6 * 0.5 * 36 = 10.8."""
+    one optimizer; no adapter was added. The untrained heads say 0 under the target 6: 0.6 * 36 = 21.6 (CoMLRL's
+    squared error, no 0.5)."""
     trainer = trainer_for(tmp_path, "algorithm=iac", "use_separate_critic=false", "num_iterations=2")
     alg = trainer.algorithm
     assert set(trainer.team.models[0].peft_config) == {"agent_0", "agent_1"}
@@ -486,8 +569,8 @@ def test_shared_heads_step_once_per_iteration_and_no_parameter_has_two_optimizer
     for name in [*trainer.team.adapters, *alg.models]:
         opt = trainer.all_optimizers()[0][name]
         assert {float(st["step"]) for st in opt.state.values()} == {2.0}, name
-    assert stats["critic/value_loss/critic_0"] == pytest.approx(0.6 * 18.0, rel=1e-6)
-    assert stats["critic/value_loss/critic_1"] == pytest.approx(0.6 * 18.0, rel=1e-6)
+    assert stats["critic/value_loss/critic_0"] == pytest.approx(0.6 * 36.0, rel=1e-6)
+    assert stats["critic/value_loss/critic_1"] == pytest.approx(0.6 * 36.0, rel=1e-6)
 
 
 @pytest.mark.parametrize("lr", [0.01, 0.003])

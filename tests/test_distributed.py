@@ -271,6 +271,42 @@ def test_scale_rewards_batch_divides_by_the_std_of_every_processs_returns(tmp_pa
     np.testing.assert_allclose(np.stack(threads.run(process)), one, rtol=1e-12)
 
 
+def test_normalize_then_sum_divides_by_the_std_of_every_processs_sums(tmp_path):
+    """Issue 41: normalize_then_sum on 2 processes (threads), an item each. Each reward's group advantage over its
+    group's std, the bonus weighted 0.5; item a's bonus is 1 for sample 2, item b's for sample 0, so the two items'
+    sums differ and the std of one process's is not the step's. Both divide by the std of all 6, as one process."""
+    import copy
+    import math
+
+    import numpy as np
+
+    from kit.tasks import from_functions
+    from tests.test_config_reaches_maths import Scripted, config, joint_reward
+
+    def bonus(item, completions) -> float:
+        return float(completions[0] == ("2" if item["id"] == "a" else "0"))
+
+    items = [{"id": "a"}, {"id": "b"}]
+    task = from_functions(items, lambda it: ["x", "y"], joint_reward)
+    trainer = Trainer(config(tmp_path, "batch_size=2", "num_generations=3",
+                             "multi_objective_aggregation=normalize_then_sum", "reward_weights=[1.0, 0.5]"),
+                      task=task, sampler=Scripted(), reward_funcs=[bonus], **QUIET)
+    eps = 1e-6
+    main = np.array([-6.0, -3.0, 9.0]) / (math.sqrt(42) + eps)  # R = [0, 3, 15] over its group's std
+    b_a, b_b = np.array([-1, -1, 2]) / 3, np.array([2, -1, -1]) / 3
+    sums = [main + 0.5 * b / (math.sqrt(2 / 9) + eps) for b in (b_a, b_b)]
+    std = np.concatenate(sums).std()
+    assert abs(std - sums[0].std()) > 0.05  # one process's std would be another number
+    threads = ThreadsOfOneRun(2)
+
+    def process(r):
+        mine = copy.copy(trainer)  # the same model and config, its own Dist
+        mine.dist = threads.rank(r)
+        return mine.sample([items[r]], positions=[r])[0].advantages[0]
+
+    np.testing.assert_allclose(np.stack(threads.run(process)), [[x / (std + eps)] * 2 for x in sums], rtol=1e-9)
+
+
 class AloneOfTwo:
     """Process 0 of 2 whose partner holds none of the rows: every sum across processes is this process's own."""
 

@@ -39,6 +39,15 @@ def test_both_orders_must_agree_else_a_tie():
     assert both_orders(None, -1) is None
 
 
+def test_a_verdict_in_one_order_and_a_tie_in_the_other_is_a_tie():
+    """Issue 41: a preference counts only when both orders state it; one order's tie makes the pair a tie (0),
+    whichever order it is and whichever answer the other order prefers."""
+    assert both_orders(1, 0) == 0  # a first: A (a); b first: tie
+    assert both_orders(0, -1) == 0  # a first: tie; b first: B (a)
+    assert both_orders(-1, 0) == 0  # a first: B (b); b first: tie
+    assert both_orders(0, 1) == 0  # a first: tie; b first: A (b)
+
+
 def test_the_oracle_prefers_the_better_answer_in_both_orders_and_pays_two_calls(tmp_path):
     judge = oracle_judge(tmp_path, longer, log=lambda *_: None)
     prefer = JudgePreference(judge, "longer is better")

@@ -68,6 +68,35 @@ def test_at_ratio_one_every_loss_type_has_the_policy_gradient_of_eq2(loss_type, 
     torch.testing.assert_close(logp.grad, torch.tensor([per_row]).t().expand(2, 3) * MASK)
 
 
+@pytest.mark.parametrize("loss_type", ["sum", "token_mean", "dapo", "bnpo", "dr_grpo", "cispo"])
+def test_sequence_ratios_with_a_token_summing_loss_warn_that_it_is_not_gspo(loss_type):
+    """Issue 41: each completion's clipped sequence term counted once per token is weighed by its length (not GSPO);
+    TRL warns, and so does the kit, naming the pairing that is GSPO."""
+    with pytest.warns(UserWarning, match=f"loss_type={loss_type}.*not GSPO.*loss_type=grpo"):
+        load_config("tiny_cpu", overrides=["importance_sampling_level=sequence", f"loss_type={loss_type}"])
+
+
+@pytest.mark.parametrize("overrides", [("importance_sampling_level=sequence", "loss_type=grpo"),
+                                       ("importance_sampling_level=sequence", "loss_type=sapo"),
+                                       ("importance_sampling_level=token", "loss_type=sum")])
+def test_gspo_and_token_ratios_do_not_warn(overrides):
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", UserWarning)
+        load_config("tiny_cpu", overrides=list(overrides))
+
+
+def test_gspo_is_sequence_ratios_with_grpo_one_term_per_completion():
+    """Under grpo the sequence level's loss is GSPO's (1 / G) sum_i -min(s_i A_i, clip(s_i) A_i): row 0 (2 tokens)
+    s = e^0.3 clipped to 1.2 with A = 1; row 1 (3 tokens) s = e^-0.1 with A = -1; under sum row 1 counts 3 times."""
+    logp = torch.tensor([[-1.0, -2.0, 0.0], [-0.5, -0.5, -0.5]])
+    old = torch.tensor([[-1.1, -2.5, -9.0], [-0.4, -0.5, -0.3]])
+    loss, _ = magrpo.policy_loss(logp, MASK, torch.tensor([1.0, -1.0]), "grpo", old_logp=old,
+                                 importance_sampling_level="sequence")
+    assert float(loss) == pytest.approx((-1.2 + math.exp(-0.1)) / 2, rel=1e-6)
+
+
 def test_delta_caps_the_unclipped_ratio_of_a_negative_advantage():
     logp, old, mask, adv = torch.tensor([[0.0]]), torch.tensor([[-math.log(1.5)]]), torch.ones(1, 1), torch.tensor([-1.0])
     plain, _ = magrpo.policy_loss(logp, mask, adv, "sum", old_logp=old)
@@ -121,6 +150,36 @@ def test_the_bias_corrected_kl_is_weighted_by_the_ratio_and_keeps_its_gradient()
     assert float(on_policy.detach()) == pytest.approx(k3) and float(grad) == pytest.approx(0.5)
 
 
+def test_the_bias_corrected_kl_under_sequence_ratios_uses_each_completions_one_ratio():
+    """Issue 41: with importance_sampling_level=sequence the k3 of every token is weighed by its completion's
+    sequence ratio s = exp(mean log-ratio), not by its own token ratio. One row, 2 tokens: log-ratios 0.4 and 0
+    (s = e^0.2), ref - logp = -0.5 and 0.5."""
+    logp = torch.tensor([[-1.0, -1.0]])
+    old, ref, mask, adv = torch.tensor([[-1.4, -1.0]]), torch.tensor([[-1.5, -0.5]]), torch.ones(1, 2), torch.zeros(1)
+    k3 = [math.exp(-0.5) + 0.5 - 1, math.exp(0.5) - 0.5 - 1]
+    _, st = magrpo.policy_loss(logp, mask, adv, "sum", ref, 1.0, old_logp=old, use_bias_correction_kl=True,
+                               importance_sampling_level="sequence")
+    assert st["kl"] == pytest.approx((k3[0] + k3[1]) * math.exp(0.2))  # sum over the row's tokens, one row
+    _, tok = magrpo.policy_loss(logp, mask, adv, "sum", ref, 1.0, old_logp=old, use_bias_correction_kl=True)
+    assert tok["kl"] == pytest.approx(k3[0] * math.exp(0.4) + k3[1])  # token level: each its own ratio
+
+
+def test_the_off_policy_mask_measures_the_current_policy_not_the_old_one():
+    """Issue 41: at num_iterations >= 2 the mask's KL is mean_t (logp_sampler - logp) with logp the CURRENT policy
+    (TRL's per_token_logps), not the old one's. Sampler = old: the old policy's KL is 0; the current policy has moved
+    0.6 nats per token away from the sampler, past 0.5, so the completion (A < 0) is dropped."""
+    mask, adv = torch.ones(1, 2), torch.tensor([-1.0])
+    old = torch.tensor([[-1.0, -1.0]])
+    logp = old - 0.6  # the current policy
+    loss, st = magrpo.policy_loss(logp, mask, adv, "sum", old_logp=old, sampler_logp=old.clone(),
+                                  off_policy_mask_threshold=0.5)
+    assert st["masked_rows"] == 1.0 and float(loss) == 0.0
+    kept, st = magrpo.policy_loss(logp, mask, adv, "sum", old_logp=old, sampler_logp=old.clone(),
+                                  off_policy_mask_threshold=0.7)
+    # kept: r = e^-0.6 = 0.549 per token, below 1 - 0.2 with A = -1: -min(-0.549, -0.8) = 0.8 each, 2 tokens
+    assert st["masked_rows"] == 0.0 and float(kept) == pytest.approx(1.6)
+
+
 # ---- entropy: the mask, the bonus, the chunked head
 
 ENTROPY = torch.tensor([[0.1, 0.5, 0.9, 5.0], [0.3, 0.7, 0.2, 0.8]])  # the 5.0 is padding
@@ -141,14 +200,25 @@ def test_the_entropy_mask_zeroes_the_policy_term_of_low_entropy_tokens():
     assert float(loss.detach()) == pytest.approx((2 * 1.0 + 2 * 1.0) / 2)  # row 0 keeps 0.5, 0.9; row 1 keeps 0.7, 0.8
 
 
-@pytest.mark.parametrize("loss_type, bonus", [("sum", (1.5 + 2.0) / 2), ("token_mean", 3.5 / 7)])
-def test_the_entropy_bonus_is_reduced_like_the_loss_and_lowers_it(loss_type, bonus):
+# TRL's entropy bonus (issue 41): the mean entropy over the completion tokens the entropy mask keeps, whatever the
+# loss_type. 7 completion tokens summing to 3.5: 0.5 for every loss_type (the kit's old bonus, reduced like the
+# loss, was (1.5 + 2.0) / 2 = 1.75 under `sum`); the top half (0.5 0.9 | 0.7 0.8): 2.9 / 4 = 0.725.
+ENTROPY_BONUS = [(lt, q, bonus) for lt in ("sum", "grpo", "token_mean", "dr_grpo")
+                 for q, bonus in ((1.0, 0.5), (0.5, 2.9 / 4))]
+
+
+@pytest.mark.parametrize("loss_type, quantile, bonus", ENTROPY_BONUS, ids=[f"{r[0]}-q{r[1]}" for r in ENTROPY_BONUS])
+def test_the_entropy_bonus_is_trls_mean_entropy_of_the_kept_tokens_and_lowers_the_loss(loss_type, quantile, bonus):
     entropy = ENTROPY.clone().requires_grad_()
     loss, st = magrpo.policy_loss(torch.zeros(2, 4), ENTROPY_MASK, torch.zeros(2), loss_type, entropy=entropy,
-                                  entropy_coef=0.1)
-    assert st["entropy"] == pytest.approx(bonus) and float(loss.detach()) == pytest.approx(-0.1 * bonus)
+                                  entropy_coef=0.1, top_entropy_quantile=quantile, max_tokens=4)
+    assert float(loss.detach()) == pytest.approx(-0.1 * bonus)
+    assert st["entropy"] == pytest.approx(0.5)  # logged: the mean over every completion token (TRL's `entropy`)
     loss.backward()
-    assert float(entropy.grad[0, 3]) == 0.0 and float(entropy.grad[0, 0]) < 0  # padding out; more entropy: lower
+    kept = 7 if quantile == 1.0 else 4
+    want = torch.full((2, 4), -0.1 / kept) * (ENTROPY_MASK if quantile == 1.0 else
+                                              torch.tensor([[0.0, 1.0, 1.0, 0.0], [0.0, 1.0, 0.0, 1.0]]))
+    torch.testing.assert_close(entropy.grad, want)  # padding and dropped tokens out; more entropy: lower loss
 
 
 def test_the_chunked_head_entropy_equals_autograd_on_the_full_logits_in_value_and_gradient():
