@@ -23,8 +23,8 @@ import os
 import shutil
 from pathlib import Path
 
-from kit.env import (GPUNeeded, flush_drive, gpu_summary, in_colab, mount_drive, require_gpu, secret,  # noqa: F401
-                     secret_status, smoke)
+from kit.env import (GPUNeeded, drive_mounted, flush_drive, gpu_summary, in_colab, mount_drive,  # noqa: F401
+                     require_gpu, secret, secret_status, smoke, unmounted_drive)
 from kit.rundir import DRIVE_FOLDER, LOCAL_ROOT, dropped, restore
 
 
@@ -219,6 +219,10 @@ def notebook_config(preset: str, task: str, task_args: dict, run_name: str, driv
     else:
         require_gpu(preset)
     cfg = validate(from_dict(values, load_config(preset)))
+    if cfg.mirror_dir and unmounted_drive(cfg.mirror_dir):  # e.g. 01's last cell unmounted it, then more training
+        log("!" * 100 + f"\n[kit] WARNING: Google Drive is NOT MOUNTED ({Path(drive).parent} is not a mount point; "
+            "01's last cell unmounts it), so nothing is backed up and the run on Drive is not read.\n      Run the "
+            "Drive cell (colab.mount_drive()) again, then this cell.\n" + "!" * 100)
     if cfg.mirror_dir is None and not smoke:
         log("!" * 100 + "\n[kit] WARNING: Google Drive is not mounted, so NOTHING IS BACKED UP. Checkpoints stay on "
             "this runtime's disk and are lost when it disconnects.\n      Run the Drive cell (or "

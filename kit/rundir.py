@@ -281,6 +281,7 @@ class Mirror:
     def _copy_all(self) -> None:
         from kit.checkpoint import HISTORY, complete_checkpoints, thin_history
 
+        require_mounted(self.mirror_dir)  # else the copy would make a plain folder of this disk at Drive's path
         self.mirror_dir.mkdir(parents=True, exist_ok=True)
         remove_partials(self.mirror_dir)  # one copy at a time: any .partial here is a dead copy's
         for name in _LOG_FILES:
@@ -301,7 +302,17 @@ class Mirror:
 # A failed copy's reason in words: what the user can act on, from the error's errno
 REASONS = {errno.ENOSPC: "Drive is full", errno.EDQUOT: "Drive is full", errno.EROFS: "Drive is read-only",
            errno.EACCES: "no permission to write to Drive", errno.EPERM: "no permission to write to Drive",
-           errno.ENOTCONN: "Drive is not connected (unmounted?)", errno.EIO: "Drive had an input/output error"}
+           errno.ENOTCONN: "Drive is not mounted", errno.EIO: "Drive had an input/output error"}
+
+
+def require_mounted(mirror_dir: Path) -> None:
+    """Raise (ENOTCONN, said as "Drive is not mounted (...)") when `mirror_dir` is on Colab's Drive path while
+    Drive is not mounted there (e.g. after 01's last cell flushed and unmounted it): what is written there stays on
+    this disk and what is read there is not Drive."""
+    from kit.env import unmounted_drive
+
+    if unmounted_drive(mirror_dir):
+        raise OSError(errno.ENOTCONN, "run the Drive cell, colab.mount_drive(), to mount it again", str(mirror_dir))
 
 
 def reason(err: BaseException) -> str:
@@ -384,6 +395,11 @@ def restore(mirror_dir: str | Path, run_dir: str | Path, log=print) -> int | Non
     from kit.checkpoint import HISTORY, complete_checkpoints
 
     mirror_dir, run_dir = Path(mirror_dir), Path(run_dir)
+    try:
+        require_mounted(mirror_dir)
+    except OSError as err:
+        log(f"[kit] WARNING: not restoring from {mirror_dir}: {reason(err)}")
+        return None
     if not (mirror_dir / "config.json").exists():
         return None
     run_dir.mkdir(parents=True, exist_ok=True)

@@ -13,6 +13,7 @@ import torch
 from kit import rundir
 from kit.config import load_config
 from kit.game_trainer import trainer_class
+from kit.trainer import Trainer
 
 QUIET = dict(log=lambda *_: None)
 
@@ -74,3 +75,101 @@ def test_a_stop_inside_generation_leaves_no_hook_and_the_run_continues_exactly(t
     assert (run / "rollouts.jsonl").read_text() == (done / "rollouts.jsonl").read_text()
     assert without_timings(rundir.read_jsonl(run / "metrics.jsonl")) == \
         without_timings(rundir.read_jsonl(done / "metrics.jsonl"))
+
+
+# 2. a Drive that is no longer mounted ------------------------------------------------------------------------
+
+@pytest.fixture
+def unmounted(tmp_path, monkeypatch):
+    """Colab's Drive path after 01's last cell unmounted it: a plain folder, not a mount point."""
+    from kit import env
+
+    root = tmp_path / "content" / "drive"
+    (root / "MyDrive").mkdir(parents=True)
+    monkeypatch.setattr(env, "DRIVE_ROOT", str(root))
+    return root
+
+
+def test_the_mirror_copies_nothing_to_an_unmounted_drive_and_says_so(unmounted, tmp_path):
+    from kit import colab
+
+    mirror = unmounted / "MyDrive" / "magrpo-kit" / "runs" / "run"
+    said = []
+    trainer = Trainer(cfg_for(tmp_path / "run", "num_steps=2", f"mirror_dir={mirror}"), log=said.append)
+    summary = colab.train_to_end(trainer, every=100)
+    assert not mirror.exists()  # no plain folder of this disk at Drive's path
+    assert summary["backup"].startswith("last good backup: none yet")
+    failures = [s for s in said if "fail" in s.lower()]
+    assert failures and all("Drive is not mounted" in s for s in failures), failures
+
+
+def test_resume_does_not_trust_a_plain_folder_at_the_drive_path(unmounted, tmp_path):
+    """A folder made at the Drive path while Drive was unmounted, ahead of this disk: not restored from."""
+    from kit import colab
+
+    mirror = unmounted / "MyDrive" / "runs" / "run"
+    ahead = Trainer(cfg_for(mirror, "num_steps=2"), **QUIET)
+    ahead.train()
+    ahead.close()
+    said = []
+    trainer = colab.start_or_resume(cfg_for(tmp_path / "run", "num_steps=2", f"mirror_dir={mirror}"),
+                                    log=said.append)
+    assert trainer.step == 0 and not (tmp_path / "run" / "ckpt").exists()
+    assert any("not restoring" in s and "Drive is not mounted" in s for s in said), said
+
+
+def test_the_config_cell_says_when_drive_is_not_mounted(unmounted, monkeypatch):
+    from kit import colab
+
+    said = []
+    cfg = colab.notebook_config("tiny_cpu", "toy", {}, "run", unmounted / "MyDrive", log=said.append)
+    assert cfg.mirror_dir and any("NOT MOUNTED" in s and "mount_drive()" in s for s in said), said
+
+
+class FakeDrive:
+    def __init__(self):
+        self.calls = []
+
+    def mount(self, root):
+        self.calls.append(("mount", root))
+
+    def flush_and_unmount(self):
+        self.calls.append(("flush_and_unmount",))
+
+
+@pytest.fixture
+def in_colab(monkeypatch):
+    import sys
+    import types
+
+    drive = FakeDrive()
+    colab_module = types.ModuleType("google.colab")
+    colab_module.drive = drive
+    google = types.ModuleType("google")
+    google.colab = colab_module
+    monkeypatch.setitem(sys.modules, "google", google)
+    monkeypatch.setitem(sys.modules, "google.colab", colab_module)
+    return drive
+
+
+def test_the_drive_cell_mounts_again_over_a_plain_folder(unmounted, in_colab):
+    from kit import env
+
+    left = unmounted / "MyDrive" / "magrpo-kit" / "runs" / "run" / "metrics.jsonl"
+    left.parent.mkdir(parents=True)
+    left.write_text("{}\n")
+    said = []
+    assert env.mount_drive(str(unmounted), log=said.append) == unmounted / "MyDrive"
+    assert in_colab.calls == [("mount", str(unmounted))]
+    assert not unmounted.exists() or not any(unmounted.iterdir())  # Colab mounts only on an empty folder
+    assert any("never reached Drive" in s for s in said), said
+
+
+def test_the_flush_says_that_drive_is_unmounted_and_how_to_mount_it_again(unmounted, in_colab, monkeypatch):
+    from kit import env
+
+    monkeypatch.setattr(env, "drive_mounted", lambda root=None: True)
+    said = []
+    env.flush_drive(log=said.append)
+    assert in_colab.calls == [("flush_and_unmount",)]
+    assert any("UNMOUNTED" in s and "mount_drive()" in s for s in said), said
