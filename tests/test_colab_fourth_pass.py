@@ -173,3 +173,86 @@ def test_the_flush_says_that_drive_is_unmounted_and_how_to_mount_it_again(unmoun
     env.flush_drive(log=said.append)
     assert in_colab.calls == [("flush_and_unmount",)]
     assert any("UNMOUNTED" in s and "mount_drive()" in s for s in said), said
+
+
+# 4. Drive's logs behind its checkpoint -----------------------------------------------------------------------
+
+def test_drive_never_holds_a_checkpoint_its_logs_do_not_reach(tmp_path, monkeypatch):
+    """A Drive slower than save_every: the copy pushed at step 2 is slow on rollouts.jsonl (the big log) until
+    step 4 is saved, then the runtime disconnects (every later copy fails). A new runtime restores from Drive and trains to the end: the logs have
+    every step, as a run never stopped."""
+    import errno
+    import os
+    import shutil
+    import time
+
+    from kit import colab
+    from kit.rundir import Mirror
+
+    run, drive = tmp_path / "run", tmp_path / "drive"
+    real_copy, real_copy_all = shutil.copyfile, Mirror._copy_all
+    calls = []
+
+    def slow_copy(src, dst, *args, **kwargs):
+        if len(calls) == 1 and os.fspath(src) == str(run / "rollouts.jsonl"):
+            deadline = time.time() + 60
+            while not (run / "ckpt" / "step_000004" / "COMPLETE").exists() and time.time() < deadline:
+                time.sleep(0.05)
+        return real_copy(src, dst, *args, **kwargs)
+
+    def copy_all(self):
+        calls.append(1)
+        if len(calls) > 1:  # the runtime is gone: nothing more reaches Drive
+            raise OSError(errno.ENOTCONN, "Transport endpoint is not connected")
+        return real_copy_all(self)
+
+    monkeypatch.setattr(shutil, "copyfile", slow_copy)
+    monkeypatch.setattr(Mirror, "_copy_all", copy_all)
+    trainer = Trainer(cfg_for(run, f"mirror_dir={drive}"), **QUIET)
+    colab.train_to_end(trainer, every=100)
+    monkeypatch.undo()
+    again = colab.start_or_resume(cfg_for(tmp_path / "new_runtime", f"mirror_dir={drive}"), **QUIET)
+    colab.train_to_end(again, every=100)
+    done = reference(tmp_path / "reference")
+    assert without_timings(rundir.read_jsonl(tmp_path / "new_runtime" / "metrics.jsonl")) == \
+        without_timings(rundir.read_jsonl(done / "metrics.jsonl"))
+
+
+def test_restore_refuses_a_checkpoint_newer_than_the_logs_on_drive(tmp_path):
+    """Drive as an older kit (logs copied before checkpoints) could leave it: checkpoint 4, logs through step 2."""
+    import shutil
+
+    from kit import colab
+
+    drive = tmp_path / "drive"
+    shutil.copytree(reference(tmp_path / "reference"), drive)
+    rundir.truncate_jsonl(drive / "metrics.jsonl", 2)
+    rundir.truncate_jsonl(drive / "rollouts.jsonl", 2)
+    said = []
+    trainer = colab.start_or_resume(cfg_for(tmp_path / "run", f"mirror_dir={drive}"), log=said.append)
+    assert trainer.step == 2
+    assert any("step 4" in s and "logs" in s and "not restored" in s for s in said), said
+
+
+def test_a_checkpoint_that_got_through_a_failing_copy_counts_and_the_mirror_still_prunes(tmp_path, monkeypatch):
+    """Every copy fails at the adapter history (Drive full); the full checkpoints themselves get through."""
+    import errno
+    import os
+    import shutil
+
+    from kit import checkpoint, colab
+
+    run, drive = tmp_path / "run", tmp_path / "drive"
+    real_copy = shutil.copyfile
+
+    def failing_copy(src, dst, *args, **kwargs):
+        if os.fspath(dst).startswith(str(drive / "history")):
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(dst))
+        return real_copy(src, dst, *args, **kwargs)
+
+    monkeypatch.setattr(shutil, "copyfile", failing_copy)
+    trainer = Trainer(cfg_for(run, "save_every=1", "keep_last=1", "keep_history=3", f"mirror_dir={drive}"),
+                      **QUIET)
+    summary = colab.train_to_end(trainer, every=100)
+    assert summary["backup"] == f"last good backup: step 4 ({drive})"
+    assert [p.name for p in checkpoint.complete_checkpoints(drive)] == ["step_000004"]  # pruned, not piling up
