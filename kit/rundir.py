@@ -242,21 +242,33 @@ class Mirror:
         return f"last good backup: step {self.last_good} ({self.mirror_dir})"
 
     def flush(self) -> None:
-        """Wait for queued copies and report how they went (see check)."""
+        """Wait for queued copies, saying so when one is still running, and report how they went (see check). A
+        stop (KeyboardInterrupt) while waiting leaves the copies queued and running: the next flush waits for them."""
         with self._lock:
-            pending, self._pending = self._pending, []
+            pending = list(self._pending)
+        if any(not f.done() for f in pending):
+            from kit.checkpoint import complete_checkpoints
+
+            newest = complete_checkpoints(self.run_dir)
+            what = f"the checkpoint of step {_step_of(newest[0])} and the logs" if newest else "the logs"
+            self.log(f"[kit] waiting for the copy to Drive to finish ({what}, to {self.mirror_dir}); a slow Drive "
+                     "can take minutes. A stop here loses nothing: the copy goes on, and running this cell again "
+                     "waits for it and says how it went")
         for f in pending:
             try:
                 f.result()
             except Exception:  # recorded by _copy, said by check()
                 pass
+            with self._lock:
+                self._pending = [p for p in self._pending if p is not f]
         self.check()
 
     def close(self) -> str:
-        """Wait for the last copy; returns status(). Closing twice is harmless."""
+        """Wait for the last copy; returns status(). Closing twice is harmless; closing again after a stop during
+        the wait waits for the copies still running."""
         if not self._closed:
-            self._closed = True
             self.flush()
+            self._closed = True
             self._pool.shutdown(wait=True)
             if self.error is not None:
                 self.log(f"[kit] WARNING: the last backup to Drive FAILED ({reason(self.error)}); {self.status()}. "

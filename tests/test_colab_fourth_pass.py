@@ -256,3 +256,37 @@ def test_a_checkpoint_that_got_through_a_failing_copy_counts_and_the_mirror_stil
     summary = colab.train_to_end(trainer, every=100)
     assert summary["backup"] == f"last good backup: step 4 ({drive})"
     assert [p.name for p in checkpoint.complete_checkpoints(drive)] == ["step_000004"]  # pruned, not piling up
+
+
+# 5. a stop while the training cell waits for the last Drive copy ------------------------------------------------
+
+def test_a_stop_while_waiting_for_the_last_copy_is_said_and_the_cell_run_again_waits_for_it(tmp_path, monkeypatch):
+    import os
+    import shutil
+    import threading
+
+    from kit import colab
+
+    run, drive = tmp_path / "run", tmp_path / "drive"
+    real_copy, slow = shutil.copyfile, threading.Event()
+
+    def slow_copy(src, dst, *args, **kwargs):  # a slow Drive: step 4's checkpoint takes its time
+        if os.fspath(dst).startswith(str(drive / "ckpt")) and "step_000004" in os.fspath(dst):
+            assert slow.wait(60)
+        return real_copy(src, dst, *args, **kwargs)
+
+    said = []
+
+    def log(line):  # Colab's stop button, pressed as the cell starts to wait
+        said.append(line)
+        if "waiting for the copy to Drive" in line and not slow.is_set():
+            slow.set()
+            raise KeyboardInterrupt
+
+    monkeypatch.setattr(shutil, "copyfile", slow_copy)
+    trainer = Trainer(cfg_for(run, f"mirror_dir={drive}"), log=log)
+    with pytest.raises(KeyboardInterrupt):
+        colab.train_to_end(trainer, every=100)
+    assert any("step 4" in s and "A stop here loses nothing" in s for s in said), said
+    summary = colab.train_to_end(trainer, every=100)  # the training cell run again
+    assert summary["backup"] == f"last good backup: step 4 ({drive})"
