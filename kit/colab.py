@@ -23,8 +23,8 @@ import os
 import shutil
 from pathlib import Path
 
-from kit.env import (GPUNeeded, drive_mounted, flush_drive, gpu_summary, in_colab, mount_drive,  # noqa: F401
-                     require_gpu, secret, secret_status, smoke, unmounted_drive)
+from kit.env import (GPUNeeded, cpu_advice, drive_mounted, flush_drive, gpu_summary, in_colab,  # noqa: F401
+                     mount_drive, require_gpu, secret, secret_status, smoke, unmounted_drive)
 from kit.rundir import DRIVE_FOLDER, LOCAL_ROOT, dropped, restore
 
 
@@ -186,6 +186,14 @@ def report_to_drive(report: str | Path, run_dir: str | Path, drive: Path | None,
     return target
 
 
+def tiny_learns(cfg) -> bool:
+    """Can the run's model learn its task: any real model, or the built-in tiny one on its toy task or the small
+    tiny_hanabi game (the two it is tuned for, README: The tiny model)."""
+    if cfg.model_name != "tiny":
+        return True
+    return cfg.task == "toy" or (cfg.task == "game" and cfg.task_args.get("game") == "tiny_hanabi")
+
+
 def notebook_config(preset: str, task: str, task_args: dict, run_name: str, drive: Path | None = None,
                     drive_folder: str = DRIVE_FOLDER, num_steps: int | None = None,
                     judge_model: str | None = None, judge_budget_usd: float = 15.0, smoke: bool = False, log=print,
@@ -217,8 +225,14 @@ def notebook_config(preset: str, task: str, task_args: dict, run_name: str, driv
                           task_args={"game": task_args.get("game", "tiny_hanabi"), "prompt_style": "compact",
                                      "max_decisions": 6})
     else:
-        require_gpu(preset)
+        require_gpu(preset, task)
     cfg = validate(from_dict(values, load_config(preset)))
+    if not smoke and not tiny_learns(cfg):  # said before training, not after 30 minutes at reward 0
+        real_presets = "'colab_hanabi'" if cfg.task == "game" else "'colab_t4' or 'colab_a100'"
+        log("!" * 100 + f"\n[kit] WARNING: the built-in tiny model ({preset}) cannot learn task {cfg.task!r} "
+            f"{cfg.task_args}: it has never read text, so its reward stays at 0 however long it trains.\n      "
+            f"{cpu_advice(cfg.task)}; this task needs a real model on a GPU runtime (PRESET = "
+            f"{real_presets}).\n" + "!" * 100)
     if cfg.mirror_dir and unmounted_drive(cfg.mirror_dir):  # e.g. 01's last cell unmounted it, then more training
         log("!" * 100 + f"\n[kit] WARNING: Google Drive is NOT MOUNTED ({Path(drive).parent} is not a mount point; "
             "01's last cell unmounts it), so nothing is backed up and the run on Drive is not read.\n      Run the "

@@ -135,12 +135,27 @@ class GPUNeeded(RuntimeError):
     """A preset made for a GPU asked for on a machine without one."""
 
 
-def require_gpu(preset: str) -> None:
-    """Full mode on a CPU runtime would load a billion-parameter model in fp32 and crawl: stop with the way out."""
+def cpu_advice(task: str | None = None, cli: bool = False) -> str:
+    """What to run on a CPU instead: a preset with a task its built-in tiny model learns there (it has never read
+    text, so code or writing stays at reward 0 however long it trains)."""
+    if cli:
+        return ("To try the kit on a CPU: --preset tiny_cpu (the tiny model on its toy task, a minute) or --preset "
+                "tiny_hanabi (a small card game).")
+    if task == "game":
+        return ("To try the kit on a CPU, set PRESET = 'tiny_hanabi' and TASK_ARGS = {'game': 'tiny_hanabi', "
+                "'prompt_style': 'compact'} (the tiny model learns that small game in a minute)")
+    return ("To try the kit on a CPU, set PRESET = 'tiny_cpu' and TASK = 'toy' (the tiny model learns its toy task in "
+            "a minute; it cannot learn code or writing)")
+
+
+def require_gpu(preset: str, task: str | None = None, cli: bool = False) -> None:
+    """Full mode on a CPU runtime would load a billion-parameter model in fp32 and crawl: stop with the way out
+    (for a notebook's `task`, or the command line's flags)."""
     import torch
 
     if not preset.startswith("tiny") and not torch.cuda.is_available():
+        smoke_mode = "" if cli else (", or use smoke mode: in Colab, add a cell at the top with `%env KIT_SMOKE=1` and "
+                                     "Run all (a shell: export KIT_SMOKE=1).")
         raise GPUNeeded(f"preset {preset!r} needs a GPU and this runtime has none. In Colab: Runtime > Change "
-                        "runtime type > GPU (A100 for colab_a100, T4 for colab_t4), then Run all again. To try "
-                        "the kit on a CPU, set PRESET = 'tiny_cpu', or use smoke mode: in Colab, add a cell at the top "
-                        "with `%env KIT_SMOKE=1` and Run all (a shell: export KIT_SMOKE=1).")
+                        "runtime type > GPU (A100 for colab_a100, T4 for colab_t4), then Run all again. "
+                        f"{cpu_advice(task, cli)}{smoke_mode}")

@@ -13,7 +13,9 @@
 
 Why a mirror and not training straight on Drive: Drive is slow and can drop writes when a runtime dies. The
 trainer writes each checkpoint locally (atomically), then the mirror copies it to Drive under a temporary name
-and renames it only when the copy is whole, so a half-copied checkpoint never looks complete on Drive.
+and renames it only when the copy is whole, so a half-copied checkpoint never looks complete on Drive. The logs
+follow the checkpoints, so Drive's logs always reach its newest checkpoint. A path under Colab's Drive mount that is
+not a mount point (Drive unmounted) is neither written nor read.
 
 A Drive slower than `save_every` steps: while a checkpoint is being copied, the trainer may prune it (to history/,
 or away). Pruning renames a folder in one step (kit/checkpoint.py), so the copy either read it whole or finds it

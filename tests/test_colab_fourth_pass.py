@@ -290,3 +290,38 @@ def test_a_stop_while_waiting_for_the_last_copy_is_said_and_the_cell_run_again_w
     assert any("step 4" in s and "A stop here loses nothing" in s for s in said), said
     summary = colab.train_to_end(trainer, every=100)  # the training cell run again
     assert summary["backup"] == f"last good backup: step 4 ({drive})"
+
+
+# 3. CPU advice that leads to a run that learns -----------------------------------------------------------------
+
+def test_the_cpu_advice_names_a_task_the_tiny_model_learns(monkeypatch):
+    from kit import colab
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    with pytest.raises(colab.GPUNeeded) as refused:
+        colab.notebook_config("colab_a100", "code", {"dataset": "humaneval"}, "x", **QUIET)
+    assert "PRESET = 'tiny_cpu' and TASK = 'toy'" in str(refused.value)
+    with pytest.raises(colab.GPUNeeded) as refused:
+        colab.notebook_config("colab_hanabi", "game", {"game": "hanabi"}, "x", **QUIET)
+    assert "PRESET = 'tiny_hanabi'" in str(refused.value) and "'game': 'tiny_hanabi'" in str(refused.value)
+
+
+@pytest.mark.parametrize("preset, task, task_args, warned", [
+    ("tiny_cpu", "code", {"dataset": "humaneval"}, True), ("tiny_cpu", "writing", {}, True),
+    ("tiny_hanabi", "game", {"game": "hanabi"}, True), ("tiny_cpu", "toy", {}, False),
+    ("tiny_hanabi", "game", {"game": "tiny_hanabi", "prompt_style": "compact"}, False)])
+def test_the_config_cell_warns_when_the_tiny_model_cannot_learn_the_task(preset, task, task_args, warned):
+    from kit import colab
+
+    said = []
+    colab.notebook_config(preset, task, task_args, "x", drive=Path("/tmp/not-drive"), log=said.append)
+    assert any("cannot learn" in s and "TASK" in s for s in said) == warned, said
+
+
+def test_the_cli_on_a_cpu_says_which_preset_to_pass(tmp_path, capsys, monkeypatch):
+    from kit.__main__ import main as cli
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert cli(["train", "--preset", "colab_t4", "--run-dir", str(tmp_path / "r")]) == 2
+    err = capsys.readouterr().err
+    assert "--preset tiny_cpu" in err and "PRESET =" not in err and "KIT_SMOKE" not in err
