@@ -226,8 +226,9 @@ class Trainer:
             raise RuntimeError(f"step {step + 1} was stopped halfway (during its update or its log lines) and the run "
                                "has no checkpoint to go back to: start it again (run the resume cell, or train with "
                                "--resume)")
+        newest = rundir.newest_step(self.run_dir)
         self.log(f"[kit] step {step + 1} was stopped halfway (during its update or its log lines): going back to "
-                 "the newest checkpoint")
+                 f"the newest checkpoint (step {newest}){rundir.dropped(self.run_dir, newest)}")
         self._resume()
 
     # ---- data

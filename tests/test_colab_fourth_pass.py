@@ -325,3 +325,33 @@ def test_the_cli_on_a_cpu_says_which_preset_to_pass(tmp_path, capsys, monkeypatc
     assert cli(["train", "--preset", "colab_t4", "--run-dir", str(tmp_path / "r")]) == 2
     err = capsys.readouterr().err
     assert "--preset tiny_cpu" in err and "PRESET =" not in err and "KIT_SMOKE" not in err
+
+
+# low: going back to a checkpoint names the dropped steps, and the live curve drops them --------------------------
+
+def test_going_back_to_a_checkpoint_names_the_dropped_steps_and_the_live_curve_drops_them(tmp_path, monkeypatch):
+    from kit import colab, plots
+
+    said, curves = [], []
+    trainer = Trainer(cfg_for(tmp_path / "run"), log=said.append)  # checkpoints at steps 2 and 4
+    real_update = trainer.update
+
+    def update(levels):  # the stop lands in step 4's update: step 3 is logged after checkpoint 2
+        if trainer.step == 3 and not curves:
+            curves.append(None)
+            raise KeyboardInterrupt
+        return real_update(levels)
+
+    monkeypatch.setattr(trainer, "update", update)
+    with pytest.raises(KeyboardInterrupt):
+        trainer.train()
+
+    class Curve(plots.LiveCurve):
+        def __init__(self, *a, **k):
+            super().__init__(*a, **k)
+            curves.append(self)
+
+    monkeypatch.setattr(plots, "LiveCurve", Curve)
+    colab.train_to_end(trainer, every=100)
+    assert any("going back to the newest checkpoint (step 2)" in s and "(step 3) is dropped" in s for s in said), said
+    assert [r["step"] for r in curves[-1].rows] == [1, 2, 3, 4]
