@@ -19,6 +19,7 @@ kit/env.py; the Drive mirror and restore from kit/rundir.py.
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 from pathlib import Path
@@ -83,7 +84,17 @@ def run_to_analyse(run_name: str, drive: Path | None = None, drive_folder: str =
     if not (found / "config.json").exists():
         raise FileNotFoundError(f"{found} is not a run folder (no config.json)")
     log(f"[kit] run: {found}")
+    model = json.loads((found / "config.json").read_text()).get("model_name", "tiny")
+    if model != "tiny" and not _has_gpu():  # said before a cell spends many minutes in fp32 on a CPU
+        log(f"[kit] this runtime has no GPU: {model} will run on the CPU in full precision, which is slow (minutes "
+            "per evaluation). In Colab: Runtime > Change runtime type > GPU, then Run all again")
     return found
+
+
+def _has_gpu() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
 
 
 def preset_smoke_test(preset: str, log=print) -> str:
@@ -134,6 +145,8 @@ def smoke_run(run_name: str = "magrpo_code", drive: Path | None = None, drive_fo
     from kit.rundir import newest_step
 
     cfg = notebook_config("tiny_cpu", "code", {"dataset": "coop"}, run_name, drive, drive_folder, smoke=True, log=log)
+    if cfg.mirror_dir and newest_step(cfg.run_dir) < cfg.num_steps:  # a new runtime: Drive may hold it whole
+        restore(cfg.mirror_dir, cfg.run_dir, log=log)
     if newest_step(cfg.run_dir) < cfg.num_steps:
         log(f"[kit] smoke mode: 01_train's smoke run ({cfg.run_dir}) is not there or not finished; training it now")
         trainer = start_or_resume(cfg, log=log)

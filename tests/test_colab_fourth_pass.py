@@ -355,3 +355,44 @@ def test_going_back_to_a_checkpoint_names_the_dropped_steps_and_the_live_curve_d
     colab.train_to_end(trainer, every=100)
     assert any("going back to the newest checkpoint (step 2)" in s and "(step 3) is dropped" in s for s in said), said
     assert [r["step"] for r in curves[-1].rows] == [1, 2, 3, 4]
+
+
+# low: smoke mode in a new runtime; a real model on a CPU runtime ---------------------------------------------------
+
+def test_smoke_mode_in_a_new_runtime_takes_the_smoke_run_from_drive_without_training_it(tmp_path, monkeypatch):
+    import json
+
+    from kit import colab
+
+    monkeypatch.setenv("KIT_SMOKE", "1")
+    monkeypatch.setenv("KIT_SMOKE_DIR", str(tmp_path / "new_runtime" / "smoke"))
+    drive = tmp_path / "MyDrive"
+    on_drive = drive / rundir.DRIVE_FOLDER / "_smoke" / "mine"  # where 01 in smoke mode mirrored it
+    steps = colab.notebook_config("tiny_cpu", "code", {}, "mine", smoke=True, **QUIET).num_steps
+    (on_drive / "ckpt" / f"step_{steps:06d}").mkdir(parents=True)
+    (on_drive / "ckpt" / f"step_{steps:06d}" / "COMPLETE").write_text("")
+    (on_drive / "config.json").write_text("{}")
+    (on_drive / "metrics.jsonl").write_text("".join(json.dumps({"step": s}) + "\n" for s in range(steps + 1)))
+    said = []
+    found = colab.run_to_analyse("mine", drive, log=said.append)
+    assert found == tmp_path / "new_runtime" / "smoke"
+    assert (found / "ckpt" / f"step_{steps:06d}" / "COMPLETE").exists()
+    assert not any("training it now" in s for s in said), said
+
+
+def test_the_analysis_notebooks_say_when_a_real_model_will_run_on_a_cpu(tmp_path, monkeypatch):
+    import json
+
+    from kit import colab
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "config.json").write_text(json.dumps({"model_name": "Qwen/Qwen2.5-Coder-3B-Instruct"}))
+    said = []
+    colab.run_to_analyse("run", run_dir=run, log=said.append)
+    assert any("no GPU" in s and "Qwen/Qwen2.5-Coder-3B-Instruct" in s for s in said), said
+    (run / "config.json").write_text(json.dumps({"model_name": "tiny"}))
+    said.clear()
+    colab.run_to_analyse("run", run_dir=run, log=said.append)
+    assert not any("no GPU" in s for s in said), said
