@@ -179,8 +179,8 @@ def test_the_flush_says_that_drive_is_unmounted_and_how_to_mount_it_again(unmoun
 
 def test_drive_never_holds_a_checkpoint_its_logs_do_not_reach(tmp_path, monkeypatch):
     """A Drive slower than save_every: the copy pushed at step 2 is slow on rollouts.jsonl (the big log) until
-    step 4 is saved, then the runtime disconnects (every later copy fails). A new runtime restores from Drive and trains to the end: the logs have
-    every step, as a run never stopped."""
+    step 4 is saved, then the runtime disconnects (every later copy fails). A new runtime restores from Drive and
+    trains to the end: the logs have every step, as a run never stopped."""
     import errno
     import os
     import shutil
@@ -396,3 +396,14 @@ def test_the_analysis_notebooks_say_when_a_real_model_will_run_on_a_cpu(tmp_path
     said.clear()
     colab.run_to_analyse("run", run_dir=run, log=said.append)
     assert not any("no GPU" in s for s in said), said
+
+
+def test_04_on_a_run_of_another_task_says_the_same_clear_error_in_every_cell(tmp_path):
+    from kit import schemes
+
+    trainer = Trainer(cfg_for(tmp_path / "run", "num_steps=1"), **QUIET)  # the toy task
+    trainer.train()
+    trainer.close()
+    for cell in (schemes.scheme_shares, schemes.fresh_shares):
+        with pytest.raises(ValueError, match="schemes apply to the code task"):
+            cell(tmp_path / "run")
