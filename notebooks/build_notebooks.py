@@ -261,7 +261,9 @@ explore.browser(RUN_DIR)
 """),
                  code("""
 # The same, without widgets: the best joint action of the newest step and its breakdown
-explore.breakdown(explore.RunLog(RUN_DIR).best())
+from IPython.display import Markdown, display
+
+display(Markdown(explore.breakdown_table(explore.RunLog(RUN_DIR).best())))
 """),
              ])
 

@@ -407,3 +407,11 @@ def test_04_on_a_run_of_another_task_says_the_same_clear_error_in_every_cell(tmp
     for cell in (schemes.scheme_shares, schemes.fresh_shares):
         with pytest.raises(ValueError, match="schemes apply to the code task"):
             cell(tmp_path / "run")
+
+
+def test_05_without_widgets_shows_the_breakdown_as_a_table():
+    from kit import explore
+
+    row = {"step": 3, "item": "HumanEval/0", "parts": {"tests": 1.0}, "reward": 1.0, "advantages": [0.25, -0.5]}
+    table = explore.breakdown_table(row)
+    assert "step 3, item HumanEval/0" in table and "| tests | 1.000 |" in table and "| advantage[1] | -0.500 |" in table
