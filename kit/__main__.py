@@ -143,7 +143,7 @@ def main(argv: list[str] | None = None) -> int:
         else:
             cfg = load_config(args.preset, args.config, overrides)
             if args.preset and cfg.device == "auto":  # as the notebooks: a GPU preset on a CPU would crawl
-                require_gpu(args.preset)
+                require_gpu(args.preset, cli=True)
             if args.resume and (Path(cfg.run_dir) / "config.json").exists():
                 say_resume(cfg.run_dir)
             trainer = trainer_class(cfg.task, cfg.algorithm)(cfg, resume=args.resume, from_scratch=args.from_scratch)

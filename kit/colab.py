@@ -19,12 +19,13 @@ kit/env.py; the Drive mirror and restore from kit/rundir.py.
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 from pathlib import Path
 
-from kit.env import (GPUNeeded, flush_drive, gpu_summary, in_colab, mount_drive, require_gpu, secret,  # noqa: F401
-                     secret_status, smoke)
+from kit.env import (GPUNeeded, cpu_advice, drive_mounted, flush_drive, gpu_summary, in_colab,  # noqa: F401
+                     mount_drive, require_gpu, secret, secret_status, smoke, unmounted_drive)
 from kit.rundir import DRIVE_FOLDER, LOCAL_ROOT, dropped, restore
 
 
@@ -83,7 +84,17 @@ def run_to_analyse(run_name: str, drive: Path | None = None, drive_folder: str =
     if not (found / "config.json").exists():
         raise FileNotFoundError(f"{found} is not a run folder (no config.json)")
     log(f"[kit] run: {found}")
+    model = json.loads((found / "config.json").read_text()).get("model_name", "tiny")
+    if model != "tiny" and not _has_gpu():  # said before a cell spends many minutes in fp32 on a CPU
+        log(f"[kit] this runtime has no GPU: {model} will run on the CPU in full precision, which is slow (minutes "
+            "per evaluation). In Colab: Runtime > Change runtime type > GPU, then Run all again")
     return found
+
+
+def _has_gpu() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
 
 
 def preset_smoke_test(preset: str, log=print) -> str:
@@ -134,6 +145,8 @@ def smoke_run(run_name: str = "magrpo_code", drive: Path | None = None, drive_fo
     from kit.rundir import newest_step
 
     cfg = notebook_config("tiny_cpu", "code", {"dataset": "coop"}, run_name, drive, drive_folder, smoke=True, log=log)
+    if cfg.mirror_dir and newest_step(cfg.run_dir) < cfg.num_steps:  # a new runtime: Drive may hold it whole
+        restore(cfg.mirror_dir, cfg.run_dir, log=log)
     if newest_step(cfg.run_dir) < cfg.num_steps:
         log(f"[kit] smoke mode: 01_train's smoke run ({cfg.run_dir}) is not there or not finished; training it now")
         trainer = start_or_resume(cfg, log=log)
@@ -186,6 +199,14 @@ def report_to_drive(report: str | Path, run_dir: str | Path, drive: Path | None,
     return target
 
 
+def tiny_learns(cfg) -> bool:
+    """Can the run's model learn its task: any real model, or the built-in tiny one on its toy task or the small
+    tiny_hanabi game (the two it is tuned for, README: The tiny model)."""
+    if cfg.model_name != "tiny":
+        return True
+    return cfg.task == "toy" or (cfg.task == "game" and cfg.task_args.get("game") == "tiny_hanabi")
+
+
 def notebook_config(preset: str, task: str, task_args: dict, run_name: str, drive: Path | None = None,
                     drive_folder: str = DRIVE_FOLDER, num_steps: int | None = None,
                     judge_model: str | None = None, judge_budget_usd: float = 15.0, smoke: bool = False, log=print,
@@ -217,8 +238,18 @@ def notebook_config(preset: str, task: str, task_args: dict, run_name: str, driv
                           task_args={"game": task_args.get("game", "tiny_hanabi"), "prompt_style": "compact",
                                      "max_decisions": 6})
     else:
-        require_gpu(preset)
+        require_gpu(preset, task)
     cfg = validate(from_dict(values, load_config(preset)))
+    if not smoke and not tiny_learns(cfg):  # said before training, not after 30 minutes at reward 0
+        real_presets = "'colab_hanabi'" if cfg.task == "game" else "'colab_t4' or 'colab_a100'"
+        log("!" * 100 + f"\n[kit] WARNING: the built-in tiny model ({preset}) cannot learn task {cfg.task!r} "
+            f"{cfg.task_args}: it has never read text, so its reward stays at 0 however long it trains.\n      "
+            f"{cpu_advice(cfg.task)}; this task needs a real model on a GPU runtime (PRESET = "
+            f"{real_presets}).\n" + "!" * 100)
+    if cfg.mirror_dir and unmounted_drive(cfg.mirror_dir):  # e.g. 01's last cell unmounted it, then more training
+        log("!" * 100 + f"\n[kit] WARNING: Google Drive is NOT MOUNTED ({Path(drive).parent} is not a mount point; "
+            "01's last cell unmounts it), so nothing is backed up and the run on Drive is not read.\n      Run the "
+            "Drive cell (colab.mount_drive()) again, then this cell.\n" + "!" * 100)
     if cfg.mirror_dir is None and not smoke:
         log("!" * 100 + "\n[kit] WARNING: Google Drive is not mounted, so NOTHING IS BACKED UP. Checkpoints stay on "
             "this runtime's disk and are lost when it disconnects.\n      Run the Drive cell (or "

@@ -223,6 +223,7 @@ def _preset_tiny_hanabi() -> TrainConfig:
     cfg.task, cfg.task_args = "game", {"game": "tiny_hanabi", "prompt_style": "compact"}
     cfg.learning_rate, cfg.temperature, cfg.num_steps, cfg.top_p, cfg.beta = 1e-3, 1.5, 300, 1.0, 0.0
     cfg.eval_every, cfg.num_eval_items, cfg.run_dir = 25, 16, "checkpoints/tiny_hanabi"
+    cfg.save_every = 25  # tiny_cpu's 100 would leave a stop or a disconnect up to 100 steps to redo
     return cfg
 
 

@@ -4,6 +4,7 @@
     gpu_summary()                   "NVIDIA A100-SXM4-40GB, 39.6 GiB" or a clear line on a CPU runtime
     require_gpu(preset)             stop full mode on a CPU runtime with how to switch it
     mount_drive(), flush_drive()    Google Drive (only in Colab); None elsewhere
+    drive_mounted(), unmounted_drive(path)  Drive really mounted (a mount point), a path on an unmounted Drive
     secret("ANTHROPIC_API_KEY")     from the environment or Colab secrets; never printed
     secret_status(name)             "found", "not set", or "grant access" (a Colab secret this notebook may not read)
 """
@@ -40,26 +41,52 @@ def gpu_summary() -> str:
     return f"{props.name}, {props.total_memory / 2**30:.1f} GiB"
 
 
-def mount_drive(root: str = DRIVE_ROOT, log=print) -> Path | None:
-    """Mount Google Drive once; outside Colab say so in one line and return None."""
+def drive_mounted(root: str | None = None) -> bool:
+    """Is Google Drive mounted at `root` (Colab's /content/drive): a mount point, not merely a folder? After
+    `flush_drive()` unmounts it, the path can still exist (or be made again) as a plain folder of this disk."""
+    return os.path.ismount(root or DRIVE_ROOT)
+
+
+def unmounted_drive(path: str | Path) -> bool:
+    """Does `path` lie under Colab's Drive mount point while Drive is not mounted there? Then a file written there
+    stays on this runtime's disk, and what is read there is not Drive. Paths elsewhere (any folder used as a
+    mirror outside Colab) are never "unmounted"."""
+    root, path = os.path.abspath(DRIVE_ROOT), os.path.abspath(path)
+    return (path == root or path.startswith(root + os.sep)) and not drive_mounted(root)
+
+
+def mount_drive(root: str | None = None, log=print) -> Path | None:
+    """Mount Google Drive (when it is not mounted already: a mount point, not a folder); outside Colab say so in
+    one line and return None. Files that an earlier cell wrote to the mount path while Drive was unmounted are
+    moved aside first (Colab refuses to mount over them), and said."""
     if not in_colab():
         log("[kit] not in Colab: no Drive, runs stay on this disk")
         return None
-    mydrive = Path(root) / "MyDrive"
-    if not mydrive.exists():
+    root = Path(root or DRIVE_ROOT)
+    if not drive_mounted(str(root)):
+        if root.is_dir() and any(root.iterdir()):
+            import time
+
+            aside = root.with_name(f"{root.name}_not_on_drive_{time.strftime('%Y%m%d_%H%M%S')}")
+            root.rename(aside)
+            log(f"[kit] {root} held files written while Drive was not mounted (they never reached Drive): moved to "
+                f"{aside}")
         from google.colab import drive
 
-        drive.mount(root)
-    return mydrive
+        drive.mount(str(root))
+    return root / "MyDrive"
 
 
-def flush_drive(log=print) -> None:
-    """Make sure everything written to Drive is uploaded (Colab only; unmounts Drive)."""
-    if in_colab() and Path(DRIVE_ROOT, "MyDrive").exists():
+def flush_drive(root: str | None = None, log=print) -> None:
+    """Make sure everything written to Drive is uploaded (Colab only). This unmounts Drive: said, with how to mount
+    it again (a later cell that trains or reads the run on Drive needs it)."""
+    root = root or DRIVE_ROOT
+    if in_colab() and drive_mounted(root):
         from google.colab import drive
 
         drive.flush_and_unmount()
-        log("[kit] Drive flushed and unmounted")
+        log("[kit] Drive flushed and UNMOUNTED: every file is on Drive. To train longer or resume in this runtime, "
+            "run the Drive cell again (colab.mount_drive()) first; without it nothing is backed up")
 
 
 def secret(name: str, log=print) -> str | None:
@@ -111,12 +138,29 @@ class GPUNeeded(RuntimeError):
     """A preset made for a GPU asked for on a machine without one."""
 
 
-def require_gpu(preset: str) -> None:
-    """Full mode on a CPU runtime would load a billion-parameter model in fp32 and crawl: stop with the way out."""
+def cpu_advice(task: str | None = None, cli: bool = False) -> str:
+    """What to run on a CPU instead: a preset with a task its built-in tiny model learns there (it has never read
+    text, so code or writing stays at reward 0 however long it trains)."""
+    if cli:
+        return ("To try the kit on a CPU: --preset tiny_cpu (the tiny model on its toy task, a minute) or --preset "
+                "tiny_hanabi (a small card game); a real pretrained team: --preset smol_writing, smol_code or "
+                "smol_hanabi (SmolLM2-135M, minutes).")
+    if task == "game":
+        return ("To try the kit on a CPU, set PRESET = 'tiny_hanabi' and TASK_ARGS = {'game': 'tiny_hanabi', "
+                "'prompt_style': 'compact'} (the tiny model learns that small game in a minute)")
+    return ("To try the kit on a CPU, set PRESET = 'tiny_cpu' and TASK = 'toy' (the tiny model learns its toy task in "
+            "a minute; it cannot learn code or writing), or for a real pretrained team PRESET = 'smol_writing' and "
+            "TASK = 'writing' (SmolLM2-135M on TLDR, minutes; 'smol_code' with TASK = 'code')")
+
+
+def require_gpu(preset: str, task: str | None = None, cli: bool = False) -> None:
+    """Full mode on a CPU runtime would load a billion-parameter model in fp32 and crawl: stop with the way out
+    (for a notebook's `task`, or the command line's flags)."""
     import torch
 
     if not preset.startswith(CPU_PRESET_PREFIXES) and not torch.cuda.is_available():
+        smoke_mode = "" if cli else (", or use smoke mode: in Colab, add a cell at the top with `%env KIT_SMOKE=1` and "
+                                     "Run all (a shell: export KIT_SMOKE=1).")
         raise GPUNeeded(f"preset {preset!r} needs a GPU and this runtime has none. In Colab: Runtime > Change "
-                        "runtime type > GPU (A100 for colab_a100, T4 for colab_t4), then Run all again. To try "
-                        "the kit on a CPU, set PRESET = 'smol_writing' (a real 135M model, minutes) or 'tiny_cpu', or use smoke mode: in Colab, add a cell at the top "
-                        "with `%env KIT_SMOKE=1` and Run all (a shell: export KIT_SMOKE=1).")
+                        "runtime type > GPU (A100 for colab_a100, T4 for colab_t4), then Run all again. "
+                        f"{cpu_advice(task, cli)}{smoke_mode}")

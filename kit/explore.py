@@ -143,6 +143,14 @@ def breakdown(row: dict) -> list[tuple[str, float]]:
     return out
 
 
+def breakdown_table(row: dict) -> str:
+    """`breakdown` as a markdown table headed by the joint action's step and item: 05's cell without widgets."""
+    from kit.evaluate import format_table
+
+    head = f"step {row.get('step')}, item {row.get('item')}"
+    return f"{head}\n\n" + format_table([{"part": k, "value": v} for k, v in breakdown(row)], ["part", "value"])
+
+
 SCROLL = "max-height:16em;overflow:auto;white-space:pre-wrap"  # long text scrolls in its box instead of being cut
 
 

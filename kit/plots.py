@@ -340,7 +340,8 @@ class LiveCurve:
         return fig
 
     def __call__(self, row: dict) -> None:
-        self.rows.append(row)
+        # a step trained again (after going back to a checkpoint) replaces the dropped ones, never drawn over them
+        self.rows = [r for r in self.rows if r["step"] < row["step"]] + [row]
         if len(self.rows) % self.every:
             return
         try:

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -180,6 +181,28 @@ class Engine(Protocol):
         ...
 
 
+@contextmanager
+def restored(model):
+    """The model as it was, whatever happens inside: its train/eval mode, and no forward pre-hook added.
+
+    PEFT's `generate(adapter_names=...)` routes rows to adapters with pre-hooks on every LoRA layer and removes them
+    after the call, but not when the call raises (no try/finally around its context's `yield`, up to peft 0.21
+    at least): a stop (KeyboardInterrupt) inside generation would leave them on, and every later forward would route a
+    batch of another size by the stopped call's adapter names (`Length of adapter_names should be the same as the
+    number of inputs`). Hooks that were there before are kept."""
+    modules = list(model.modules())
+    before = [set(m._forward_pre_hooks) for m in modules]
+    was_training = model.training
+    try:
+        yield model
+    finally:
+        for m, keep in zip(modules, before):
+            for key in [k for k in m._forward_pre_hooks if k not in keep]:
+                m._forward_pre_hooks.pop(key, None)  # what the hook's handle.remove() does
+                m._forward_pre_hooks_with_kwargs.pop(key, None)
+        model.train(was_training)
+
+
 class HFEngine:
     """PEFT's eager generate with mixed `adapter_names`: works for every model PEFT supports."""
 
@@ -195,13 +218,10 @@ class HFEngine:
     @torch.no_grad()
     def generate(self, input_ids, attention_mask, adapters, generation_config, row_seeds=None):
         config, processors = seeded_config(generation_config, row_seeds)
-        was_training = self.model.training
-        self.model.eval()
-        try:
+        with restored(self.model):
+            self.model.eval()
             seq = self.model.generate(input_ids=input_ids, attention_mask=attention_mask, adapter_names=adapters,
                                       generation_config=config, logits_processor=processors)
-        finally:
-            self.model.train(was_training)
         completion = seq[:, input_ids.shape[1]:]
         return completion, sampled_logprobs(generation_config, processors, completion)
 

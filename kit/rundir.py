@@ -13,7 +13,9 @@
 
 Why a mirror and not training straight on Drive: Drive is slow and can drop writes when a runtime dies. The
 trainer writes each checkpoint locally (atomically), then the mirror copies it to Drive under a temporary name
-and renames it only when the copy is whole, so a half-copied checkpoint never looks complete on Drive.
+and renames it only when the copy is whole, so a half-copied checkpoint never looks complete on Drive. The logs
+follow the checkpoints, so Drive's logs always reach its newest checkpoint. A path under Colab's Drive mount that is
+not a mount point (Drive unmounted) is neither written nor read.
 
 A Drive slower than `save_every` steps: while a checkpoint is being copied, the trainer may prune it (to history/,
 or away). Pruning renames a folder in one step (kit/checkpoint.py), so the copy either read it whole or finds it
@@ -242,21 +244,33 @@ class Mirror:
         return f"last good backup: step {self.last_good} ({self.mirror_dir})"
 
     def flush(self) -> None:
-        """Wait for queued copies and report how they went (see check)."""
+        """Wait for queued copies, saying so when one is still running, and report how they went (see check). A
+        stop (KeyboardInterrupt) while waiting leaves the copies queued and running: the next flush waits for them."""
         with self._lock:
-            pending, self._pending = self._pending, []
+            pending = list(self._pending)
+        if any(not f.done() for f in pending):
+            from kit.checkpoint import complete_checkpoints
+
+            newest = complete_checkpoints(self.run_dir)
+            what = f"the checkpoint of step {_step_of(newest[0])} and the logs" if newest else "the logs"
+            self.log(f"[kit] waiting for the copy to Drive to finish ({what}, to {self.mirror_dir}); a slow Drive "
+                     "can take minutes. A stop here loses nothing: the copy goes on, and running this cell again "
+                     "waits for it and says how it went")
         for f in pending:
             try:
                 f.result()
             except Exception:  # recorded by _copy, said by check()
                 pass
+            with self._lock:
+                self._pending = [p for p in self._pending if p is not f]
         self.check()
 
     def close(self) -> str:
-        """Wait for the last copy; returns status(). Closing twice is harmless."""
+        """Wait for the last copy; returns status(). Closing twice is harmless; closing again after a stop during
+        the wait waits for the copies still running."""
         if not self._closed:
-            self._closed = True
             self.flush()
+            self._closed = True
             self._pool.shutdown(wait=True)
             if self.error is not None:
                 self.log(f"[kit] WARNING: the last backup to Drive FAILED ({reason(self.error)}); {self.status()}. "
@@ -264,44 +278,102 @@ class Mirror:
         return self.status()
 
     def _copy(self) -> None:
-        from kit.checkpoint import complete_checkpoints
-
         try:
             self._copy_all()
         except Exception as err:  # recorded here, before the future is done, so a flush() never misses it
             with self._lock:
                 self._outcomes.append(err)
             raise
-        on_mirror = complete_checkpoints(self.mirror_dir)
-        if on_mirror:
-            self.last_good = int(on_mirror[0].name.split("_")[-1])
+        finally:
+            self._count_good()
         with self._lock:
             self._outcomes.append(None)
 
-    def _copy_all(self) -> None:
-        from kit.checkpoint import HISTORY, complete_checkpoints, thin_history
+    def _count_good(self) -> None:
+        """last_good: the newest checkpoint whole on the mirror that its logs there reach (a checkpoint that got
+        through counts even when a later part of the copy failed). Never raises: it runs after a failure too."""
+        try:
+            require_mounted(self.mirror_dir)
+            trusted = restorable(self.mirror_dir)
+        except Exception:
+            return
+        if trusted:
+            self.last_good = max(self.last_good or -1, _step_of(trusted[0]))
 
+    def _copy_all(self) -> None:
+        """Checkpoints first, then the logs: logs copied after a checkpoint reach its step (it was logged before
+        it was saved), so a copy cut short anywhere never leaves Drive a checkpoint its logs do not reach (a resume
+        from it would leave a hole in metrics.jsonl for good). The mirror's pruning runs even when a copy fails,
+        and makes room first: a full Drive gets space back."""
+        from kit.checkpoint import HISTORY, complete_checkpoints, prune
+
+        require_mounted(self.mirror_dir)  # else the copy would make a plain folder of this disk at Drive's path
         self.mirror_dir.mkdir(parents=True, exist_ok=True)
         remove_partials(self.mirror_dir)  # one copy at a time: any .partial here is a dead copy's
-        for name in _LOG_FILES:
-            _copy_file(self.run_dir / name, self.mirror_dir / name)
-        if (self.run_dir / "eval").is_dir():
-            for f in (self.run_dir / "eval").iterdir():
-                if f.is_file():
-                    _copy_file(f, self.mirror_dir / "eval" / f.name)
-        for ckpt in complete_checkpoints(self.run_dir):  # newest first: the one a slow Drive must not miss
-            _copy_tree(ckpt, self.mirror_dir / "ckpt" / ckpt.name)
-        for kept in reversed(complete_checkpoints(self.run_dir, HISTORY)):
-            _copy_tree(kept, self.mirror_dir / HISTORY / kept.name)
-        for old in complete_checkpoints(self.mirror_dir)[self.keep_last:]:
-            shutil.rmtree(old, ignore_errors=True)
-        thin_history(self.mirror_dir, self.keep_history)
+        local = complete_checkpoints(self.run_dir)  # newest first: the one a slow Drive must not miss
+        on_mirror = complete_checkpoints(self.mirror_dir)
+        if local and on_mirror and _step_of(local[0]) > _step_of(on_mirror[0]):  # room for the new one first
+            prune(self.mirror_dir, max(self.keep_last - 1, 1), self.keep_history)
+        try:
+            for ckpt in local:
+                _copy_tree(ckpt, self.mirror_dir / "ckpt" / ckpt.name)
+            for kept in reversed(complete_checkpoints(self.run_dir, HISTORY)):
+                _copy_tree(kept, self.mirror_dir / HISTORY / kept.name)
+            for name in _LOG_FILES:
+                _copy_file(self.run_dir / name, self.mirror_dir / name)
+            if (self.run_dir / "eval").is_dir():
+                for f in (self.run_dir / "eval").iterdir():
+                    if f.is_file():
+                        _copy_file(f, self.mirror_dir / "eval" / f.name)
+        finally:
+            with contextlib.suppress(OSError):  # never hides the copy's own error; retried at the next copy
+                prune(self.mirror_dir, self.keep_last, self.keep_history)
+
+
+def _step_of(ckpt: Path) -> int:
+    return int(ckpt.name.split("_")[-1])
+
+
+def logged_through(run_dir: str | Path) -> int | None:
+    """The last step metrics.jsonl holds a row of; None without the file."""
+    path = Path(run_dir) / METRICS
+    if not path.exists():
+        return None
+    return max((r.get("step", 0) for r in read_jsonl(path)), default=0)
+
+
+def restorable(mirror_dir: str | Path, log=None) -> list[Path]:
+    """The mirror's complete checkpoints, newest first, that its logs reach (all of them when it has no
+    metrics.jsonl). A newer one is a copy cut short between a checkpoint and its logs (an older kit copied the logs
+    first): restoring it would leave those steps out of metrics.jsonl for good; `log` says it is passed over."""
+    from kit.checkpoint import complete_checkpoints
+
+    found = complete_checkpoints(mirror_dir)
+    reach = logged_through(mirror_dir)
+    if reach is None:
+        return found
+    newer = [p for p in found if _step_of(p) > reach]
+    if newer and log is not None:
+        steps = ", ".join(str(_step_of(p)) for p in reversed(newer))
+        log(f"[kit] {mirror_dir}: the checkpoint of step {steps} is newer than the logs there (through step {reach}), "
+            "a copy cut short: not restored; the run goes on from an older one and trains those steps again")
+    return [p for p in found if _step_of(p) <= reach]
 
 
 # A failed copy's reason in words: what the user can act on, from the error's errno
 REASONS = {errno.ENOSPC: "Drive is full", errno.EDQUOT: "Drive is full", errno.EROFS: "Drive is read-only",
            errno.EACCES: "no permission to write to Drive", errno.EPERM: "no permission to write to Drive",
-           errno.ENOTCONN: "Drive is not connected (unmounted?)", errno.EIO: "Drive had an input/output error"}
+           errno.ENOTCONN: "Drive is not mounted", errno.EIO: "Drive had an input/output error"}
+
+
+def require_mounted(mirror_dir: Path) -> None:
+    """Raise (ENOTCONN, said as "Drive is not mounted (...)") when `mirror_dir` is on Colab's Drive path while
+    Drive is not mounted there (e.g. after 01's last cell flushed and unmounted it): what is written there stays on
+    this disk and what is read there is not Drive."""
+    from kit.env import unmounted_drive
+
+    if unmounted_drive(mirror_dir):
+        raise OSError(errno.ENOTCONN, "run the Drive cell, colab.mount_drive(), to mount it again", str(mirror_dir))
 
 
 def reason(err: BaseException) -> str:
@@ -384,23 +456,29 @@ def restore(mirror_dir: str | Path, run_dir: str | Path, log=print) -> int | Non
     from kit.checkpoint import HISTORY, complete_checkpoints
 
     mirror_dir, run_dir = Path(mirror_dir), Path(run_dir)
+    try:
+        require_mounted(mirror_dir)
+    except OSError as err:
+        log(f"[kit] WARNING: not restoring from {mirror_dir}: {reason(err)}")
+        return None
     if not (mirror_dir / "config.json").exists():
         return None
     run_dir.mkdir(parents=True, exist_ok=True)
-    def newest(path):
-        found = complete_checkpoints(path)
-        return int(found[0].name.split("_")[-1]) if found else -1
 
-    remote = complete_checkpoints(mirror_dir)
-    if remote and newest(mirror_dir) > newest(run_dir):  # the mirror is ahead: take its logs and checkpoints
+    def newest(found):
+        return _step_of(found[0]) if found else -1
+
+    remote = restorable(mirror_dir, log)
+    if remote and newest(remote) > newest(complete_checkpoints(run_dir)):  # the mirror is ahead: take it
         for name in _LOG_FILES:
             _copy_file(mirror_dir / name, run_dir / name)
         for ckpt in remote:
             _copy_tree(ckpt, run_dir / "ckpt" / ckpt.name)
         for kept in complete_checkpoints(mirror_dir, HISTORY):
-            _copy_tree(kept, run_dir / HISTORY / kept.name)
+            if _step_of(kept) <= newest(remote):
+                _copy_tree(kept, run_dir / HISTORY / kept.name)
         log(f"[kit] restored {run_dir} from {mirror_dir} ({remote[0].name})")
     elif not (run_dir / "config.json").exists():
         _copy_file(mirror_dir / "config.json", run_dir / "config.json")
-    step = newest(run_dir)
+    step = newest(complete_checkpoints(run_dir))
     return step if step >= 0 else None

@@ -348,6 +348,7 @@ def fresh_shares(run_dir: str | Path, n: int = 8, step: int | None = None, num_i
     newest saved adapters; the base when there are none)."""
     from kit.evaluate import RunContext, sample_joint
 
+    _entry_points(Path(run_dir))  # another task: the cell above's clear error, before any model loads
     ctx = RunContext(run_dir, num_items=num_items, log=log)
     try:
         step = max(ctx.checkpoints(), default=0) if step is None else step

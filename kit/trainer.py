@@ -228,8 +228,9 @@ class Trainer:
             raise RuntimeError(f"step {step + 1} was stopped halfway (during its update or its log lines) and the run "
                                "has no checkpoint to go back to: start it again (run the resume cell, or train with "
                                "--resume)")
+        newest = rundir.newest_step(self.run_dir)
         self.log(f"[kit] step {step + 1} was stopped halfway (during its update or its log lines): going back to "
-                 "the newest checkpoint")
+                 f"the newest checkpoint (step {newest}){rundir.dropped(self.run_dir, newest)}")
         self._resume()
 
     # ---- data
@@ -646,13 +647,14 @@ class Trainer:
                 "checkpoint": str(ckpts[0]) if ckpts else None, "run_dir": str(self.run_dir)}
 
     def close(self):
-        """Stop the reward workers and make the last Drive copy. Closing twice (a cell run again) is harmless."""
+        """Stop the reward workers and make the last Drive copy. Closing twice (a cell run again) is harmless; after
+        a stop during the wait for the copy, closing again waits for it (and makes one more, of anything new)."""
         if self._closed:
             return
-        self._closed = True
         self.scorer.close()
         if self.mirror is not None:
             self.mirror.push()  # files written since the last checkpoint (figures, late log lines) reach Drive too
             self.mirror.close()  # waits for the last copy; a failed one is said, never raised (the run is done)
         if self.wandb is not None:
             self.wandb.finish()
+        self._closed = True

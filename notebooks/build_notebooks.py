@@ -134,7 +134,7 @@ def build() -> None:
 print(colab.secret_status("ANTHROPIC_API_KEY"))
 """),
                  code("""
-PRESET = "colab_a100"  # colab_a100 (A100), colab_t4 (free T4), colab_hanabi (06: Hanabi, A100) or tiny_cpu
+PRESET = "colab_a100"  # colab_a100 (A100), colab_t4 (free T4), colab_hanabi (06: Hanabi, A100) or tiny_cpu (a CPU)
 """, tags=["parameters"]),
                  code("""
 # Two training steps of the preset on its real model, in a throw-away folder: one PASS or FAIL line.
@@ -148,8 +148,8 @@ result = colab.preset_smoke_test("tiny_cpu" if SMOKE else PRESET)
              "copied to Google Drive, so a slow Drive never corrupts one; after a disconnect, the **resume cell** "
              "below continues from the newest complete checkpoint on Drive.", [
                  code("""
-PRESET = "colab_a100"  # colab_a100 (A100, the paper's recipe in 4-bit), colab_t4, tiny_cpu
-TASK = "code"  # code, writing, toy
+PRESET = "colab_a100"  # colab_a100 (A100, the paper's recipe in 4-bit), colab_t4, tiny_cpu (a CPU: with TASK = "toy")
+TASK = "code"  # code, writing (both need a real model: a GPU preset), toy (the one the tiny model learns on a CPU)
 ALGORITHM = "magrpo"  # magrpo, iac, maac (critics on the shared base), centralized (one policy writes every part),
 #             madpo or marlhf (learning from preferences: README)
 TASK_ARGS = {"dataset": "humaneval"}  # code: humaneval, coop, hub:OpenMLRL/CoopHumanEval; writing: {"kind": "tldr"}
@@ -261,7 +261,9 @@ explore.browser(RUN_DIR)
 """),
                  code("""
 # The same, without widgets: the best joint action of the newest step and its breakdown
-explore.breakdown(explore.RunLog(RUN_DIR).best())
+from IPython.display import Markdown, display
+
+display(Markdown(explore.breakdown_table(explore.RunLog(RUN_DIR).best())))
 """),
              ])
 
@@ -273,17 +275,19 @@ explore.breakdown(explore.RunLog(RUN_DIR).best())
              "replaced by a random legal one. Then: evaluation over checkpoints, the random-legal and rule-based "
              "baselines on the same held-out deals, and a move-by-move browser of the games.", [
                  code("""
-PRESET = "colab_hanabi"  # A100: Qwen2.5-3B-Instruct in 4-bit; tiny_hanabi: the tiny CPU model on tiny_hanabi
+PRESET = "colab_hanabi"  # A100: Qwen2.5-3B-Instruct in 4-bit; tiny_hanabi: the tiny CPU model (with game tiny_hanabi)
 TASK_ARGS = {"game": "hanabi", "prompt_style": "full", "max_decisions": 80, "illegal": "random",
-             "illegal_penalty": 1.0}  # game: hanabi or tiny_hanabi; illegal: random (a random legal move) or end
+             "illegal_penalty": 1.0}  # game: hanabi or tiny_hanabi (a CPU: {"game": "tiny_hanabi",
+#             "prompt_style": "compact"}); illegal: random (a random legal move) or end
 RUN_NAME = "magrpo_hanabi"  # the run's folder name, here and on Drive
 DRIVE_FOLDER = "{DRIVE_FOLDER}"  # under MyDrive
 NUM_STEPS = None  # None: the preset's
+SAVE_EVERY = None  # a checkpoint (and a Drive copy) every this many steps; None: the preset's
 """.replace("{DRIVE_FOLDER}", DRIVE_FOLDER), tags=["parameters"]),
                  DRIVE,
                  code("""
 cfg = colab.notebook_config(PRESET, "game", TASK_ARGS, RUN_NAME, globals().get("drive"), DRIVE_FOLDER, NUM_STEPS,
-                            smoke=SMOKE)
+                            smoke=SMOKE, save_every=SAVE_EVERY)
 print(f"run: {cfg.run_dir}  mirror: {cfg.mirror_dir}  model: {cfg.model_name}  game: {cfg.task_args}")
 """),
                  *train_cells("# Live curves of the sampled score (greedy held-out points) and the illegal-move rate; writes\n"

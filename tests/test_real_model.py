@@ -175,12 +175,15 @@ def trainer(tmp_path, preset, name, *extra):
 @pytest.mark.slow
 def test_real_steps_move_only_the_adapters_and_resume_bitwise(tmp_path):
     """2 steps straight == 1 step, stop, resume, 1 more: bitwise adapters, optimizer-driven metrics, rollouts."""
-    common = ["num_steps=2", "save_every=1", "max_new_tokens=6", "task_args={kind: tldr, max_items: 4}"]
+    common = ["num_steps=2", "save_every=1", "max_new_tokens=24", "task_args={kind: tldr, max_items: 4}"]
     _, straight = trainer(tmp_path, "smol_writing", "a", *common)
     before = {a: [p.detach().clone() for p in straight.team.parameters_of(a)] for a in straight.team.adapters}
     straight.train()
-    for a in straight.team.adapters:  # each agent's adapter moved (LoRA B starts at zero)
-        assert any(not torch.equal(p, q) for p, q in zip(before[a], straight.team.parameters_of(a)))
+    advantages = [json.loads(line)["advantages"] for line in open(tmp_path / "a" / "rollouts.jsonl")]
+    for i, a in enumerate(straight.team.adapters):  # an agent with a nonzero advantage moved (LoRA B starts at 0)
+        moved = any(not torch.equal(p, q) for p, q in zip(before[a], straight.team.parameters_of(a)))
+        assert moved == any(adv[i] != 0 for adv in advantages)
+    assert any(adv[0] != 0 for adv in advantages)  # 24 tokens reach the reward's levels: the samples differ
     _, first = trainer(tmp_path, "smol_writing", "b", *common)
     first.train(max_steps=1)
     cfg = load_config("smol_writing", overrides=[*SMALL, f"run_dir={tmp_path / 'b'}", *common])
