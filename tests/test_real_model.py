@@ -175,7 +175,8 @@ def trainer(tmp_path, preset, name, *extra):
 @pytest.mark.slow
 def test_real_steps_move_only_the_adapters_and_resume_bitwise(tmp_path):
     """2 steps straight == 1 step, stop, resume, 1 more: bitwise adapters, optimizer-driven metrics, rollouts."""
-    common = ["num_steps=2", "save_every=1", "max_new_tokens=24", "task_args={kind: tldr, max_items: 4}"]
+    common = ["num_steps=2", "save_every=1", "max_new_tokens=24", "max_prompt_tokens=96",  # posts cut in the middle
+              "task_args={kind: tldr, max_items: 4}"]
     _, straight = trainer(tmp_path, "smol_writing", "a", *common)
     before = {a: [p.detach().clone() for p in straight.team.parameters_of(a)] for a in straight.team.adapters}
     straight.train()
@@ -213,6 +214,7 @@ def test_code_with_the_real_model_scores_levels_detects_schemes_and_reports(tmp_
     from kit.schemes import scheme_shares
 
     cfg, run = trainer(tmp_path, "smol_code", "code", "num_steps=1", "max_new_tokens=48", "num_eval_items=1",
+                       "max_prompt_tokens=192",
                        "task_args={dataset: coop, train_range: [12, 14]}")
     run.train()
     rows = [json.loads(line) for line in open(tmp_path / "code" / "rollouts.jsonl")]
