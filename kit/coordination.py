@@ -156,12 +156,17 @@ def _played(probs: np.ndarray, illegal: np.ndarray, unresolved: np.ndarray) -> t
     return probs + illegal[:, None] / probs.shape[1], illegal
 
 
+MAX_EXACT_TAIL = 512  # continuations below min_prob finished one by one (the tiny model's ~100 always are)
+
+
 @torch.no_grad()
 def move_probabilities(team, params, task, episodes: list, player: int, min_prob: float = 1e-3):
     """(probs (S, A), illegal (S,), unresolved (S,)) of `player` at each episode state: the exact probability
     that the sampler's completion names each legal move (task.parse), or none. Every completion is enumerated as
     a tree of prefixes (one batched forward per depth) up to `params.max_new_tokens` or an end-of-sequence token,
-    at the sampling temperature, top-k and top-p; prefixes below `min_prob` are left unexpanded (`unresolved`)."""
+    at the sampling temperature, top-k and top-p; prefixes below `min_prob` are left unexpanded (`unresolved`). With
+    more than MAX_EXACT_TAIL continuations below `min_prob` (a real model's 49k vocabulary at temperature 1), their
+    mass goes to `unresolved` in one sum instead of being decoded one by one (eval/exact_unresolved reports it)."""
     from transformers import TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper
 
     from kit.rollout import encode_prompt, eos_ids, left_pad, position_ids
@@ -199,7 +204,7 @@ def move_probabilities(team, params, task, episodes: list, player: int, min_prob
         scores = logits.float()  # (R, V)
         for warp in warpers:
             scores = warp(enc["input_ids"], scores)
-        step = scores.softmax(-1).double().cpu().numpy()  # (R, V)
+        step = scores.double().softmax(-1).cpu().numpy()  # (R, V), in float64: the tree sums to 1 to ~1e-15
         is_eos = np.zeros(step.shape[1], dtype=bool)
         is_eos[[e for e in eos if e < step.shape[1]]] = True
         last = depth + 1 == params.max_new_tokens
@@ -209,6 +214,10 @@ def move_probabilities(team, params, task, episodes: list, player: int, min_prob
             q = p * row  # (V,) the probability of each one-token continuation
             if q[is_eos].sum() > 0:
                 finish(s, ids, q[is_eos].sum())  # the completion ends here
+            tail = ~is_eos & (q > 0) & (q < min_prob)
+            if tail.sum() > MAX_EXACT_TAIL:  # a real vocabulary: decoding 49k tails per prefix would take minutes
+                unresolved[s] += q[tail].sum()
+                q = np.where(tail, 0.0, q)
             for t in np.flatnonzero(~is_eos & (q > 0)):
                 child = ids + [int(t)]
                 if last or settled(s, child, chars_left):

@@ -119,6 +119,21 @@ def test_move_probabilities_are_a_distribution_and_exact_for_one_token_answers(t
     assert out["eval/exact_unresolved"] == 0 and -1.0 <= out["eval/exact_sampled"] <= 10.0
 
 
+def test_a_large_vocabularys_tail_below_min_prob_is_summed_into_unresolved(tmp_path, monkeypatch):
+    """With a 49k vocabulary every token has some mass at temperature 1; decoding each would take minutes. Over
+    MAX_EXACT_TAIL such continuations their mass is `unresolved` in one sum; the rest is as exact as before."""
+    t = trainer(tmp_path, "max_new_tokens=1")
+    first, second = coordination.observations(t.task, coordination.table_of(t.task.game))
+    exact = coordination.move_probabilities(t.team, t.sampler.params, t.task, second, 1, min_prob=0.02)
+    monkeypatch.setattr(coordination, "MAX_EXACT_TAIL", 0)  # the tiny model's ~100 tokens count as a large tail
+    probs, illegal, unresolved = coordination.move_probabilities(t.team, t.sampler.params, t.task, second, 1,
+                                                                 min_prob=0.02)
+    assert (unresolved > 0).all()
+    np.testing.assert_allclose(probs.sum(1) + illegal + unresolved, 1.0)  # no mass lost or counted twice
+    assert (probs <= exact[0] + 1e-12).all() and (illegal <= exact[1] + 1e-12).all()
+    np.testing.assert_allclose(exact[0].sum(1) + exact[1] - probs.sum(1) - illegal, unresolved)
+
+
 class ByEpisode:
     """Answers by the sample's key ("game", step, deal, episode, decision): player 0 plays move 1 or 2 by its
     episode index mod 2, player 1 too, so the returns of a deal's episodes differ."""
