@@ -157,6 +157,14 @@ def _played(probs: np.ndarray, illegal: np.ndarray, unresolved: np.ndarray) -> t
 
 
 MAX_EXACT_TAIL = 512  # continuations below min_prob finished one by one (the tiny model's ~100 always are)
+MAX_ENUMERATED_VOCAB = 1024  # the sampling policy's exact value is computed for vocabularies up to this size
+
+
+def enumerable(team) -> bool:
+    """Can the sampling policy's move probabilities be enumerated in seconds? With the tiny model's ~100 tokens,
+    yes; with a real 49k vocabulary at temperature 1, hundreds of prefixes per state and depth carry more than
+    min_prob each, thousands of forwards an evaluation: only the greedy policy's value is exact there."""
+    return all(len(tok) <= MAX_ENUMERATED_VOCAB for tok in team.tokenizers)
 
 
 @torch.no_grad()

@@ -27,7 +27,7 @@ from __future__ import annotations
 import numpy as np
 
 from kit import magrpo
-from kit.coordination import exact_eval, is_suite_game
+from kit.coordination import enumerable, exact_eval, is_suite_game
 from kit.games import Decisions, episode_summary, greedy_eval, play, summary_metrics
 from kit.trainer import Trainer
 
@@ -127,11 +127,11 @@ class GameTrainer(Trainer):
 
     def evaluate(self, items: list[dict] | None = None) -> dict:
         """Greedy play of the held-out deals: mean score, illegal-move rate (under `eval/`); on a tiny_hanabi game
-        also the exact expected return of the greedy and the sampling policies over every deal, and the game's
-        optimum (`eval/exact_*`, kit/coordination.py)."""
+        also the exact expected return of the greedy and (for a small vocabulary, coordination.enumerable) the
+        sampling policies over every deal, and the game's optimum (`eval/exact_*`, kit/coordination.py)."""
         out = greedy_eval(self.sampler, self.task, self.eval_items if items is None else items)
         if is_suite_game(self.task):
-            out.update(exact_eval(self.sampler, self.task))
+            out.update(exact_eval(self.sampler, self.task, sampled=enumerable(self.team)))
         return out
 
 

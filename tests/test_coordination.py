@@ -134,6 +134,14 @@ def test_a_large_vocabularys_tail_below_min_prob_is_summed_into_unresolved(tmp_p
     np.testing.assert_allclose(exact[0].sum(1) + exact[1] - probs.sum(1) - illegal, unresolved)
 
 
+def test_the_sampling_policys_exact_value_is_enumerated_only_for_a_small_vocabulary(tmp_path, monkeypatch):
+    t = trainer(tmp_path, "max_new_tokens=1")
+    assert coordination.enumerable(t.team) and "eval/exact_sampled" in t.evaluate()
+    monkeypatch.setattr(coordination, "MAX_ENUMERATED_VOCAB", 50)  # as for SmolLM2's 49k tokens
+    out = t.evaluate()
+    assert "eval/exact_sampled" not in out and "eval/exact_greedy" in out
+
+
 class ByEpisode:
     """Answers by the sample's key ("game", step, deal, episode, decision): player 0 plays move 1 or 2 by its
     episode index mod 2, player 1 too, so the returns of a deal's episodes differ."""
