@@ -267,10 +267,11 @@ def _preset_smol_code() -> TrainConfig:
 
 def _preset_smol_hanabi() -> TrainConfig:
     """SmolLM2-135M-Instruct in self-play on OpenSpiel's tiny_hanabi with the full prompt (cards and moves named),
-    one adapter per player, a short numbered answer per move."""
+    one adapter per player, a short numbered answer per move, one deal x G=8 episodes a step. Sampled at
+    temperature 1 the untrained players name no legal move about 60% of the time (each costs the illegal penalty):
+    the first thing they learn is to answer."""
     return _smol(task="game", task_args={"game": "tiny_hanabi", "prompt_style": "full"}, max_new_tokens=4,
-                 temperature=1.0, top_p=1.0, num_generations=8, batch_size=2, learning_rate=1e-4, num_steps=60,
-                 eval_every=10, save_every=20, num_eval_items=16, run_dir="checkpoints/smol_hanabi")
+                 temperature=1.0, top_p=1.0, num_generations=8, num_eval_items=16, run_dir="checkpoints/smol_hanabi")
 
 
 PRESETS = {"tiny_cpu": _preset_tiny_cpu, "colab_t4": _preset_colab_t4, "colab_a100": _preset_colab_a100,
