@@ -46,3 +46,30 @@ def test_tiny_seeds_runs_a_variant_and_reports_its_curve_and_advantages():
     assert [step for step, _ in row["evals"]] == [0, 1, 2]
     assert row["eval_end"] == pytest.approx(row["evals"][-1][1], abs=1e-3)  # the curve's values are rounded
     assert row["adv_end"] >= 0 and row["s_per_step"] > 0
+
+
+def test_smol_table_pools_seeds_per_item_and_pairs_the_team_with_the_untrained_team(tmp_path, monkeypatch):
+    """bench/smol.py's table from hand-made run folders (no model): per-item means over seeds, the paired
+    difference against naive, the time split from the perf/ columns."""
+    import json
+
+    bench = load("smol")
+    monkeypatch.setattr(bench, "RUNS", tmp_path / "runs")
+    monkeypatch.setattr(bench, "OUT", tmp_path)
+    for seed, team in ((0, [2.0, 1.0]), (1, [1.0, 2.0])):
+        run = tmp_path / "runs" / f"writing_s{seed}"
+        (run / "eval").mkdir(parents=True)
+        (run / "config.json").write_text(json.dumps({"seed": seed}))
+        rows = [{"step": 0, "eval/reward_mean": 1.0},
+                {"step": 1, "perf/step_s": 10.0, "perf/generate_s": 6.0, "perf/sample_s": 7.0, "perf/update_s": 3.0,
+                 "eval/reward_mean": 1.5 + seed}]
+        (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+        base = [{"method": "naive", "reward/mean": 0.5, "num_samples": 4, "per_item": {"reward": [0.5, 0.5]}},
+                {"method": "magrpo", "reward/mean": 1.5, "num_samples": 4, "per_item": {"reward": team}}]
+        (run / "eval" / "baselines.json").write_text(json.dumps(base))
+    bench.table()
+    text = (tmp_path / "smol.md").read_text()
+    assert "| naive | 2 | 0.500 [0.500, 0.500] | 0.50, 0.50 |  |" in text
+    assert "| magrpo (writing) | 2 | 1.500 [1.500, 1.500] | 1.50, 1.50 | +1.000 [+1.000, +1.000] vs naive |" in text
+    assert "| writing s1 | 1 | 10.0 | 6.0 | 1.0 | 3.0 | 1.000 -> 2.500 |" in text
+    assert (tmp_path / "smol_writing.png").exists()
