@@ -152,14 +152,19 @@ def figure_of(task: str, groups: dict[str, list[dict]], baselines: dict[str, lis
         values = np.array([[c[k] for k in steps] for c in curves])  # (seeds, points)
         line, = ax.plot(steps, values.mean(0), marker="o", label=f"MAGRPO {name} (greedy, {len(seeds)} seeds)")
         ax.fill_between(steps, values.min(0), values.max(0), color=line.get_color(), alpha=0.2)
+    last = max(m["step"] for seeds in groups.values() for s in seeds for m in s["metrics"])
+    styles = iter(["--", ":", "-.", (0, (5, 1)), (0, (1, 3)), (0, (3, 1, 1, 1))])
     for method, rows in baselines.items():
-        if not method.startswith("magrpo"):
-            ax.axhline(np.mean([r["reward/mean"] for r in rows]), ls="--", lw=1, color="grey")
-            ax.annotate(f"{method} (sampled)", (0, np.mean([r["reward/mean"] for r in rows])), fontsize=7,
-                        va="bottom", color="grey")
+        mean, low, high, _, _ = pooled(rows)
+        if method.startswith("magrpo"):  # the trained team sampled like the baselines, at its last step
+            ax.errorbar([last], [mean], yerr=[[mean - low], [high - mean]], fmt="s", color="black", capsize=3,
+                        label=f"{method}, sampled (95% CI)")
+        else:
+            ax.axhline(mean, ls=next(styles), lw=1, color="grey", label=f"{method}, untrained, sampled")
     ax.set_xlabel("training step")
     ax.set_ylabel("held-out reward")
-    ax.set_title(f"SmolLM2-135M, {task}: mean over seeds, band = lowest to highest seed")
+    ax.set_title(f"SmolLM2-135M, {task}: held-out reward\n(line: greedy, mean over seeds, band: lowest to highest "
+                 "seed)", fontsize=9)
     ax.legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(OUT / f"smol_{task}.png", dpi=120)
