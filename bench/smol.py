@@ -11,7 +11,7 @@ Each run is the preset with `--set seed=S` (and `--steps`, `--turns`), trained i
 baselines on the untrained base (single model, naive concatenation = the untrained team, sequential pipeline,
 one-round discussion; a game: random, rule, base) and the trained team (`magrpo`), all sampled at the preset's
 temperature. A multi-turn run evaluates its team's first-turn answers (the kit's held-out evaluation is one turn)
-and skips the baselines, which are the one-turn runs' (same base, same items).
+and skips the baselines, which are the one-turn runs' (same base, same items); `--team-only` skips them too.
 
 `table` pools the seeds: a method's value is the mean over items of the per-item mean over seeds and samples, its
 interval a 95% percentile bootstrap over the held-out items (kit/stats.py), and MAGRPO minus the untrained team a
@@ -44,7 +44,8 @@ def label(task: str, turns: int) -> str:
     return task if turns == 1 else f"{task}_{turns}turns"
 
 
-def train(task: str, seeds: list[int], steps: int | None, turns: int, n: int, extra: list[str]) -> None:
+def train(task: str, seeds: list[int], steps: int | None, turns: int, n: int, extra: list[str],
+          team_only: bool = False) -> None:
     from kit.baselines import compare
     from kit.config import load_config
     from kit.game_trainer import trainer_class
@@ -59,7 +60,7 @@ def train(task: str, seeds: list[int], steps: int | None, turns: int, n: int, ex
         trainer = trainer_class(cfg.task, cfg.algorithm)(cfg, resume=done)
         trainer.train()
         trainer.close()
-        methods = [] if turns > 1 else None  # None: every baseline of the task
+        methods = [] if turns > 1 or team_only else None  # None: every baseline of the task
         compare(run_dir, methods, n=n)
 
 
@@ -181,10 +182,12 @@ def main() -> None:
     tr.add_argument("--turns", type=int, default=1)
     tr.add_argument("--n", type=int, default=4, help="samples per held-out item for the table")
     tr.add_argument("--set", dest="extra", action="append", default=[], metavar="KEY=VALUE")
+    tr.add_argument("--team-only", action="store_true",
+                    help="after training, sample only the trained team (the baselines of other seeds stand)")
     sub.add_parser("table")
     args = parser.parse_args()
     if args.cmd == "train":
-        train(args.task, args.seeds, args.steps, args.turns, args.n, args.extra)
+        train(args.task, args.seeds, args.steps, args.turns, args.n, args.extra, args.team_only)
     else:
         table()
 
