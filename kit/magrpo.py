@@ -572,3 +572,28 @@ def reduce(per_token: torch.Tensor, mask: torch.Tensor, loss_type: str, max_toke
     if loss_type in ("token_mean", "dapo", "bnpo"):
         return masked.sum() / mask.sum().clamp(min=1)
     raise ValueError(f"loss_type={loss_type!r}; allowed: {LOSS_TYPES}")
+
+
+def adapter_stats(adapter: str, first: dict, clipped: list, extra: dict, mismatch: dict, rho_max: float,
+                  total_rows: int, *, beta: float, num_iterations: int, entropy: bool, off_policy_mask: bool) -> dict:
+    """One adapter's logged update stats from the update's sums over micro-batches (and processes): the first
+    iteration's loss, gradient norm and KL, the clip fraction of later iterations, the mean entropy per completion
+    token, the share of completions the off-policy mask dropped, and the sampler/trainer mismatch per token."""
+    stats = {f"loss/{adapter}": first["loss"],  # the first iteration's: the loss of the samples as drawn
+             f"grad_norm/{adapter}": first["norm"]}
+    if beta > 0:
+        stats[f"kl/{adapter}"] = first["kl"]
+    if num_iterations > 1:
+        stats[f"clip_fraction/{adapter}"] = clipped[0] / max(clipped[1], 1.0)
+    if entropy:  # the policy's mean entropy per completion token over the step (TRL's `entropy`)
+        stats[f"entropy/{adapter}"] = extra["entropy"]
+    if off_policy_mask:  # the share of completions the mask dropped
+        stats[f"off_policy_masked/{adapter}"] = extra["masked_rows"] / max(total_rows, 1)
+    if mismatch["tokens"]:
+        n = mismatch["tokens"]
+        stats.update({f"mismatch/kl/{adapter}": mismatch["k3"] / n,
+                      f"mismatch/ratio_mean/{adapter}": mismatch["rho"] / n,
+                      f"mismatch/ratio_max/{adapter}": rho_max,
+                      f"mismatch/past_cap/{adapter}": mismatch["past_cap"] / n,
+                      f"mismatch/rows_past_cap/{adapter}": mismatch["rows_past_cap"] / max(mismatch["rows"], 1.0)})
+    return stats

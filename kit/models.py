@@ -195,7 +195,7 @@ def load_base(name: str, *, quantization: str = "auto", dtype: str = "auto", dev
 
     if weights.is_short_name(name):
         name, source = weights.resolve(name, log=log)
-        revision = source.split("@", 1)[1] if source.startswith("hub:") else None
+        revision = weights.hub_revision(source)
     dev = resolve_device(device)
     torch_dtype = resolve_dtype(dtype, dev)
     if name == TINY:
@@ -376,7 +376,7 @@ def build_team(cfg, log=print) -> Team:
         path, revision = name, None
         if weights.is_short_name(name):  # the hub or the package, as the run's config pins it (a resume: the same)
             path, sources[name] = weights.resolve(name, cfg.model_sources.get(name), log=log)
-            revision = sources[name].split("@", 1)[1] if sources[name].startswith("hub:") else None
+            revision = weights.hub_revision(sources[name])
         model, tok = load_base(path, quantization=cfg.quantization, dtype=cfg.dtype, device=devices[names.index(name)],
                                gradient_checkpointing=cfg.gradient_checkpointing, seed=cfg.seed, log=log,
                                revision=revision)

@@ -377,24 +377,10 @@ class Trainer:
                 mismatch = dict(zip(mismatch, sums))
                 extra = dict(zip(extra, self.dist.sum(list(extra.values()))))
                 rho_max = max(self.dist.gather(rho_max))
-            stats[f"loss/{adapter}"] = first["loss"]  # the first iteration's: the loss of the samples as drawn
-            stats[f"grad_norm/{adapter}"] = first["norm"]
-            if cfg.beta > 0:
-                stats[f"kl/{adapter}"] = first["kl"]
-            if cfg.num_iterations > 1:
-                stats[f"clip_fraction/{adapter}"] = clipped[0] / max(clipped[1], 1.0)
-            if need_entropy:  # the policy's mean entropy per completion token over the step (TRL's `entropy`)
-                stats[f"entropy/{adapter}"] = extra["entropy"]
-            if cfg.off_policy_mask_threshold is not None:  # the share of completions the mask dropped
-                stats[f"off_policy_masked/{adapter}"] = extra["masked_rows"] / max(total_rows, 1)
-            if mismatch["tokens"]:
-                n = mismatch["tokens"]
-                stats.update({f"mismatch/kl/{adapter}": mismatch["k3"] / n,
-                              f"mismatch/ratio_mean/{adapter}": mismatch["rho"] / n,
-                              f"mismatch/ratio_max/{adapter}": rho_max,
-                              f"mismatch/past_cap/{adapter}": mismatch["past_cap"] / n,
-                              f"mismatch/rows_past_cap/{adapter}":
-                                  mismatch["rows_past_cap"] / max(mismatch["rows"], 1.0)})
+            stats.update(magrpo.adapter_stats(adapter, first, clipped, extra, mismatch, rho_max, total_rows,
+                                              beta=cfg.beta, num_iterations=cfg.num_iterations,
+                                              entropy=need_entropy,
+                                              off_policy_mask=cfg.off_policy_mask_threshold is not None))
         return stats
 
     def train_mode(self, adapter: str):

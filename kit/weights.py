@@ -77,6 +77,11 @@ def check_source(name: str, source: str) -> str | None:
             f"{package_source(spec)}")
 
 
+def hub_revision(source: str) -> str | None:
+    """The hub commit a recorded source names (None for a packaged source)."""
+    return source.split("@", 1)[1] if source.startswith("hub:") else None
+
+
 def resolve(name: str, pin: str | None = None, log=print) -> tuple[str, str]:
     """(what from_pretrained reads, the source string to record) for short name `name`.
 
@@ -88,7 +93,7 @@ def resolve(name: str, pin: str | None = None, log=print) -> tuple[str, str]:
         raise ValueError(f"model_sources: {problem}")
     hub_error = None
     if pin is None or pin == "hub" or pin.startswith("hub:"):
-        revision = pin.split("@", 1)[1] if pin and pin.startswith("hub:") else None
+        revision = hub_revision(pin) if pin else None
         try:
             sha = hub_commit(spec.hub_id, revision)
             log(f"[kit] {name}: the hub's {spec.hub_id} at commit {sha[:12]}")

@@ -400,7 +400,7 @@ MUTATIONS = [
     Mutation("the reference scored at temperature 1", "kit/trainer.py",
              "refs[c] = self._eval_logprobs(model, sub, temperature)", "refs[c] = self._eval_logprobs(model, sub, 1.0)",
              (f"{CFG_MATHS}::test_update_form_fields",)),
-    Mutation("completions past the cap divided by tokens", "kit/trainer.py",
+    Mutation("completions past the cap divided by tokens", "kit/magrpo.py",
              'mismatch["rows_past_cap"] / max(mismatch["rows"], 1.0)', 'mismatch["rows_past_cap"] / n',
              (f"{CFG_MATHS}::test_rollout_correction_fields",)),
     Mutation("reduce masks by a product", "kit/magrpo.py",
