@@ -19,7 +19,7 @@ from __future__ import annotations
 import time
 
 from kit.evaluate import parallel_joints, sample_joint, score, summarize
-from kit.tasks import has
+from kit.tasks import Prompt, answer_start, has
 from kit.tasks.game import is_game
 
 METHODS = ("single", "naive", "sequential", "discussion")
@@ -30,7 +30,8 @@ def sequential_prompt(task, item: dict, agent: int, earlier: tuple[str, ...]) ->
         return task.sequential_prompt(item, agent, earlier)
     roles = getattr(task, "roles", [f"agent_{i}" for i in range(len(earlier) + 1)])
     shown = "\n\n".join(f"Your teammate ({roles[i]}) wrote:\n{text.strip()}" for i, text in enumerate(earlier))
-    return f"{task.prompts(item)[agent]}\n{shown}\n\nNow write your part. Output only your part."
+    own = task.prompts(item)[agent]
+    return Prompt(f"{own}\n{shown}\n\nNow write your part. Output only your part.", answer_start(own))
 
 
 def discussion_prompt(task, item: dict, agent: int, first: tuple[str, ...]) -> str:
@@ -39,8 +40,9 @@ def discussion_prompt(task, item: dict, agent: int, first: tuple[str, ...]) -> s
     roles = getattr(task, "roles", [f"agent_{i}" for i in range(len(first))])
     others = "\n\n".join(f"Your teammate's ({roles[i]}) first answer:\n{t.strip()}"
                          for i, t in enumerate(first) if i != agent)
-    return (f"{task.prompts(item)[agent]}\nYour first answer:\n{first[agent].strip()}\n\n{others}\n\n"
-            "Revise your answer so that the two fit together. Output only your part.")
+    own = task.prompts(item)[agent]
+    return Prompt(f"{own}\nYour first answer:\n{first[agent].strip()}\n\n{others}\n\n"
+                  "Revise your answer so that the two fit together. Output only your part.", answer_start(own))
 
 
 def run_method(method: str, sampler, task, cfg, items: list[dict], n: int, scorer) -> dict:

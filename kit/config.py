@@ -35,6 +35,8 @@ class TrainConfig:
     device: str = "auto"  # auto, cpu, cuda, cuda:1 ...
     agent_devices: list[str] | None = None  # one device per agent (cuda:0, cuda:1 ...): each base on its own GPU
     gradient_checkpointing: bool = False  # trade compute for memory in the update
+    share_prompts: bool = True  # forward each prompt once for its samples, in generation and the update (not with
+    # gradient checkpointing, which drops the KV cache it reads); the same maths up to float rounding
     rollout_engine: str = "auto"  # auto (compiled on CUDA, hf on CPU), hf (PEFT eager), compiled (CUDA graphs)
     generation_weights: str = "auto"  # compiled engine: auto (a bf16/fp16 copy of a 4-bit base if it fits), copy, 4bit
     lora_r: int = 16  # LoRA rank
@@ -177,7 +179,7 @@ NON_TRAINING = {"run_dir", "mirror_dir", "judge_budget_usd", "judge_timeout_s", 
                 "judge_max_failures", "judge_cooldown_s", "eval_every", "save_every", "keep_last", "keep_history",
                 "log_rollouts", "use_wandb", "wandb_project", "progress", "reward_workers", "reward_pool",
                 "num_eval_items", "device", "agent_devices", "num_steps",
-                "rollout_engine", "generation_weights"}
+                "rollout_engine", "generation_weights", "share_prompts"}
 
 
 def _preset_tiny_cpu() -> TrainConfig:

@@ -333,6 +333,7 @@ class Team:
     roles: list[str] = field(default_factory=list)
     rollout_engine: str = "auto"  # auto, hf, compiled (kit/rollout.py)
     generation_weights: str = "auto"  # auto, copy, 4bit: what the compiled engine decodes with (kit/compiled.py)
+    share_prompts: bool = True  # the hf engine prefills each distinct prompt once for its samples (kit/rollout.py)
     engines: dict = field(default_factory=dict, repr=False)  # base -> its rollout engine, built on first use
     sources: dict = field(default_factory=dict)  # short model name -> where its weights came from (kit/weights.py)
 
@@ -384,7 +385,7 @@ def build_team(cfg, log=print) -> Team:
         models.append(attach_adapters(model, mine, lcfg, seed=cfg.seed))
         toks.append(tok)
     return Team(models, toks, base_of, adapter_of, rollout_engine=cfg.rollout_engine,
-                generation_weights=cfg.generation_weights, sources=sources)
+                generation_weights=cfg.generation_weights, share_prompts=cfg.share_prompts, sources=sources)
 
 
 def trainable_count(team: Team) -> tuple[int, int]:

@@ -155,7 +155,7 @@ class PreferencePairs:
             for lo in range(0, len(seg.sample), mb or len(seg.sample)):
                 sub = seg.slice(lo, lo + (mb or len(seg.sample)))
                 with model.disable_adapter() if reference else nullcontext():
-                    logp = self._eval_logprobs(model, sub, 1.0)
+                    logp = self._eval_logprobs(model, sub, 1.0, self.cfg.share_prompts)
                 out[sub.sample.cpu()] = preference.sequence_logprobs(logp, sub.completion_mask).float().cpu()
             model.eval()
         return out
@@ -226,7 +226,7 @@ class MADPOTrainer(PreferencePairs, Trainer):
                 sel = slice(lo, min(lo + per, len(joint)))
                 rows = [row[int(i)] for idx in (w_idx, l_idx) for i in idx[sel][:, agents].reshape(-1)]
                 sub = take(seg, rows)
-                logp = completion_logprobs(model, sub, 1.0)  # (2 * p * agents, T), with gradient
+                logp = completion_logprobs(model, sub, 1.0, share_prompts=self.cfg.share_prompts)  # (2 * p * agents, T), with gradient
                 s = preference.sequence_logprobs(logp, sub.completion_mask).view(2, -1, len(agents))
                 ref = (buf.ref[w_idx[sel][:, agents]], buf.ref[l_idx[sel][:, agents]]) if buf.ref is not None else ()
                 own = preference.dpo_delta(s[0], s[1], *(r.to(s.device) for r in ref)).sum(-1)  # (p,)

@@ -35,6 +35,7 @@ import torch
 
 from kit.magrpo import head_logprobs, token_entropy, token_logprobs
 from kit.sampling import row_seed, sampled_logprobs, seeded_config
+from kit.tasks import answer_start
 
 
 @dataclass
@@ -80,7 +81,8 @@ class Segment:
 
 @dataclass
 class Rollout:
-    """G completions for each request. `texts[k][g]` is the g-th completion of request k."""
+    """G completions for each request. `texts[k][g]` is the g-th completion of request k (after the request's
+    `answer_start`, when its prompt is a `Prompt` that has one)."""
 
     requests: list[tuple[int, str]]
     texts: list[list[str]]
@@ -111,23 +113,26 @@ def format_prompt(tokenizer, prompt: str, use_chat_template: bool = True) -> str
 
 
 def encode_prompt(tok, prompt: str, use_chat_template: bool = True, max_tokens: int | None = None) -> list[int]:
-    """The token ids the model sees for `prompt`; a prompt over `max_tokens` loses the middle of its user content.
+    """The token ids the model sees for `prompt` (and its `answer_start`, after the assistant header); a prompt over
+    `max_tokens` loses the middle of its user content.
 
     Never the chat template: the assistant header at its end is where the completion starts. Never just one end
     of the content: the kit's prompts state the task first and end with the instructions (and, for code, what to
     write), while the middle holds what can best be spared (the problem's body, the previous turn's code).
     """
-    ids = tok(format_prompt(tok, prompt, use_chat_template), add_special_tokens=False).input_ids
+    start = answer_start(prompt)
+    ids = tok(format_prompt(tok, prompt, use_chat_template) + start, add_special_tokens=False).input_ids
     if max_tokens is None or len(ids) <= max_tokens:
         return ids
     mark = "\x00"  # the template's text around a user turn: what comes before and after the mark
     before, _, after = format_prompt(tok, mark, use_chat_template).partition(mark)
+    after += start
     before, after = (tok(t, add_special_tokens=False).input_ids if t else [] for t in (before, after))
     room = max_tokens - len(before) - len(after)
     if room < 1:
         raise ValueError(f"max_prompt_tokens={max_tokens} leaves no room for the prompt: the chat template alone "
                          f"takes {len(before) + len(after)} tokens")
-    content = tok(prompt, add_special_tokens=False).input_ids
+    content = tok(str(prompt), add_special_tokens=False).input_ids
     if len(content) > room:
         head = room // 2
         tail = room - head  # >= 1
@@ -209,8 +214,8 @@ class HFEngine:
     name = "hf"
     compile_seconds = 0.0
 
-    def __init__(self, model):
-        self.model = model
+    def __init__(self, model, share_prompts: bool = True):
+        self.model, self.share_prompts = model, share_prompts
 
     def sync(self) -> None:  # PEFT reads its own weights
         pass
@@ -220,10 +225,32 @@ class HFEngine:
         config, processors = seeded_config(generation_config, row_seeds)
         with restored(self.model):
             self.model.eval()
+            cache = self.prefill(input_ids, attention_mask, adapters) if self.share_prompts else None
             seq = self.model.generate(input_ids=input_ids, attention_mask=attention_mask, adapter_names=adapters,
-                                      generation_config=config, logits_processor=processors)
+                                      generation_config=config, logits_processor=processors,
+                                      past_key_values=cache)
         completion = seq[:, input_ids.shape[1]:]
         return completion, sampled_logprobs(generation_config, processors, completion)
+
+    def prefill(self, input_ids, attention_mask, adapters):
+        """The KV cache of every row's prompt but its last token, each distinct (prompt, adapter) forwarded once
+        and its keys and values indexed out to its rows; `generate` goes on from it (the last token, then the
+        completion). None when no two rows share a prompt."""
+        from transformers import DynamicCache
+
+        names = {a: i for i, a in enumerate(dict.fromkeys(adapters))}
+        adapter = torch.tensor([names[a] for a in adapters], device=input_ids.device)[:, None]
+        groups = prompt_groups(torch.cat([input_ids, adapter], dim=1), torch.cat([attention_mask, adapter], dim=1))
+        if groups is None:
+            return None
+        first, group = groups
+        cache = DynamicCache()
+        mask = attention_mask[first, :-1]
+        self.model(input_ids=input_ids[first, :-1], attention_mask=mask, position_ids=position_ids(mask),
+                   adapter_names=[adapters[i] for i in first.tolist()], past_key_values=cache, use_cache=True,
+                   logits_to_keep=1)
+        cache.batch_select_indices(group)
+        return cache
 
 
 def auto_engine(device: torch.device) -> str:
@@ -272,7 +299,7 @@ def engine_for(team, base: int, log=print) -> Engine:
         choice = team.rollout_engine
         if choice == "auto":
             choice = auto_engine(next(model.parameters()).device)
-        engine: Engine = HFEngine(model)
+        engine: Engine = HFEngine(model, team.share_prompts)
         if choice == "compiled":
             from kit.compiled import CompiledEngine
 
@@ -337,7 +364,7 @@ def generate(team, requests: list[tuple[int, str]], num_generations: int, *, max
         decoded = tok.batch_decode(comp * cmask + tok.pad_token_id * (1 - cmask), skip_special_tokens=True)
         for r, text in enumerate(decoded):
             k, g = divmod(int(sample[r]), G)
-            texts[k][g] = text
+            texts[k][g] = answer_start(requests[k][1]) + text
         out.num_tokens += int(cmask.sum())
     return out
 
@@ -418,7 +445,53 @@ def _decoder_and_head(model):
     return (decoder, head.weight) if decoder is not None and decoder is not hf and plain_head else None
 
 
-def completion_logprobs(model, seg: Segment, temperature: float = 1.0, entropy: bool = False):
+def prompt_groups(ids: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """(first row of each distinct row (D,), each row's group (R,)) of left-padded (R, P) prompts, numbered by
+    first appearance, when some rows are the same prompt (the G samples of a request); None when all differ."""
+    if ids.shape[1] < 2 or len(ids) < 2:
+        return None
+    key = torch.cat([ids, mask], dim=1)  # the pad id may be a real token (SmolLM2's pad is <|im_end|>)
+    _, inverse = torch.unique(key, dim=0, return_inverse=True)
+    # renumber the groups by first appearance, so that group order (and float sums) follow the rows
+    first_of, order = {}, []
+    for r, g in enumerate(inverse.tolist()):
+        if g not in first_of:
+            first_of[g] = len(order)
+            order.append(r)
+    if len(order) == len(inverse):
+        return None
+    group = torch.tensor([first_of[g] for g in inverse.tolist()], device=ids.device)
+    return torch.tensor(order, device=ids.device), group
+
+
+def checkpointed(module) -> bool:
+    """Whether gradient checkpointing is on in a decoder (it drops the KV cache that prompt sharing reads)."""
+    return any(getattr(m, "gradient_checkpointing", False) for m in module.modules()) and module.training
+
+
+def shared_prompt_forward(forward, seg: Segment, groups) -> torch.Tensor:
+    """`forward(**inputs) -> (outputs, last)` run once per distinct prompt, then once over the completions of all
+    rows, each attending to its prompt's keys and values through the KV cache: the (R, T, ...) outputs at the
+    positions that predict each completion token, as one forward of the whole rows gives them (the gradient too:
+    the cache's rows are indexed, so each prompt's gradient is the sum over its completions)."""
+    from transformers import DynamicCache
+
+    first, group = groups
+    P = seg.prompt_len
+    pos = position_ids(seg.attention_mask)
+    cache = DynamicCache()
+    head = forward(input_ids=seg.input_ids[first, :P], attention_mask=seg.attention_mask[first, :P],
+                   position_ids=pos[first, :P], past_key_values=cache, use_cache=True)  # (D, 1, ...): the last
+    if seg.input_ids.shape[1] - P == 1:  # one completion token: the prompt's last position predicts it
+        return head[group]
+    cache.batch_select_indices(group)  # every row's copy of its prompt's keys and values
+    tail = forward(input_ids=seg.input_ids[:, P:-1], attention_mask=seg.attention_mask[:, :-1],
+                   position_ids=pos[:, P:-1], past_key_values=cache, use_cache=True, all_positions=True)
+    return torch.cat([head[group], tail], dim=1)  # (R, T, ...)
+
+
+def completion_logprobs(model, seg: Segment, temperature: float = 1.0, entropy: bool = False,
+                        share_prompts: bool = True):
     """Log-probs of the segment's completion tokens under the model's active adapter at the sampling
     `temperature` (softmax(logits / temperature), as the sampler drew them); (R, T). With `entropy`, also the
     policy's entropy at each of those positions (differentiable), as a second (R, T).
@@ -426,16 +499,39 @@ def completion_logprobs(model, seg: Segment, temperature: float = 1.0, entropy: 
     With a frozen plain output layer (the usual LoRA setup) the decoder's hidden states go through
     `magrpo.head_logprobs`, which never holds all positions' logits at once (the update's memory peak with a
     150k vocabulary), the entropy included; otherwise the model's own logits are used.
+
+    `share_prompts`: rows with the same prompt (the G samples of a request) forward it once and read its keys and
+    values from a cache (`shared_prompt_forward`); the same log-probs and gradient up to float rounding. Not with
+    gradient checkpointing, which drops the cache.
     """
     T = seg.completion_mask.shape[1]
-    kwargs = dict(input_ids=seg.input_ids, attention_mask=seg.attention_mask,
-                  position_ids=position_ids(seg.attention_mask), use_cache=False)
     parts = _decoder_and_head(model)
+    P = seg.prompt_len
+    groups = prompt_groups(seg.input_ids[:, :P], seg.attention_mask[:, :P]) \
+        if share_prompts and P > 1 and not checkpointed(model) else None
     if parts is not None:
         decoder, weight = parts
-        hidden = decoder(**kwargs).last_hidden_state[:, -T - 1:-1]  # (R, T, H): position t predicts token t
+
+        def forward(all_positions: bool = False, **inputs):  # hidden states at every position, or the last
+            hidden = decoder(**inputs).last_hidden_state
+            return hidden if all_positions else hidden[:, -1:]
+
+        if groups is not None:
+            hidden = shared_prompt_forward(forward, seg, groups)
+        else:
+            hidden = decoder(input_ids=seg.input_ids, attention_mask=seg.attention_mask,
+                             position_ids=position_ids(seg.attention_mask), use_cache=False
+                             ).last_hidden_state[:, -T - 1:-1]  # (R, T, H): position t predicts token t
         return head_logprobs(hidden, weight, seg.input_ids[:, -T:], temperature=temperature, entropy=entropy)
-    out = model(**kwargs, logits_to_keep=T + 1)
-    logits = out.logits[:, :-1]  # (R, T, V): position t predicts completion token t
+
+    def forward(all_positions: bool = False, **inputs):  # logits at every position, or the last
+        return model(**inputs, logits_to_keep=0 if all_positions else 1).logits
+
+    if groups is not None:
+        logits = shared_prompt_forward(forward, seg, groups)
+    else:
+        logits = model(input_ids=seg.input_ids, attention_mask=seg.attention_mask,
+                       position_ids=position_ids(seg.attention_mask), use_cache=False,
+                       logits_to_keep=T + 1).logits[:, :-1]  # (R, T, V): position t predicts completion token t
     logp = token_logprobs(logits, seg.input_ids[:, -T:], temperature)
     return (logp, token_entropy(logits, temperature)) if entropy else logp

@@ -339,11 +339,13 @@ class Trainer:
                 opt.zero_grad(set_to_none=True)
                 loss_sum, kl_sum = 0.0, 0.0
                 for c, ((sub, adv), mask, share) in enumerate(zip(chunks, masks, shares)):
-                    got = completion_logprobs(model, sub, temperature, entropy=need_entropy)  # at the sampling temp.
+                    got = completion_logprobs(model, sub, temperature, entropy=need_entropy,  # at the sampling temp.
+                                              share_prompts=cfg.share_prompts)
                     logp, entropy = got if need_entropy else (got, None)  # (R, T) each
                     if iteration == 0:  # before any step on this batch: the policy that sampled, as trained
                         # (with LoRA dropout, a forward without it: the sampler drew without dropout)
-                        old[c] = self._eval_logprobs(model, sub, temperature) if cfg.lora_dropout else logp.detach()
+                        old[c] = (self._eval_logprobs(model, sub, temperature, cfg.share_prompts) if cfg.lora_dropout
+                                  else logp.detach())
                         weights[c], sums = magrpo.rollout_weights(old[c], sub.sampler_logprobs, sub.completion_mask,
                                                                   self.correction, cfg.rollout_is_cap)
                         for key in mismatch:
@@ -351,7 +353,7 @@ class Trainer:
                         rho_max = max(rho_max, sums["rho_max"])
                         if cfg.beta > 0:
                             with model.disable_adapter():
-                                refs[c] = self._eval_logprobs(model, sub, temperature)
+                                refs[c] = self._eval_logprobs(model, sub, temperature, cfg.share_prompts)
                     loss, st = magrpo.policy_loss(
                         logp, mask, adv, cfg.loss_type, refs[c], cfg.beta,
                         weights=None if self.correction == "none" else weights[c],
@@ -393,11 +395,11 @@ class Trainer:
 
     @staticmethod
     @torch.no_grad()
-    def _eval_logprobs(model, seg, temperature: float) -> torch.Tensor:
+    def _eval_logprobs(model, seg, temperature: float, share_prompts: bool = True) -> torch.Tensor:
         """Log-probs without dropout (eval mode), as the sampler saw the policy: the old and reference log-probs."""
         model.eval()
         try:
-            return completion_logprobs(model, seg, temperature)
+            return completion_logprobs(model, seg, temperature, share_prompts=share_prompts)
         finally:
             model.train()
 

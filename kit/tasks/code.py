@@ -44,7 +44,7 @@ from collections import OrderedDict
 from kit import sandbox
 from kit.codeparse import AUX, aux_use, drop_function, extract_code, function_info
 from kit.rewards import Reward
-from kit.tasks import check_arg, is_id, is_int, is_number, is_text, is_text_list, read_items
+from kit.tasks import Prompt, check_arg, is_id, is_int, is_number, is_text, is_text_list, read_items
 
 DATA_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "data")  # kit/data: in the package
 COOP_FILE = os.path.join(DATA_DIR, "coop_problems.yaml")
@@ -73,6 +73,10 @@ Instructions:
 - Do not define `aux` yourself.
 """
 
+
+PREFILLS = ("none", "helper", "both")  # whose answers the sampler starts (CodeTask.started)
+HELPER_START = "```python\ndef aux("
+MAIN_START = "```python\ndef {entry}("
 
 SINGLE_PROMPT = """Solve this coding problem with two functions: a helper `aux` and `{entry}`, which calls `aux`.
 
@@ -192,7 +196,7 @@ class CodeTask:
     def __init__(self, num_agents: int = 2, dataset: str = "humaneval", train_range: list | None = None,
                  eval_range: list | None = None, test_timeout: float = 3.0, memory_mb: int = 1024,
                  max_failures_shown: int = 3, cache_size: int = 4096, hub_split: str = "test",
-                 data_file: str | None = None):
+                 data_file: str | None = None, prefill: str = "none"):
         if num_agents != 2:
             raise ValueError(f"the code task has two agents (helper, main); got num_agents={num_agents}")
         check_arg(isinstance(dataset, str) and (dataset in ("humaneval", "coop") or dataset.startswith("hub:")),
@@ -210,7 +214,9 @@ class CodeTask:
                       "null or [start, stop] (integers or null, as a Python slice)")
         check_arg(data_file is None or (isinstance(data_file, str) and dataset == "coop"), "data_file", data_file,
                   "null, or the path of a YAML file of problems in the coop format, with dataset=coop")
+        check_arg(prefill in PREFILLS, "prefill", prefill, f"one of {', '.join(PREFILLS)}")
         self.data_file = data_file or COOP_FILE
+        self.prefill = prefill
         self.num_agents = num_agents
         self.dataset = dataset
         defaults = {"humaneval": HUMANEVAL_SPLITS, "coop": COOP_SPLITS}.get(dataset, HUB_SPLITS)
@@ -253,7 +259,15 @@ class CodeTask:
 
     def prompts(self, item: dict) -> list[str]:
         fmt = {"prompt": item["prompt"].rstrip() + "\n", "entry": item["entry_point"]}
-        return [HELPER_PROMPT.format(**fmt), MAIN_PROMPT.format(**fmt)]
+        return self.started(item, [HELPER_PROMPT.format(**fmt), MAIN_PROMPT.format(**fmt)])
+
+    def started(self, item: dict, prompts: list[str]) -> list[str]:
+        """The prompts with their answers started as `prefill` asks: the helper's `def aux(`, main's `def <entry>(`
+        (a small model told to write `aux` mostly writes the entry point instead; SmolLM2-135M defines `aux` in 1
+        of 64 samples unstarted, bench/README.md)."""
+        starts = {"none": ("", ""), "helper": (HELPER_START, ""),
+                  "both": (HELPER_START, MAIN_START.format(entry=item["entry_point"]))}[self.prefill]
+        return [Prompt(p, s) if s else p for p, s in zip(prompts, starts)]
 
     # --- reward
 
@@ -322,7 +336,8 @@ class CodeTask:
 
     def single_prompt(self, item: dict) -> str:
         """The fixed single-model baseline: one model writes both functions."""
-        return SINGLE_PROMPT.format(prompt=item["prompt"].rstrip() + "\n", entry=item["entry_point"])
+        text = SINGLE_PROMPT.format(prompt=item["prompt"].rstrip() + "\n", entry=item["entry_point"])
+        return Prompt(text, HELPER_START) if self.prefill != "none" else text  # it writes aux first
 
     def split_single(self, item: dict, text: str) -> tuple[str, str]:
         """A single completion holds both functions; the program joiner takes aux from it and main from it."""
@@ -341,9 +356,9 @@ class CodeTask:
                 report += f"\n\nExpert feedback:\n{advice.strip()}"
         first = self.prompts(item)
         own = [d.get("helper_code", ""), d.get("main_code", "")]
-        return [f"{first[a]}\nYour previous code:\n{own[a].strip() or '(no code)'}\n\nWhat happened when the team's "
-                f"program ran:\n{report}\n\nWrite an improved version. Output only the code."
-                for a in range(2)]
+        return self.started(item, [f"{first[a]}\nYour previous code:\n{own[a].strip() or '(no code)'}\n\nWhat "
+                                   f"happened when the team's program ran:\n{report}\n\nWrite an improved version. "
+                                   "Output only the code." for a in range(2)])
 
 
 LEVELS = ("structure", "syntax", "tests", "cooperation")

@@ -1,0 +1,74 @@
+"""Prompts whose answer is started for the model (`kit.tasks.Prompt`), and the code task's `prefill`.
+Run: python -m pytest tests/test_answer_start.py"""
+
+import pickle
+
+import pytest
+import torch
+
+from kit.baselines import discussion_prompt, sequential_prompt
+from kit.models import Team, attach_adapters, build_tiny_model, lora_config
+from kit.rollout import encode_prompt, format_prompt, generate
+from kit.tasks import Prompt, TaskArgError, answer_start
+from kit.tasks.code import HELPER_START, make_task
+
+
+def tiny_team():
+    model, tok = build_tiny_model(0)
+    return Team([attach_adapters(model, ["agent_0"], lora_config(8, 16, 0.0, "all-linear"))], [tok], [0], ["agent_0"])
+
+
+def test_a_prompt_is_its_text_everywhere_and_keeps_its_start_through_pickle():
+    p = Prompt("write aux", "def aux(")
+    assert p == "write aux" and isinstance(p, str) and f"{p}!" == "write aux!"
+    q = pickle.loads(pickle.dumps(p))
+    assert type(q) is Prompt and q.answer_start == "def aux(" and answer_start(q) == "def aux("
+    assert answer_start("plain") == ""
+
+
+def test_the_model_sees_the_start_after_the_assistant_header_and_the_text_has_it_in_front():
+    team = tiny_team()
+    tok = team.tokenizers[0]
+    p = Prompt("sum 7", "12")
+    assert tok.decode(encode_prompt(tok, p)) == format_prompt(tok, "sum 7") + "12"
+    ro = generate(team, [(0, p), (0, "sum 7")], 2, max_new_tokens=6, temperature=0)
+    seg = ro.segments[0]
+    assert all(t.startswith("12") for t in ro.texts[0])
+    # the update scores only sampled tokens: the start is in the prompt part of the segment
+    first = tok.decode(seg.input_ids[0, :seg.prompt_len], skip_special_tokens=False).replace(tok.pad_token, "")
+    assert first.endswith(format_prompt(tok, "sum 7") + "12")
+    assert ro.texts[0][0] == "12" + tok.decode(seg.input_ids[0, seg.prompt_len:][seg.completion_mask[0].bool()],
+                                               skip_special_tokens=True)
+
+
+def test_a_cut_prompt_keeps_its_start_at_the_end():
+    _, tok = build_tiny_model(0)
+    p = Prompt("task " + "x" * 200 + " end", "go")
+    ids = encode_prompt(tok, p, max_tokens=40)
+    assert len(ids) == 40 and tok.decode(ids).endswith(format_prompt(tok, "\x00").split("\x00")[1] + "go")
+
+
+@pytest.mark.parametrize("prefill, starts", [("none", ["", ""]), ("helper", [HELPER_START, ""]),
+                                             ("both", [HELPER_START, "```python\ndef {entry}("])])
+def test_the_code_task_starts_the_answers_prefill_names_in_every_turn_and_baseline(prefill, starts):
+    task = make_task(dataset="coop", prefill=prefill)
+    item = task.load("eval")[0]
+    want = [s.format(entry=item["entry_point"]) for s in starts]
+    assert [answer_start(p) for p in task.prompts(item)] == want
+    reward = task.reward(item, ("def aux(x):\n    return x", "def f(): pass"))
+    assert [answer_start(p) for p in task.feedback(item, ("", ""), reward)] == want
+    assert [answer_start(sequential_prompt(task, item, a, ("x",) * a)) for a in range(2)] == want
+    assert [answer_start(discussion_prompt(task, item, a, ("x", "y"))) for a in range(2)] == want
+    assert answer_start(task.single_prompt(item)) == ("" if prefill == "none" else HELPER_START)
+
+
+def test_a_bad_prefill_names_the_choices():
+    with pytest.raises(TaskArgError, match="prefill.*none, helper, both"):
+        make_task(dataset="coop", prefill="yes")
+
+
+def test_a_started_helper_answer_is_scored_whole():
+    task = make_task(dataset="coop", prefill="helper")
+    item = task.load("eval")[0]
+    helper = task.prompts(item)[0].answer_start + "x):\n    return x\n```"
+    assert task.reward(item, (helper, "")).parts["structure"] == pytest.approx(0.4)

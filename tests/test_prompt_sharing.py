@@ -1,0 +1,139 @@
+"""Each prompt forwarded once for its samples (issue 40): the same tokens, log-probs and gradients as forwarding
+every row's own prompt, in generation and in the update. Run: python -m pytest tests/test_prompt_sharing.py"""
+
+import pytest
+import torch
+
+from kit.config import load_config
+from kit.models import Team, adapter_parameters, attach_adapters, build_tiny_model, lora_config
+from kit.rollout import HFEngine, completion_logprobs, generate, prompt_groups
+from kit.trainer import Trainer
+
+# two agents, prompts of three lengths (left padding), one prompt given to both agents (one group per adapter)
+REQUESTS = [(0, "a0 sum 7"), (1, "a0 sum 7"), (0, "a much longer prompt for agent zero"), (1, "x")]
+
+
+def make_team():
+    model, tok = build_tiny_model(0)
+    names = ["agent_0", "agent_1"]
+    pm = attach_adapters(model, names, lora_config(8, 16, 0.0, "all-linear"))
+    g = torch.Generator().manual_seed(1)
+    with torch.no_grad():  # a fresh LoRA B is zero: give each adapter an effect of its own
+        for name in names:
+            for p in adapter_parameters(pm, name):
+                p.add_(torch.randn(p.shape, generator=g) * 0.3)
+    return Team([pm], [tok], [0, 0], names)
+
+
+def sample(team, share, n=4, **kw):
+    team.share_prompts = share
+    team.engines.clear()
+    keys = [(0, k) for k in range(len(REQUESTS))]
+    return generate(team, REQUESTS, n, max_new_tokens=12, temperature=1.0, keys=keys, **kw)
+
+
+def test_groups_are_the_identical_left_padded_prompts_numbered_by_first_appearance():
+    pad = 0
+    ids = torch.tensor([[5, 6, 7], [pad, 6, 7], [5, 6, 7], [pad, 6, 7], [3, 3, 3]])
+    mask = torch.tensor([[1, 1, 1], [0, 1, 1], [1, 1, 1], [0, 1, 1], [1, 1, 1]])
+    first, group = prompt_groups(ids, mask)
+    assert first.tolist() == [0, 1, 4] and group.tolist() == [0, 1, 0, 1, 2]
+    # the pad id is a real token in the prompt (SmolLM2: pad = <|im_end|>): same ids, another mask, another prompt
+    first, group = prompt_groups(torch.tensor([[pad, 6], [pad, 6]]), torch.tensor([[1, 1], [0, 1]])), None
+    assert first is None
+    assert prompt_groups(torch.tensor([[1, 2], [3, 4]]), torch.ones(2, 2, dtype=torch.long)) is None
+
+
+def test_shared_prefill_samples_the_same_tokens_with_mixed_adapters_and_left_padding():
+    team = make_team()
+    calls = []
+    real = HFEngine.prefill
+
+    def spy(self, ids, mask, adapters):
+        cache = real(self, ids, mask, adapters)
+        calls.append(None if cache is None else cache.layers[0].keys.shape[0])
+        return cache
+
+    HFEngine.prefill = spy
+    try:
+        a, b = sample(team, False), sample(team, True)
+    finally:
+        HFEngine.prefill = real
+    assert calls == [16]  # one prefill of 4 distinct (prompt, adapter) pairs, indexed out to 16 rows
+    assert a.texts == b.texts
+    sa, sb = a.segments[0], b.segments[0]
+    assert torch.equal(sa.input_ids, sb.input_ids) and torch.equal(sa.completion_mask, sb.completion_mask)
+    torch.testing.assert_close(sa.sampler_logprobs, sb.sampler_logprobs, atol=1e-5, rtol=0)
+
+
+def test_greedy_shared_prefill_equals_unshared():
+    team = make_team()
+    team.share_prompts = False
+    a = generate(team, REQUESTS, 3, max_new_tokens=10, temperature=0)
+    team.share_prompts, team.engines = True, {}
+    assert generate(team, REQUESTS, 3, max_new_tokens=10, temperature=0).texts == a.texts
+
+
+def logprobs_and_grads(team, seg, adapter, share, entropy=True, temperature=0.7):
+    model = team.models[0]
+    model.set_adapter(adapter)
+    model.train()
+    params = adapter_parameters(model, adapter)
+    for p in params:
+        p.grad = None
+    lp, ent = completion_logprobs(model, seg, temperature, entropy=True, share_prompts=share)
+    ((lp * seg.completion_mask).sum() + 0.1 * (ent * seg.completion_mask).sum()).backward()
+    return lp.detach(), ent.detach(), [p.grad.clone() for p in params]
+
+
+@pytest.mark.parametrize("head", ["hidden", "logits"])
+@pytest.mark.parametrize("rows", ["all", "micro-batch", "one token"])
+def test_shared_update_forward_has_the_unshared_logprobs_entropy_and_gradient(head, rows):
+    team = make_team()
+    seg = sample(team, True).segments[0]
+    model = team.models[0]
+    if head == "logits":  # a trainable output layer: the model's own logits, not the decoder + head path
+        model.get_base_model().lm_head.weight.requires_grad_(True)
+    for adapter, agents in (("agent_0", [0]), ("agent_1", [1])):
+        sub = seg.rows(agents)
+        if rows == "micro-batch":
+            sub = sub.slice(2, 7)  # cuts a group of 4 samples in two
+        elif rows == "one token":
+            sub = sub.slice(0, 8)
+            sub = type(sub)(sub.base, sub.input_ids[:, :sub.prompt_len + 1], sub.attention_mask[:, :sub.prompt_len + 1],
+                            sub.completion_mask[:, :1], sub.prompt_len, sub.sample, sub.agent,
+                            sub.sampler_logprobs[:, :1], sub.finished)
+        assert prompt_groups(sub.input_ids[:, :sub.prompt_len], sub.attention_mask[:, :sub.prompt_len]) is not None
+        lp0, e0, g0 = logprobs_and_grads(team, sub, adapter, share=False)
+        lp1, e1, g1 = logprobs_and_grads(team, sub, adapter, share=True)
+        m = sub.completion_mask.bool()
+        torch.testing.assert_close(lp1[m], lp0[m], atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(e1[m], e0[m], atol=1e-5, rtol=1e-5)
+        # float32 rounding of other shapes (the head's log-softmax is float32 either way): a relative error of a few
+        # 1e-6 on the gradient; a wrong gradient (a prompt counted once, not once per completion) is off by O(1)
+        assert max(float((x - y).norm() / y.norm()) for x, y in zip(g1, g0)) < 1e-4
+
+
+def test_gradient_checkpointing_forwards_every_prompt(monkeypatch):
+    """Checkpointing drops the KV cache that sharing reads: the update falls back to whole rows."""
+    team = make_team()
+    seg = sample(team, True).segments[0].rows([0])
+    model = team.models[0]
+    model.get_base_model().gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    import kit.rollout as rollout
+
+    monkeypatch.setattr(rollout, "shared_prompt_forward", lambda *a: pytest.fail("shared under checkpointing"))
+    logprobs_and_grads(team, seg, "agent_0", share=True)
+
+
+@pytest.mark.parametrize("overrides", [[], ["beta=0.1", "num_iterations=2"], ["algorithm=marlhf"]])
+def test_a_training_step_with_and_without_sharing_ends_at_the_same_adapters(tmp_path, overrides):
+    runs = {}
+    for share in (False, True):
+        cfg = load_config("tiny_cpu", overrides=[f"run_dir={tmp_path / str(share)}", "progress=false",
+                                                 f"share_prompts={str(share).lower()}", *overrides])
+        trainer = Trainer(cfg)
+        trainer.train(max_steps=2)
+        runs[share] = [p.detach().clone() for a in trainer.team.adapters for p in trainer.team.parameters_of(a)]
+        trainer.close()
+    assert max(float((x - y).norm() / y.norm()) for x, y in zip(runs[True], runs[False])) < 1e-4
