@@ -260,11 +260,13 @@ def _preset_smol_writing() -> TrainConfig:
 def _preset_smol_code() -> TrainConfig:
     """SmolLM2-135M-Instruct on the cooperative coding problems (helper writes aux, main the entry point), 96 new
     tokens (the untrained model's first code block fits; what it rambles after is cut), sandboxed tests in 2
-    threads, 8 of the 12 held-out problems. At 135M few tests pass: the signal is the structure and syntax levels
-    (bench/README.md). `--set num_turns=2` adds the task's feedback turn; HumanEval instead of the cooperative
-    problems: `--set 'task_args={dataset: humaneval}'`."""
-    return _smol(task="code", task_args={"dataset": "coop"}, max_new_tokens=96, reward_workers=2,
-                 num_eval_items=8, run_dir="checkpoints/smol_code")
+    threads, 8 of the 12 held-out problems. The helper's answer is started with `def aux(` (`prefill=helper`):
+    told to write `aux`, the 135M model writes the entry point instead in 63 of 64 samples. At 135M few tests
+    pass: the signal is mostly the structure and syntax levels (bench/README.md). `--set num_turns=2` adds the
+    task's feedback turn; HumanEval instead of the cooperative problems:
+    `--set 'task_args={dataset: humaneval, prefill: helper}'`."""
+    return _smol(task="code", task_args={"dataset": "coop", "prefill": "helper"}, max_new_tokens=96,
+                 reward_workers=2, num_eval_items=8, run_dir="checkpoints/smol_code")
 
 
 def _preset_smol_hanabi() -> TrainConfig:

@@ -228,7 +228,7 @@ class HFEngine:
             cache = self.prefill(input_ids, attention_mask, adapters) if self.share_prompts else None
             seq = self.model.generate(input_ids=input_ids, attention_mask=attention_mask, adapter_names=adapters,
                                       generation_config=config, logits_processor=processors,
-                                      past_key_values=cache)
+                                      past_key_values=cache)  # None: generate makes its own
         completion = seq[:, input_ids.shape[1]:]
         return completion, sampled_logprobs(generation_config, processors, completion)
 

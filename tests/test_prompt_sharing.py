@@ -137,3 +137,19 @@ def test_a_training_step_with_and_without_sharing_ends_at_the_same_adapters(tmp_
         runs[share] = [p.detach().clone() for a in trainer.team.adapters for p in trainer.team.parameters_of(a)]
         trainer.close()
     assert max(float((x - y).norm() / y.norm()) for x, y in zip(runs[True], runs[False])) < 1e-4
+
+
+@pytest.mark.parametrize("share", [False, True])
+def test_every_decoding_step_forwards_one_token_per_row(share):
+    """The KV cache is on in both paths: after the prompt, one new token a row per forward."""
+    team = make_team()
+    widths = []
+    decoder = team.models[0].get_base_model().model
+    hook = decoder.register_forward_pre_hook(lambda m, a, kw: widths.append(kw["input_ids"].shape[1]),
+                                             with_kwargs=True)
+    try:
+        sample(team, share)
+    finally:
+        hook.remove()
+    prefills = 2 if share else 1  # the shared prefix, then the prompts' last token; or the whole prompts
+    assert widths[prefills:] == [1] * (len(widths) - prefills) and len(widths) > prefills + 3
