@@ -11,7 +11,9 @@ On the preset's rows (its model, its first `--items` train items, every agent x 
   same rows and token budget (sampled, its own seed: about as many tokens; tokens/s compared);
 - the update's forward + backward for each adapter (the MAGRPO loss's log-probs on its rows), off and on: the
   log-probs' and the adapter gradient's largest relative difference, and the times; the floor is one forward +
-  backward of the same rows through the model's own loss (HF's causal-LM cross-entropy on the completion tokens).
+  backward of the same rows through the model's own loss (HF's causal-LM cross-entropy on the completion tokens);
+- the sampler's log-probs against the update's: what a dtype (bf16) costs the importance weights (read it with
+  `--set top_p=1.0`: a truncated sampler differs from the update by design).
 
 Each time is the best of `--repeats` after a warm-up call. One row per setting in bench/results/prompt_sharing.md
 (appended). Other jobs on the machine slow every row alike; compare rows of one run.
@@ -145,16 +147,21 @@ def main() -> None:
     rows_, P, T = seg.input_ids.shape[0], seg.prompt_len, seg.completion_mask.shape[1]
     distinct = sum(len(prompt_groups(s.input_ids[:, :s.prompt_len], s.attention_mask[:, :s.prompt_len])[0])
                    for s in (seg.rows(team.agents_of_adapter(a)) for a in team.adapters))
+    subs = [seg.rows(team.agents_of_adapter(a)) for a in team.adapters]
+    # the sampler's log-probs against the update's (shared) ones: the mismatch a dtype or kernel brings (with
+    # top_p < 1 the sampler's distribution is truncated, so run with --set top_p=1.0 to read this column)
+    mismatch = max(float(((lp - s.sampler_logprobs).abs() * s.completion_mask).max())
+                   for lp, s in zip(logps[True], subs))
     lp_diff = max(float(((a - b).abs() * s.completion_mask).max()) for a, b, s in
                   zip(logps[True], logps[False], (seg.rows(team.agents_of_adapter(a)) for a in team.adapters)))
     line = (f"| {args.preset} | {args.dtype} | {rows_} rows, {distinct} prompts, P={P}, T={T} | "
             f"{gen[False][0]:.2f} | {gen[True][0]:.2f} | {gen[False][0] / gen[True][0]:.2f}x | "
             f"{floor_gen:.2f} ({floor_tokens} tok) | {gen[True][0] / floor_gen * floor_tokens / max(tokens, 1):.2f}x | "
             f"{same_tokens} | {update[False]:.2f} | {update[True]:.2f} | {update[False] / update[True]:.2f}x | "
-            f"{floor_update:.2f} | {lp_diff:.1e} | {rel(grads[True], grads[False]):.1e} |")
+            f"{floor_update:.2f} | {lp_diff:.1e} | {rel(grads[True], grads[False]):.1e} | {mismatch:.1e} |")
     header = ("| preset | dtype | rows | generate off s | on s | speed-up | plain HF generate s | on / floor "
               "(per token) | same tokens | update off s | on s | speed-up | fwd+bwd floor s | max logp diff | "
-              "grad rel diff |\n|" + "---|" * 15)
+              "grad rel diff | sampler vs update max logp diff |\n|" + "---|" * 16)
     print(header)
     print(line)
     out = ROOT / "bench" / "results" / "prompt_sharing.md"
