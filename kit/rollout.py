@@ -244,7 +244,7 @@ class HFEngine:
         if groups is None:
             return None
         first, group = groups
-        cache = DynamicCache()
+        cache = DynamicCache(config=self.model.config)
         mask = attention_mask[first, :-1]
         self.model(input_ids=input_ids[first, :-1], attention_mask=mask, position_ids=position_ids(mask),
                    adapter_names=[adapters[i] for i in first.tolist()], past_key_values=cache, use_cache=True,
@@ -469,7 +469,7 @@ def checkpointed(module) -> bool:
     return any(getattr(m, "gradient_checkpointing", False) for m in module.modules()) and module.training
 
 
-def shared_prompt_forward(forward, seg: Segment, groups) -> torch.Tensor:
+def shared_prompt_forward(forward, seg: Segment, groups, config) -> torch.Tensor:
     """`forward(**inputs) -> (outputs, last)` run once per distinct prompt, then once over the completions of all
     rows, each attending to its prompt's keys and values through the KV cache: the (R, T, ...) outputs at the
     positions that predict each completion token, as one forward of the whole rows gives them (the gradient too:
@@ -479,7 +479,7 @@ def shared_prompt_forward(forward, seg: Segment, groups) -> torch.Tensor:
     first, group = groups
     P = seg.prompt_len
     pos = position_ids(seg.attention_mask)
-    cache = DynamicCache()
+    cache = DynamicCache(config=config)  # the model's layer types (a sliding-window layer keeps its window)
     head = forward(input_ids=seg.input_ids[first, :P], attention_mask=seg.attention_mask[first, :P],
                    position_ids=pos[first, :P], past_key_values=cache, use_cache=True)  # (D, 1, ...): the last
     if seg.input_ids.shape[1] - P == 1:  # one completion token: the prompt's last position predicts it
@@ -517,7 +517,7 @@ def completion_logprobs(model, seg: Segment, temperature: float = 1.0, entropy: 
             return hidden if all_positions else hidden[:, -1:]
 
         if groups is not None:
-            hidden = shared_prompt_forward(forward, seg, groups)
+            hidden = shared_prompt_forward(forward, seg, groups, decoder.config)
         else:
             hidden = decoder(input_ids=seg.input_ids, attention_mask=seg.attention_mask,
                              position_ids=position_ids(seg.attention_mask), use_cache=False
@@ -528,7 +528,7 @@ def completion_logprobs(model, seg: Segment, temperature: float = 1.0, entropy: 
         return model(**inputs, logits_to_keep=0 if all_positions else 1).logits
 
     if groups is not None:
-        logits = shared_prompt_forward(forward, seg, groups)
+        logits = shared_prompt_forward(forward, seg, groups, model.config)
     else:
         logits = model(input_ids=seg.input_ids, attention_mask=seg.attention_mask,
                        position_ids=position_ids(seg.attention_mask), use_cache=False,

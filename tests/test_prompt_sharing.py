@@ -153,3 +153,34 @@ def test_every_decoding_step_forwards_one_token_per_row(share):
         hook.remove()
     prefills = 2 if share else 1  # the shared prefix, then the prompts' last token; or the whole prompts
     assert widths[prefills:] == [1] * (len(widths) - prefills) and len(widths) > prefills + 3
+
+
+@pytest.mark.parametrize("family", ["mistral", "gemma3"])
+def test_sliding_window_layers_share_exactly(family):
+    """A window (5) shorter than the prompt (9): the cache keeps each layer's own kind (Gemma 3 mixes both)."""
+    from transformers import Gemma3ForCausalLM, Gemma3TextConfig, MistralConfig, MistralForCausalLM
+
+    from kit.rollout import Segment
+
+    torch.manual_seed(0)
+    shape = dict(vocab_size=100, hidden_size=32, intermediate_size=64, num_attention_heads=4, num_key_value_heads=2,
+                 sliding_window=5)
+    model = MistralForCausalLM(MistralConfig(num_hidden_layers=2, **shape)) if family == "mistral" else \
+        Gemma3ForCausalLM(Gemma3TextConfig(num_hidden_layers=3, head_dim=8, **shape,
+                                           layer_types=["sliding_attention", "full_attention", "sliding_attention"]))
+    model = attach_adapters(model, ["agent_0"], lora_config(4, 8, 0.0, "all-linear"))
+    with torch.no_grad():
+        for p in adapter_parameters(model, "agent_0"):
+            p.add_(torch.randn_like(p) * 0.3)
+    P, T = 9, 6
+    prompt, pmask = torch.randint(1, 100, (2, P)), torch.ones(2, P, dtype=torch.long)
+    prompt[1, :3], pmask[1, :3] = 0, 0  # left padding on the second prompt
+    ids = torch.cat([prompt.repeat_interleave(2, 0), torch.randint(1, 100, (4, T))], 1)
+    att = torch.cat([pmask.repeat_interleave(2, 0), torch.ones(4, T, dtype=torch.long)], 1)
+    seg = Segment(0, ids, att, torch.ones(4, T, dtype=torch.long), P, torch.arange(4), torch.zeros(4, dtype=torch.long),
+                  torch.zeros(4, T), torch.ones(4, dtype=torch.bool))
+    team = Team([model], [None], [0], ["agent_0"])
+    lp0, e0, g0 = logprobs_and_grads(team, seg, "agent_0", share=False)
+    lp1, e1, g1 = logprobs_and_grads(team, seg, "agent_0", share=True)
+    torch.testing.assert_close(lp1, lp0, atol=1e-5, rtol=1e-5)
+    assert max(float((x - y).norm() / y.norm()) for x, y in zip(g1, g0)) < 1e-4
