@@ -319,6 +319,8 @@ def main() -> None:
         print("RESULT " + json.dumps(one(args.one, s)))
         return
     path = model_dir(args.model)
+    out = ROOT / "bench" / "out" / f"compare_comlrl_{args.model}.json"
+    out.parent.mkdir(exist_ok=True)
     results = []
     for n in args.agents:
         for which in args.only:
@@ -335,8 +337,7 @@ def main() -> None:
             print(f"{n} agents  {which:12s} {r['ja_per_s']:7.2f} joint actions/s  peak RSS {r['peak_rss_mb']:7.0f} MB  "
                   f"{r['rows']} rows, {r['prompt_tokens']} prompt + {r['completion_tokens']} completion tokens",
                   flush=True)
-    (ROOT / "bench" / "out").mkdir(exist_ok=True)
-    (ROOT / "bench" / "out" / f"compare_comlrl_{args.model}.json").write_text(json.dumps(results, indent=2))
+            out.write_text(json.dumps(results, indent=2))  # after each configuration: a failure keeps the others
     print(table(results))
 
 

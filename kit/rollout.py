@@ -35,7 +35,7 @@ import torch
 
 from kit.magrpo import head_logprobs, token_entropy, token_logprobs
 from kit.sampling import row_seed, sampled_logprobs, seeded_config
-from kit.tasks import answer_start
+from kit.prompts import answer_start
 
 
 @dataclass
