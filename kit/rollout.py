@@ -34,8 +34,8 @@ from typing import Protocol
 import torch
 
 from kit.magrpo import head_logprobs, token_entropy, token_logprobs
-from kit.sampling import row_seed, sampled_logprobs, seeded_config
 from kit.prompts import answer_start
+from kit.sampling import row_seed, sampled_logprobs, seeded_config
 
 
 @dataclass
@@ -238,6 +238,8 @@ class HFEngine:
         completion). None when no two rows share a prompt."""
         from transformers import DynamicCache
 
+        if input_ids.shape[1] < 2:  # a one-token prompt: nothing before its last token
+            return None
         names = {a: i for i, a in enumerate(dict.fromkeys(adapters))}
         adapter = torch.tensor([names[a] for a in adapters], device=input_ids.device)[:, None]
         groups = prompt_groups(torch.cat([input_ids, adapter], dim=1), torch.cat([attention_mask, adapter], dim=1))
@@ -470,10 +472,11 @@ def checkpointed(module) -> bool:
 
 
 def shared_prompt_forward(forward, seg: Segment, groups, config) -> torch.Tensor:
-    """`forward(**inputs) -> (outputs, last)` run once per distinct prompt, then once over the completions of all
-    rows, each attending to its prompt's keys and values through the KV cache: the (R, T, ...) outputs at the
-    positions that predict each completion token, as one forward of the whole rows gives them (the gradient too:
-    the cache's rows are indexed, so each prompt's gradient is the sum over its completions)."""
+    """`forward(all_positions=False, **inputs)` (the outputs at the last position, or at every one) run once per
+    distinct prompt, then once over the completions of all rows, each attending to its prompt's keys and values
+    through the KV cache: the (R, T, ...) outputs at the positions that predict each completion token, as one
+    forward of the whole rows gives them (the gradient too: the cache's rows are indexed, so each prompt's gradient
+    is the sum over its completions)."""
     from transformers import DynamicCache
 
     first, group = groups
