@@ -226,7 +226,8 @@ class MADPOTrainer(PreferencePairs, Trainer):
                 sel = slice(lo, min(lo + per, len(joint)))
                 rows = [row[int(i)] for idx in (w_idx, l_idx) for i in idx[sel][:, agents].reshape(-1)]
                 sub = take(seg, rows)
-                logp = completion_logprobs(model, sub, 1.0, share_prompts=self.cfg.share_prompts)  # (2 * p * agents, T), with gradient
+                # (2 * p * agents, T), with gradient
+                logp = completion_logprobs(model, sub, 1.0, share_prompts=self.cfg.share_prompts)
                 s = preference.sequence_logprobs(logp, sub.completion_mask).view(2, -1, len(agents))
                 ref = (buf.ref[w_idx[sel][:, agents]], buf.ref[l_idx[sel][:, agents]]) if buf.ref is not None else ()
                 own = preference.dpo_delta(s[0], s[1], *(r.to(s.device) for r in ref)).sum(-1)  # (p,)
