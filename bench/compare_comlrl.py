@@ -1,7 +1,7 @@
 """Side-by-side throughput and memory: CoMLRL 1.4.3 MAGRPOTrainer vs the kit, same model, prompts and reward.
 
     pip install --no-deps comlrl==1.4.3 && pip install datasets wandb openai    # CoMLRL's own dependencies
-    python bench/compare_comlrl.py                   # 2 and 4 agents, CPU, 2 threads; prints the table
+    python bench/compare_comlrl.py                   # 2 and 4 agents, CPU, 2 threads (--threads); the table
     python bench/compare_comlrl.py --model smollm2 --agents 2 --items 4       # SmolLM2-135M-Instruct on TLDR
 
 Every configuration runs in its own subprocess (so peak RSS is its own) on the same model folder, items, prompts
@@ -275,10 +275,10 @@ def run_floor(s: Setup) -> dict:
             "completion_tokens": sum(c[2] for c in counts[1:])}
 
 
-def one(which: str, s: Setup) -> dict:
+def one(which: str, s: Setup, threads: int) -> dict:
     import torch
 
-    torch.set_num_threads(2)
+    torch.set_num_threads(threads)
     torch.manual_seed(0)
     if which == "comlrl_full":
         out = run_comlrl(s, False)
@@ -288,7 +288,7 @@ def one(which: str, s: Setup) -> dict:
         out = run_kit(s, which == "kit")
     else:
         out = run_floor(s)
-    out.update(which=which, agents=s.num_agents, model=s.model, items_per_step=s.items_per_step,
+    out.update(which=which, agents=s.num_agents, model=s.model, items_per_step=s.items_per_step, threads=threads,
                ja_per_s=out["joint_actions"] / out["seconds"], peak_rss_mb=peak_rss_mb())
     return out
 
@@ -312,11 +312,12 @@ def main() -> None:
     parser.add_argument("--items", type=int, default=8, help="items timed per configuration (after warm-up)")
     parser.add_argument("--items-per-step", type=int, help="items per kit step (default: 4 qwen2, 1 smollm2)")
     parser.add_argument("--only", nargs="+", default=CONFIGURATIONS, choices=CONFIGURATIONS)
+    parser.add_argument("--threads", type=int, default=2, help="torch/OpenMP threads of every configuration")
     args = parser.parse_args()
     ips = args.items_per_step or (1 if args.model == "smollm2" else 4)
     if args.one:
         s = Setup(args.model, args.model_dir, args.agents[0], args.items, ips)
-        print("RESULT " + json.dumps(one(args.one, s)))
+        print("RESULT " + json.dumps(one(args.one, s, args.threads)))
         return
     path = model_dir(args.model)
     out = ROOT / "bench" / "out" / f"compare_comlrl_{args.model}.json"
@@ -324,33 +325,36 @@ def main() -> None:
     results = []
     for n in args.agents:
         for which in args.only:
-            env = {**os.environ, "OMP_NUM_THREADS": "2", "TOKENIZERS_PARALLELISM": "false", "WANDB_MODE": "disabled"}
+            env = {**os.environ, "OMP_NUM_THREADS": str(args.threads), "MKL_NUM_THREADS": str(args.threads),
+                   "TOKENIZERS_PARALLELISM": "false", "WANDB_MODE": "disabled"}
             proc = subprocess.run([sys.executable, __file__, "--one", which, "--model", args.model, "--model-dir", path,
-                                   "--agents", str(n), "--items", str(args.items), "--items-per-step", str(ips)],
+                                   "--agents", str(n), "--items", str(args.items), "--items-per-step", str(ips),
+                                   "--threads", str(args.threads)],
                                   capture_output=True, text=True, env=env)
             line = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")]
             if not line:
                 print(proc.stdout[-2000:], proc.stderr[-4000:], file=sys.stderr)
                 raise SystemExit(f"{which} with {n} agents failed")
-            results.append(json.loads(line[0][7:]))
-            r = results[-1]
-            print(f"{n} agents  {which:12s} {r['ja_per_s']:7.2f} joint actions/s  peak RSS {r['peak_rss_mb']:7.0f} MB  "
-                  f"{r['rows']} rows, {r['prompt_tokens']} prompt + {r['completion_tokens']} completion tokens",
-                  flush=True)
+            r = json.loads(line[0].removeprefix("RESULT "))
+            results.append(r)
+            print(f"{n} agents  {which:12s} {r['ja_per_s']:7.3f} joint actions/s  "
+                  f"peak RSS {r['peak_rss_mb']:7.0f} MB  {r['rows']} rows, "
+                  f"{r['prompt_tokens']} prompt + {r['completion_tokens']} completion tokens", flush=True)
             out.write_text(json.dumps(results, indent=2))  # after each configuration: a failure keeps the others
     print(table(results))
 
 
 def table(results: list[dict]) -> str:
-    lines = ["| agents | configuration | joint actions/s | peak RSS (MB) | vs comlrl_full | vs comlrl_peft | RSS vs full | RSS vs peft |",
-             "|---|---|---|---|---|---|---|---|"]
+    lines = ["| agents | configuration | joint actions/s | peak RSS (MB) | vs comlrl_full | vs comlrl_peft "
+             "| RSS vs full | RSS vs peft |", "|---|---|---|---|---|---|---|---|"]
     for n in sorted({r["agents"] for r in results}):
         by = {r["which"]: r for r in results if r["agents"] == n}
         for which, r in by.items():
             def ratio(key, other, r=r):
                 return f"{r[key] / by[other][key]:.2f}x" if other in by else "-"
-            lines.append(f"| {n} | {which} | {r['ja_per_s']:.2f} | {r['peak_rss_mb']:.0f} | {ratio('ja_per_s', 'comlrl_full')} "
-                         f"| {ratio('ja_per_s', 'comlrl_peft')} | {ratio('peak_rss_mb', 'comlrl_full')} "
+            lines.append(f"| {n} | {which} | {r['ja_per_s']:.3f} | {r['peak_rss_mb']:.0f} "
+                         f"| {ratio('ja_per_s', 'comlrl_full')} | {ratio('ja_per_s', 'comlrl_peft')} "
+                         f"| {ratio('peak_rss_mb', 'comlrl_full')} "
                          f"| {ratio('peak_rss_mb', 'comlrl_peft')} |")
         if "kit" in by and "floor" in by:
             lines.append(f"| {n} | kit step / floor step | {by['kit']['step_s']:.2f} s / {by['floor']['step_s']:.2f} s "
