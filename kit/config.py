@@ -35,8 +35,8 @@ class TrainConfig:
     device: str = "auto"  # auto, cpu, cuda, cuda:1 ...
     agent_devices: list[str] | None = None  # one device per agent (cuda:0, cuda:1 ...): each base on its own GPU
     gradient_checkpointing: bool = False  # trade compute for memory in the update
-    share_prompts: bool = True  # forward each prompt once for its samples, in generation and the update (not with
-    # gradient checkpointing, which drops the KV cache it reads); the same maths up to float rounding
+    share_prompts: bool = True  # forward each prompt once for its samples: generation, the update, critics and reward
+    # models (not with gradient checkpointing, which drops the KV cache it reads); the same maths up to float rounding
     rollout_engine: str = "auto"  # auto (compiled on CUDA, hf on CPU), hf (PEFT eager), compiled (CUDA graphs)
     generation_weights: str = "auto"  # compiled engine: auto (a bf16/fp16 copy of a 4-bit base if it fits), copy, 4bit
     lora_r: int = 16  # LoRA rank

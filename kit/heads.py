@@ -44,7 +44,8 @@ from pathlib import Path
 import torch
 
 from kit.models import adapter_parameters
-from kit.rollout import encode_prompt, left_pad, position_ids
+from kit.prefixes import shared_prefix_hidden
+from kit.rollout import checkpointed, encode_prompt, left_pad, position_ids
 
 HEAD_FILE = "head.safetensors"
 
@@ -114,9 +115,7 @@ class ScalarModel:
         self.model.set_adapter(self.adapter)  # this adapter active and trainable; the base stays frozen
         try:
             with torch.set_grad_enabled(torch.is_grad_enabled() and train_trunk):
-                hidden = self.decoder(input_ids=input_ids, attention_mask=attention_mask,
-                                      position_ids=position_ids(attention_mask), use_cache=False).last_hidden_state
-            last = hidden[torch.arange(len(hidden), device=hidden.device), last_token_index(attention_mask)]  # (R, H)
+                last = self._last_hidden(input_ids, attention_mask)  # (R, H)
             return self.head(last.float()).squeeze(-1)  # (R,)
         finally:
             # the previous adapter active again and every flag as it was, except ours: a leaf whose requires_grad
@@ -127,6 +126,17 @@ class ScalarModel:
             if train_trunk:
                 for p in self.adapter_parameters():
                     p.requires_grad_(True)
+
+    def _last_hidden(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+        """The decoder's final hidden state at each row's last token, (R, H); rows that begin alike (a prompt and
+        its completions) forward their common beginning once when the team shares prompts (kit/prefixes.py)."""
+        if self.team.share_prompts and not checkpointed(self.model):
+            last = shared_prefix_hidden(self.decoder, input_ids, attention_mask)
+            if last is not None:
+                return last
+        hidden = self.decoder(input_ids=input_ids, attention_mask=attention_mask,
+                              position_ids=position_ids(attention_mask), use_cache=False).last_hidden_state
+        return hidden[torch.arange(len(hidden), device=hidden.device), last_token_index(attention_mask)]
 
     def encode(self, texts: list[str], use_chat_template: bool = False,
                max_tokens: int | None = None) -> dict[str, torch.Tensor]:

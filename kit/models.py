@@ -333,7 +333,7 @@ class Team:
     roles: list[str] = field(default_factory=list)
     rollout_engine: str = "auto"  # auto, hf, compiled (kit/rollout.py)
     generation_weights: str = "auto"  # auto, copy, 4bit: what the compiled engine decodes with (kit/compiled.py)
-    share_prompts: bool = True  # the hf engine prefills each distinct prompt once for its samples (kit/rollout.py)
+    share_prompts: bool = True  # prefill each distinct prompt once (kit/rollout.py); scalar models too (kit/prefixes.py)
     engines: dict = field(default_factory=dict, repr=False)  # base -> its rollout engine, built on first use
     sources: dict = field(default_factory=dict)  # short model name -> where its weights came from (kit/weights.py)
 
