@@ -10,8 +10,9 @@ Each run is the preset with `--set seed=S` (and `--steps`, `--turns`), trained i
 (git-ignored). After training, `kit baselines` runs on the same held-out items at `--n` samples per item: the four
 baselines on the untrained base (single model, naive concatenation = the untrained team, sequential pipeline,
 one-round discussion; a game: random, rule, base) and the trained team (`magrpo`), all sampled at the preset's
-temperature. A multi-turn run evaluates its team's first-turn answers (the kit's held-out evaluation is one turn)
-and skips the baselines, which are the one-turn runs' (same base, same items); `--team-only` skips them too.
+temperature. A multi-turn run evaluates the untrained and the trained team through the same feedback turns (the
+last turn's reward; kit/evaluate.py) and takes the other baselines from the one-turn runs (same base, same
+items); `--team-only` skips every baseline.
 
 `table` pools the seeds: a method's value is the mean over items of the per-item mean over seeds and samples, its
 interval a 95% percentile bootstrap over the held-out items (kit/stats.py), and MAGRPO minus the untrained team a
@@ -60,7 +61,8 @@ def train(task: str, seeds: list[int], steps: int | None, turns: int, n: int, ex
         trainer = trainer_class(cfg.task, cfg.algorithm)(cfg, resume=done)
         trainer.train()
         trainer.close()
-        methods = [] if turns > 1 or team_only else None  # None: every baseline of the task
+        # None: every baseline of the task; a multi-turn run: the untrained team through the same feedback turns
+        methods = [] if team_only else ["naive"] if turns > 1 else None
         compare(run_dir, methods, n=n)
 
 
@@ -111,13 +113,18 @@ def table() -> None:
         methods = [m for m in BASELINE_ORDER if any(r["method"] == m for s in base_runs for r in s["baselines"])]
         rows_of = {m: [r for s in base_runs for r in s["baselines"] if r["method"] == m] for m in methods}
         for name in names:
+            own = [r for s in runs[name] for r in s["baselines"] if r["method"] == "naive"] if name != task else []
+            if own:  # a multi-turn run's untrained team, through the same feedback turns as its trained one
+                rows_of[f"naive ({name})"] = own
             team = [r for s in runs[name] for r in s["baselines"] if r["method"] == "magrpo"]
             if team:
                 rows_of[f"magrpo ({name})"] = team
-        reference = "naive" if "naive" in rows_of else "base" if "base" in rows_of else None
+        first = "naive" if "naive" in rows_of else "base" if "base" in rows_of else None
         for method, rows in rows_of.items():
             mean, low, high, per_seed, items = pooled(rows)
             diff = ""
+            own = method.replace("magrpo", "naive")
+            reference = own if own in rows_of and own != method else first
             if method.startswith("magrpo") and reference:
                 d, dl, dh = stats.paired_bootstrap(items, pooled(rows_of[reference])[4])
                 diff = f"{d:+.3f} [{dl:+.3f}, {dh:+.3f}] vs {reference}"

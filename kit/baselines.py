@@ -9,7 +9,7 @@
     sequential  agent 0 first, then each next agent sees what the earlier ones wrote
     discussion  all generate, then each sees the others' first answers and revises (one round); the revisions
                 are scored
-Every method samples n joint actions per item and reports `kit.evaluate.summarize`'s metrics (pass@k, reward
+Every method samples n joint actions per item and reports `kit.evaluate.summarize_turns`' metrics (pass@k, reward
 and parts, cooperation rate, tokens/s) plus wall time. A task can shape the prompts with `sequential_prompt` and
 `discussion_prompt`; the defaults below append the teammates' text to the agent's own prompt.
 """
@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import time
 
-from kit.evaluate import parallel_joints, sample_joint, score, summarize
+from kit.evaluate import parallel_joints, sample_turns, score, summarize_turns
 from kit.tasks import Prompt, answer_start, has
 from kit.tasks.game import is_game
 
@@ -53,12 +53,12 @@ def run_method(method: str, sampler, task, cfg, items: list[dict], n: int, score
 
     seed_everything(cfg.seed + 20_011)
     start = time.perf_counter()
-    if method == "naive":
-        _, rewards, tokens, gen_s = sample_joint(sampler, task, items, n, scorer)
+    if method == "naive":  # the team's own mode: with num_turns > 1, its feedback turns too (kit/evaluate.py)
+        _, per_turn, tokens, gen_s = sample_turns(sampler, task, items, n, scorer, cfg.num_turns)
     else:
         joints, tokens, gen_s = _RUNNERS[method](sampler, task, items, n)
-        rewards = score(scorer, items, joints)
-    out = {"method": method, **summarize(task, rewards, num_tokens=tokens, seconds=gen_s)}
+        per_turn = [score(scorer, items, joints)]
+    out = {"method": method, **summarize_turns(task, per_turn, num_tokens=tokens, seconds=gen_s)}
     out["wall_s"] = time.perf_counter() - start
     return out
 

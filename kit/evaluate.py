@@ -9,6 +9,11 @@ pass@k = E_items[1 - C(n - c, k) / C(n, k)], with c the joint actions that pass 
 code task, every assert passes). The cooperation rate is the share of joint actions whose `cooperation` part is
 positive (main's use of aux earned the bonus). Results go to `<run_dir>/eval/step_NNNNNN.json` (step 0 is the
 untrained base: LoRA adapters start as the identity), so 02_evaluate can draw learning curves on held-out data.
+
+A run with `num_turns > 1` is evaluated as it trains: each joint action of the first turn goes through the task's
+`feedback` (next-turn prompts from what the team's answer did) and every agent answers again, one sample per
+joint action per turn, for every turn; the metrics are the last turn's, and `turn1/reward_mean` the first's. The
+untrained team (`naive` in kit/baselines.py) and the trained one get the same turns.
 """
 
 from __future__ import annotations
@@ -59,6 +64,15 @@ def summarize(task, rewards: list[list], *, ks=KS, num_tokens: int = 0, seconds:
     return out
 
 
+def summarize_turns(task, per_turn: list[list[list]], num_tokens: int = 0, seconds: float = 0.0) -> dict:
+    """`summarize` of the last turn's rewards; with several turns, also the first turn's mean and the turn count."""
+    out = summarize(task, per_turn[-1], num_tokens=num_tokens, seconds=seconds)
+    if len(per_turn) > 1:
+        out["turns"] = len(per_turn)
+        out["turn1/reward_mean"] = float(np.mean([r.total for per_item in per_turn[0] for r in per_item]))
+    return out
+
+
 def parallel_joints(sampler: Sampler, task, items: list[dict], n: int, params=None, tag: str = "eval"):
     """n joint actions per item from the task's own prompts (agents in parallel, one batched generate):
     (joints[item][g], generated tokens, generate seconds). `params`: the sampler's own by default. Samples are
@@ -71,10 +85,33 @@ def parallel_joints(sampler: Sampler, task, items: list[dict], n: int, params=No
     return joints, ro.num_tokens, ro.seconds
 
 
-def sample_joint(sampler: Sampler, task, items: list[dict], n: int, scorer: Scorer):
+def sample_joint(sampler: Sampler, task, items: list[dict], n: int, scorer: Scorer, params=None):
     """`parallel_joints`, scored: (joints, rewards, tokens, seconds)."""
-    joints, tokens, seconds = parallel_joints(sampler, task, items, n)
+    joints, tokens, seconds = parallel_joints(sampler, task, items, n, params)
     return joints, score(scorer, items, joints), tokens, seconds
+
+
+def sample_turns(sampler: Sampler, task, items: list[dict], n: int, scorer: Scorer, turns: int = 1,
+                 params=None):
+    """`sample_joint`, then `turns - 1` feedback turns: each joint action's next prompts from
+    `task.feedback(item, joint action, reward)`, one sample per agent per joint action per turn (all of a turn in
+    one batched generate, seeded by (item id, turn, g, agent)). (last joints, rewards of every turn [turn][item][g],
+    tokens, seconds). `params`: the sampler's own by default."""
+    if turns > 1 and not has(task, "feedback"):
+        raise ValueError(f"num_turns={turns} needs a task with feedback(item, completions, reward)")
+    joints, rewards, tokens, seconds = sample_joint(sampler, task, items, n, scorer, params)
+    per_turn = [rewards]
+    for turn in range(1, turns):
+        N = len(joints[0][0])
+        requests = [(a, p) for item, per, rs in zip(items, joints, per_turn[-1]) for joint, r in zip(per, rs)
+                    for a, p in enumerate(task.feedback(item, joint, r))]
+        keys = [("eval", item["id"], turn, g, a) for item in items for g in range(n) for a in range(N)]
+        ro = sampler.sample(requests, 1, params, keys=keys)
+        joints = [[tuple(ro.texts[(k * n + g) * N + a][0] for a in range(N)) for g in range(n)]
+                  for k in range(len(items))]
+        per_turn.append(score(scorer, items, joints))
+        tokens, seconds = tokens + ro.num_tokens, seconds + ro.seconds
+    return joints, per_turn, tokens, seconds
 
 
 def score(scorer: Scorer, items: list[dict], joints: list[list[tuple]]) -> list[list]:
@@ -87,14 +124,17 @@ def score(scorer: Scorer, items: list[dict], joints: list[list[tuple]]) -> list[
     return out
 
 
-def greedy_eval(sampler: Sampler, task, items: list[dict], scorer: Scorer) -> dict:
-    """The trainer's held-out check: one greedy joint action per item, scored with the run's reward model;
-    the mean reward and each part under `eval/`."""
+def greedy_eval(sampler: Sampler, task, items: list[dict], scorer: Scorer, turns: int = 1) -> dict:
+    """The trainer's held-out check: one greedy joint action per item (and per feedback turn, with `turns`),
+    scored with the run's reward model; the last turn's mean reward and each part under `eval/` (and the first
+    turn's mean, `eval/turn1/reward_mean`, with several turns)."""
     if not items:
         return {}
-    joints, _, _ = parallel_joints(sampler, task, items, 1, sampler.greedy)
-    rewards = [r for per in score(scorer, items, joints) for r in per]
+    _, per_turn, _, _ = sample_turns(sampler, task, items, 1, scorer, turns, sampler.greedy)
+    rewards = [r for per in per_turn[-1] for r in per]
     out = {"eval/reward_mean": float(np.mean([r.total for r in rewards]))}
+    if turns > 1:
+        out["eval/turn1/reward_mean"] = float(np.mean([r.total for per in per_turn[0] for r in per]))
     for key in sorted({k for r in rewards for k in r.parts}):
         out[f"eval/{key}"] = float(np.mean([r.parts.get(key, 0.0) for r in rewards]))
     return out
@@ -115,8 +155,8 @@ def evaluate_team(sampler: Sampler, task, cfg, items: list[dict], n: int = 10, s
     scorer = scorer or Scorer(reward_model_for(cfg, task), cfg.reward_workers, "thread")
     try:
         start = time.perf_counter()
-        _, rewards, tokens, gen_s = sample_joint(sampler, task, items, n, scorer)
-        out = summarize(task, rewards, num_tokens=tokens, seconds=gen_s)
+        _, per_turn, tokens, gen_s = sample_turns(sampler, task, items, n, scorer, cfg.num_turns)
+        out = summarize_turns(task, per_turn, num_tokens=tokens, seconds=gen_s)
         out["wall_s"] = time.perf_counter() - start
         return out
     finally:

@@ -445,11 +445,12 @@ class Trainer:
 
     @torch.no_grad()
     def evaluate(self, items: list[dict] | None = None) -> dict:
-        """Greedy joint output per held-out item; mean reward and parts, under `eval/` (kit.evaluate.greedy_eval,
-        with the run's own reward model, as `python -m kit eval` scores)."""
+        """Greedy joint output per held-out item (through every turn); mean reward and parts, under `eval/`
+        (kit.evaluate.greedy_eval, with the run's own reward model, as `python -m kit eval` scores)."""
         from kit.evaluate import greedy_eval
 
-        return greedy_eval(self.sampler, self.task, self.eval_items if items is None else items, self.scorer)
+        return greedy_eval(self.sampler, self.task, self.eval_items if items is None else items, self.scorer,
+                           self.cfg.num_turns)
 
     # ---- logging
 

@@ -108,11 +108,94 @@ class SpySampler:
     """A sampler that records every batch of requests and answers with the real one."""
 
     def __init__(self, real):
-        self.real, self.seen = real, []
+        self.real, self.seen, self.greedy = real, [], real.greedy
 
     def sample(self, requests, n, params=None, keys=None):
         self.seen.append(requests)
         return self.real.sample(requests, n, params, keys=keys)
+
+
+class ScriptedSampler:
+    """Answers request k's sample g with "<turn>-<k>-<g>" and records each call's requests and keys."""
+
+    def __init__(self):
+        self.calls = []
+
+    def sample(self, requests, n, params=None, keys=None):
+        from kit.rollout import Rollout
+
+        self.calls.append((requests, keys, params))
+        return Rollout(requests, [[f"{len(self.calls)}-{k}-{g}" for g in range(n)] for k in range(len(requests))])
+
+
+class FeedbackTask:
+    """Two agents; the reward of a joint action is its turn number; feedback names the joint action and reward."""
+
+    def prompts(self, item):
+        return [f"p{item['id']}a0", f"p{item['id']}a1"]
+
+    def feedback(self, item, joint, reward):
+        return [f"after {joint} r={reward.total} a{a}" for a in range(2)]
+
+
+class TurnScorer:
+    def submit(self, jobs):
+        from concurrent.futures import Future
+
+        out = []
+        for _, joint in jobs:
+            f = Future()
+            f.set_result(Reward(float(joint[0].split("-")[0]), {"turn": float(joint[0].split("-")[0])}))
+            out.append(f)
+        return out
+
+
+def test_feedback_turns_answer_each_joint_action_and_report_the_last_turn():
+    from kit.evaluate import sample_turns, summarize_turns
+
+    sampler, items = ScriptedSampler(), [{"id": "x"}, {"id": "y"}]
+    joints, per_turn, _, _ = sample_turns(sampler, FeedbackTask(), items, 3, TurnScorer(), turns=3)
+    assert len(sampler.calls) == 3 and [len(c[0]) for c in sampler.calls] == [4, 12, 12]
+    second, keys, _ = sampler.calls[1]
+    # item y's joint action g=2 of turn 1 is ("1-2-2", "1-3-2") (requests 2 and 3), its reward 1.0
+    assert second[(1 * 3 + 2) * 2 + 1] == (1, "after ('1-2-2', '1-3-2') r=1.0 a1")
+    assert keys[(1 * 3 + 2) * 2 + 1] == ("eval", "y", 1, 2, 1)  # (item id, turn, g, agent): its own seed
+    assert joints[1][2] == (f"3-{(1 * 3 + 2) * 2}-0", f"3-{(1 * 3 + 2) * 2 + 1}-0")
+    assert [[r.total for r in per_item] for per_item in per_turn[2]] == [[3.0] * 3] * 2
+    out = summarize_turns(None, per_turn)
+    assert out["reward/mean"] == 3.0 and out["turn1/reward_mean"] == 1.0 and out["turns"] == 3
+    class NoFeedback:
+        prompts = FeedbackTask.prompts
+
+    with pytest.raises(ValueError, match="feedback"):  # before anything is sampled
+        sample_turns(sampler, NoFeedback(), items, 1, TurnScorer(), turns=2)
+    assert len(sampler.calls) == 3
+
+
+def test_greedy_eval_with_turns_samples_every_turn_greedily():
+    from kit.evaluate import greedy_eval
+
+    class Greedy(ScriptedSampler):
+        greedy = "GREEDY"
+
+    sampler = Greedy()
+    out = greedy_eval(sampler, FeedbackTask(), [{"id": "x"}], TurnScorer(), turns=2)
+    assert [c[2] for c in sampler.calls] == ["GREEDY", "GREEDY"]
+    assert out["eval/reward_mean"] == 2.0 and out["eval/turn1/reward_mean"] == 1.0
+
+
+def test_a_two_turn_run_evaluates_the_team_through_its_feedback_turn(tmp_path):
+    cfg = load_config("tiny_cpu", overrides=[f"run_dir={tmp_path}", "progress=false", "num_turns=2",
+                                             "num_eval_items=2"])
+    trainer = Trainer(cfg)
+    spy = SpySampler(trainer.sampler)
+    trainer.sampler = spy
+    got = trainer.evaluate()
+    assert len(spy.seen) == 2 and "eval/turn1/reward_mean" in got
+    assert all(" had " in prompt for _, prompt in spy.seen[1])  # the toy task's feedback
+    row = baselines.run_method("naive", spy, trainer.task, cfg, trainer.eval_items, 2, trainer.scorer)
+    assert row["turns"] == 2 and "turn1/reward_mean" in row and len(spy.seen) == 4
+    trainer.close()
 
 
 def test_sequential_and_discussion_show_teammates_text(ctx):
