@@ -13,7 +13,10 @@ On the preset's rows (its model, its first `--items` train items, every agent x 
   log-probs' and the adapter gradient's largest relative difference, and the times; the floor is one forward +
   backward of the same rows through the model's own loss (HF's causal-LM cross-entropy on the completion tokens);
 - the sampler's log-probs against the update's: what a dtype (bf16) costs the importance weights (read it with
-  `--set top_p=1.0`: a truncated sampler differs from the update by design).
+  `--set top_p=1.0`: a truncated sampler differs from the update by design);
+- the scalar models (kit/prefixes.py): a q critic's texts (a prompt, then one completion) and a reward model's
+  joint texts, one forward + backward of their scores, off and on: times, scores' and gradient's differences
+  (bench/results/prompt_sharing_scalar.md).
 
 Each time is the best of `--repeats` after a warm-up call. One row per setting in bench/results/prompt_sharing.md
 (appended). Other jobs on the machine slow every row alike; compare rows of one run.
@@ -164,11 +167,67 @@ def main() -> None:
               "grad rel diff | sampler vs update max logp diff |\n|" + "---|" * 16)
     print(header)
     print(line)
-    out = ROOT / "bench" / "results" / "prompt_sharing.md"
+    append(ROOT / "bench" / "results" / "prompt_sharing.md", header, line)
+
+    scalar_header, scalar_line = scalar_models(cfg, team, requests, ro_on.texts, len(items), args)
+    print(scalar_header)
+    print(scalar_line)
+    append(ROOT / "bench" / "results" / "prompt_sharing_scalar.md", scalar_header, scalar_line)
+
+
+def append(out: Path, header: str, line: str) -> None:
     out.parent.mkdir(parents=True, exist_ok=True)
     new = not out.exists()
     with open(out, "a") as f:
         f.write((header + "\n" if new else "") + line + "\n")
+
+
+def scalar_models(cfg, team, requests, texts, num_items: int, args) -> tuple[str, str]:
+    """A critic's and a reward model's forward + backward on the texts they read, share_prompts off and on: IAC's
+    q critic (each prompt as the sampler formatted it, then one of its completions: kit/critic.py) and MARLHF's
+    reward model (the joint text of each aligned joint action: kit/marlhf.py; MAAC's q critic reads the same shape),
+    one ScalarModel with a random adapter and head, the gradient of the sum of its scores."""
+    from kit.heads import ScalarModel
+    from kit.marlhf import joint_text
+    from kit.models import lora_config
+    from kit.prefixes import prefix_groups
+    from kit.rollout import format_prompt
+
+    N, G = cfg.num_agents, cfg.num_generations
+    tok = team.tokenizers[0]
+    critic_texts = [format_prompt(tok, p, cfg.use_chat_template) + t for (_, p), ts in zip(requests, texts) for t in ts]
+    rm_texts = [joint_text([p for _, p in requests[i * N:(i + 1) * N]], [texts[i * N + a][g] for a in range(N)])
+                for i in range(num_items) for g in range(G)]
+    model = ScalarModel(team, "bench_scalar", lora_config(cfg.lora_r, cfg.lora_alpha, 0.0, cfg.lora_target_modules))
+    torch.manual_seed(0)
+    with torch.no_grad():  # a fresh LoRA B and head are zero (no gradient reaches the adapter): give them an effect
+        for q in model.parameters():
+            q.add_(torch.randn_like(q) * 0.02)
+    model.model.train()
+    cells = []
+    for texts_ in (critic_texts, rm_texts):
+        enc = model.encode(texts_)
+        rows = [ids[m.bool()].tolist() for ids, m in zip(enc["input_ids"], enc["attention_mask"])]
+        groups = prefix_groups(rows) or []
+        shared = sum((len(members) - 1) * p for p, members in groups)
+        out = {}
+        for share in (False, True):
+            def step(share=share):
+                team.share_prompts = share
+                for q in model.parameters():
+                    q.grad = None
+                scores = model(enc["input_ids"], enc["attention_mask"])
+                scores.sum().backward()
+                return scores.detach(), [q.grad.detach().clone() for q in model.parameters()]
+
+            out[share] = best(step, args.repeats)
+        (t_off, (s_off, g_off)), (t_on, (s_on, g_on)) = out[False], out[True]
+        cells.append(f"{len(rows)} texts, {sum(map(len, rows))} tok, {shared} shared | {t_off:.2f} | {t_on:.2f} | "
+                     f"{t_off / t_on:.2f}x | {float((s_on - s_off).abs().max()):.1e} | {rel(g_on, g_off):.1e}")
+    team.share_prompts = True
+    header = ("| preset | dtype | q critic: texts | off s | on s | speed-up | max score diff | grad rel diff | "
+              "reward model: texts | off s | on s | speed-up | max score diff | grad rel diff |\n|" + "---|" * 14)
+    return header, f"| {args.preset} | {args.dtype} | {cells[0]} | {cells[1]} |"
 
 
 if __name__ == "__main__":
