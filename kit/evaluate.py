@@ -101,10 +101,14 @@ def sample_turns(sampler: Sampler, task, items: list[dict], n: int, scorer: Scor
         raise ValueError(f"num_turns={turns} needs a task with feedback(item, completions, reward)")
     joints, rewards, tokens, seconds = sample_joint(sampler, task, items, n, scorer, params)
     per_turn = [rewards]
-    for turn in range(1, turns):
+    for turn in range(1, turns if items else 1):
         N = len(joints[0][0])
-        requests = [(a, p) for item, per, rs in zip(items, joints, per_turn[-1]) for joint, r in zip(per, rs)
-                    for a, p in enumerate(task.feedback(item, joint, r))]
+        prompts = [task.feedback(item, joint, r) for item, per, rs in zip(items, joints, per_turn[-1])
+                   for joint, r in zip(per, rs)]
+        if any(len(p) != N for p in prompts):
+            raise ValueError(f"task.feedback returned {[len(p) for p in prompts if len(p) != N][0]} prompts for "
+                             f"{N} agents")
+        requests = [(a, p) for per in prompts for a, p in enumerate(per)]
         keys = [("eval", item["id"], turn, g, a) for item in items for g in range(n) for a in range(N)]
         ro = sampler.sample(requests, 1, params, keys=keys)
         joints = [[tuple(ro.texts[(k * n + g) * N + a][0] for a in range(N)) for g in range(n)]

@@ -10,8 +10,10 @@ found from the tokens themselves:
     last = shared_prefix_hidden(decoder, input_ids, attention_mask)   # (R, H) or None
 
 `prefix_groups` sorts the rows, so that rows with a common beginning sit next to each other, and cuts the sorted
-order into runs with the most token forwards saved: a run of k rows whose common prefix is p tokens forwards that
-prefix once instead of k times, saving (k - 1) p (dynamic programming over the cut points). Every row keeps at
+order into runs with the most token forwards saved among such cuts: a run of k rows whose common prefix is p tokens
+forwards that prefix once instead of k times, saving (k - 1) p (dynamic programming over the cut points). A group
+that a prefix tree would form across a run of the sorted order (a short prefix shared around a long one) is not
+formed: that costs speed, never exactness. Every row keeps at
 least one token of its own after its group's prefix, so each row's last position is computed in the second pass.
 
 `shared_prefix_hidden` forwards each group's prefix once (left-padded, into a KV cache of the model's layer
@@ -20,9 +22,11 @@ against it, at the positions one forward of the whole row would give them: the d
 row's last token, as `decoder(whole rows)` gives it up to float rounding, and the same gradient (the cache's rows
 are indexed, so a prefix's gradient is the sum over its rows). When the two passes would forward as many padded
 positions as the whole rows, or not a tenth fewer (nothing shared, or short prefixes among long rows), it returns
-None and the caller forwards the whole rows. Not under gradient checkpointing, which drops the cache (the caller checks).
+None and the caller forwards the whole rows. Not under gradient checkpointing, which drops the cache (the caller
+checks). With lora_dropout > 0 in training, the rows of a group share the prefix's dropout mask (whole rows draw
+one each): the same expected gradient, other noise.
 
-Run its tests: python -m pytest tests/test_prompt_sharing.py
+Run its tests: python -m pytest tests/test_prefix_sharing.py
 """
 
 from __future__ import annotations
@@ -43,7 +47,7 @@ def _common(a: list[int], b: list[int]) -> int:
 
 
 def prefix_groups(rows: list[list[int]]) -> list[tuple[int, list[int]]] | None:
-    """Rows (token lists) cut into groups that share a prefix, the cut that saves the most prefix forwards: each
+    """Rows (token lists) cut into groups that share a prefix, the cut of the sorted rows that saves the most: each
     group as (shared prefix length, its rows in ascending order), groups ordered by their first row; a row alone
     is a group with prefix length 0. None when no two rows share a token (every row alone)."""
     order = sorted(range(len(rows)), key=lambda r: rows[r])
@@ -87,8 +91,8 @@ def shared_prefix_hidden(decoder, input_ids: torch.Tensor, attention_mask: torch
     prefix_len = {r: p for p, members in groups for r in members}
     tail = max(len(rows[r]) - prefix_len[r] for r in range(len(rows)))
     whole = len(rows) * input_ids.shape[1]
-    if min(p for p, _ in groups) == 0 or len(groups) * width + len(rows) * tail > 0.9 * whole:
-        return None  # a one-token row alone, or not a tenth fewer positions forwarded (worth a second forward call)
+    if min(p for p, _ in groups) <= 0 or len(groups) * width + len(rows) * tail > 0.9 * whole:
+        return None  # a one-token (or empty) row alone, or not a tenth fewer positions forwarded (worth a second forward call)
     device = input_ids.device
     prefix = left_pad([rows[members[0]][:p] for p, members in groups], 0, device)  # (D, W)
     group_of = torch.zeros(len(rows), dtype=torch.long, device=device)

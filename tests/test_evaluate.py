@@ -139,13 +139,16 @@ class FeedbackTask:
 
 
 class TurnScorer:
+    """A joint action's reward names it: 1000 x its call + 10 x agent 0's request index + agent 0's sample index."""
+
     def submit(self, jobs):
         from concurrent.futures import Future
 
         out = []
         for _, joint in jobs:
+            call, k, g = map(int, joint[0].split("-"))
             f = Future()
-            f.set_result(Reward(float(joint[0].split("-")[0]), {"turn": float(joint[0].split("-")[0])}))
+            f.set_result(Reward(1000.0 * call + 10 * k + g, {}))
             out.append(f)
         return out
 
@@ -153,23 +156,46 @@ class TurnScorer:
 def test_feedback_turns_answer_each_joint_action_and_report_the_last_turn():
     from kit.evaluate import sample_turns, summarize_turns
 
-    sampler, items = ScriptedSampler(), [{"id": "x"}, {"id": "y"}]
-    joints, per_turn, _, _ = sample_turns(sampler, FeedbackTask(), items, 3, TurnScorer(), turns=3)
+    sampler, items, n, N = ScriptedSampler(), [{"id": "x"}, {"id": "y"}], 3, 2
+    joints, per_turn, _, _ = sample_turns(sampler, FeedbackTask(), items, n, TurnScorer(), turns=3)
     assert len(sampler.calls) == 3 and [len(c[0]) for c in sampler.calls] == [4, 12, 12]
-    second, keys, _ = sampler.calls[1]
-    # item y's joint action g=2 of turn 1 is ("1-2-2", "1-3-2") (requests 2 and 3), its reward 1.0
-    assert second[(1 * 3 + 2) * 2 + 1] == (1, "after ('1-2-2', '1-3-2') r=1.0 a1")
-    assert keys[(1 * 3 + 2) * 2 + 1] == ("eval", "y", 1, 2, 1)  # (item id, turn, g, agent): its own seed
-    assert joints[1][2] == (f"3-{(1 * 3 + 2) * 2}-0", f"3-{(1 * 3 + 2) * 2 + 1}-0")
-    assert [[r.total for r in per_item] for per_item in per_turn[2]] == [[3.0] * 3] * 2
+
+    def joint_of(turn, k, g):  # joint action g of item k after `turn` (1-based) calls, as the sampler answered it
+        if turn == 1:
+            return tuple(f"1-{k * N + a}-{g}" for a in range(N))
+        return tuple(f"{turn}-{(k * n + g) * N + a}-0" for a in range(N))
+
+    for turn in (2, 3):  # every request of a later turn: the feedback on its own joint action and reward
+        requests, keys, _ = sampler.calls[turn - 1]
+        for k, item in enumerate(items):
+            for g in range(n):
+                before = joint_of(turn - 1, k, g)
+                call, first, sample = map(int, before[0].split("-"))
+                for a in range(N):
+                    row = (k * n + g) * N + a
+                    assert requests[row] == (a, f"after {before} r={1000.0 * call + 10 * first + sample} a{a}")
+                    assert keys[row] == ("eval", item["id"], turn - 1, g, a)  # its own seed per turn
+    assert joints == [[joint_of(3, k, g) for g in range(n)] for k in range(len(items))]
+    assert [[r.total for r in per_item] for per_item in per_turn[0]] == [[1000.0 + 10 * k * N + g for g in range(n)]
+                                                                        for k in range(len(items))]
     out = summarize_turns(None, per_turn)
-    assert out["reward/mean"] == 3.0 and out["turn1/reward_mean"] == 1.0 and out["turns"] == 3
+    last = [1000.0 * 3 + 10 * (k * n + g) * N for k in range(len(items)) for g in range(n)]
+    assert out["reward/mean"] == pytest.approx(sum(last) / len(last)) and out["turns"] == 3
+    assert out["turn1/reward_mean"] == pytest.approx(1000.0 + 10 * 1 + 1)  # mean of 10 k N + g: k N in {0, 2}
+
     class NoFeedback:
         prompts = FeedbackTask.prompts
 
     with pytest.raises(ValueError, match="feedback"):  # before anything is sampled
         sample_turns(sampler, NoFeedback(), items, 1, TurnScorer(), turns=2)
     assert len(sampler.calls) == 3
+
+    class OnePrompt(FeedbackTask):
+        def feedback(self, item, joint, reward):
+            return ["only one"]
+
+    with pytest.raises(ValueError, match="1 prompts for 2 agents"):
+        sample_turns(sampler, OnePrompt(), items, 1, TurnScorer(), turns=2)
 
 
 def test_greedy_eval_with_turns_samples_every_turn_greedily():
@@ -181,7 +207,7 @@ def test_greedy_eval_with_turns_samples_every_turn_greedily():
     sampler = Greedy()
     out = greedy_eval(sampler, FeedbackTask(), [{"id": "x"}], TurnScorer(), turns=2)
     assert [c[2] for c in sampler.calls] == ["GREEDY", "GREEDY"]
-    assert out["eval/reward_mean"] == 2.0 and out["eval/turn1/reward_mean"] == 1.0
+    assert out["eval/reward_mean"] == 2000.0 and out["eval/turn1/reward_mean"] == 1000.0
 
 
 def test_a_two_turn_run_evaluates_the_team_through_its_feedback_turn(tmp_path):

@@ -27,6 +27,7 @@ def test_a_longer_group_with_a_shorter_prefix_when_it_saves_more():
 def test_each_row_keeps_a_token_of_its_own_and_nothing_shared_is_none():
     assert prefix_groups([[4, 5, 6], [4, 5, 6]]) == [(2, [0, 1])]  # identical texts: the last token is each row's
     assert prefix_groups([[4, 5], [4, 7, 8]]) == [(1, [0, 1])]
+    assert prefix_groups([[1, 2, 3], [1, 2, 3, 4]]) == [(2, [0, 1])]  # a row that begins another keeps its last
     assert prefix_groups([[1, 2], [3, 4], [5]]) is None
     assert prefix_groups([[1], [1]]) is None  # one-token rows have nothing before their last token
 
@@ -59,12 +60,13 @@ def scorer(team, kind):
 
 
 def rows_of(vocab):
-    """Left-padded rows: two prompts with three and two completions of different lengths, and a text alone."""
+    """Left-padded rows: two prompts with three and two completions of different lengths, a text alone, and the
+    first prompt alone (a row that begins three others)."""
     g = torch.Generator().manual_seed(0)
     a, b = torch.randint(1, vocab, (9,), generator=g).tolist(), torch.randint(1, vocab, (12,), generator=g).tolist()
     tails = [torch.randint(1, vocab, (n,), generator=g).tolist() for n in (3, 5, 1, 4, 2)]
     rows = [a + tails[0], b + tails[1], a + tails[2], a + tails[3], b + tails[4],
-            torch.randint(1, vocab, (7,), generator=g).tolist()]
+            torch.randint(1, vocab, (7,), generator=g).tolist(), a]  # the last: a prompt alone (a v critic's text)
     width = max(map(len, rows))
     ids = torch.tensor([[0] * (width - len(r)) + r for r in rows])
     mask = torch.tensor([[0] * (width - len(r)) + [1] * len(r) for r in rows])
@@ -143,3 +145,14 @@ def test_critic_training_with_and_without_sharing_ends_at_the_same_weights(tmp_p
         trainer.close()
         assert bool(shared) == share and (not share or any(h is not None for h in shared))
     assert max(float((x - y).norm() / max(y.norm(), 1e-12)) for x, y in zip(runs[True], runs[False])) < 1e-4
+
+
+def test_right_padded_rows_give_what_left_padded_ones_do():
+    decoder = scorer(make_team(), "critic").decoder
+    ids, mask = rows_of(100)
+    lengths = mask.sum(1)
+    right = torch.stack([torch.roll(r, -int(len(r) - n)) for r, n in zip(ids, lengths)])
+    right_mask = torch.stack([torch.roll(m, -int(len(m) - n)) for m, n in zip(mask, lengths)])
+    with torch.no_grad():
+        torch.testing.assert_close(shared_prefix_hidden(decoder, right, right_mask),
+                                   shared_prefix_hidden(decoder, ids, mask), atol=1e-5, rtol=1e-5)
