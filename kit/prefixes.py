@@ -77,7 +77,7 @@ def prefix_groups(rows: list[list[int]]) -> list[tuple[int, list[int]]] | None:
 
 def shared_prefix_hidden(decoder, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor | None:
     """(R, L) padded rows (left or right) -> (R, H): the decoder's last hidden state at each row's last token, each
-    shared prefix forwarded once; None when sharing would not forward fewer positions (see the module docstring)."""
+    shared prefix forwarded once; None when sharing would not forward a tenth fewer positions (module docstring)."""
     from transformers import DynamicCache
 
     rows = [ids[m.bool()].tolist() for ids, m in zip(input_ids, attention_mask)]
@@ -92,7 +92,7 @@ def shared_prefix_hidden(decoder, input_ids: torch.Tensor, attention_mask: torch
     tail = max(len(rows[r]) - prefix_len[r] for r in range(len(rows)))
     whole = len(rows) * input_ids.shape[1]
     if min(p for p, _ in groups) <= 0 or len(groups) * width + len(rows) * tail > 0.9 * whole:
-        return None  # a one-token (or empty) row alone, or not a tenth fewer positions forwarded (worth a second forward call)
+        return None  # a one-token (or empty) row alone, or not a tenth fewer positions (worth a second call)
     device = input_ids.device
     prefix = left_pad([rows[members[0]][:p] for p, members in groups], 0, device)  # (D, W)
     group_of = torch.zeros(len(rows), dtype=torch.long, device=device)
