@@ -263,7 +263,8 @@ def _preset_smol_code() -> TrainConfig:
     threads, 8 of the 12 held-out problems. The helper's answer is started with `def aux(` (`prefill=helper`):
     told to write `aux`, the 135M model writes the entry point instead in 63 of 64 samples. At 135M few tests
     pass: the signal is mostly the structure and syntax levels (bench/README.md). `--set num_turns=2` adds the
-    task's feedback turn; HumanEval instead of the cooperative problems:
+    task's feedback turn (its update reached 15 GB of RAM with every row of an agent in one pass: add
+    `micro_batch_size=4` on a smaller machine); HumanEval instead of the cooperative problems:
     `--set 'task_args={dataset: humaneval, prefill: helper}'`."""
     return _smol(task="code", task_args={"dataset": "coop", "prefill": "helper"}, max_new_tokens=96,
                  reward_workers=2, num_eval_items=8, run_dir="checkpoints/smol_code")
