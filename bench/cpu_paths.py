@@ -44,7 +44,7 @@ def main() -> None:
 
     from kit import weights
     from kit.config import load_config
-    from kit.rollout import encode_prompt, left_pad
+    from kit.rollout import encode_prompt, left_pad, position_ids
     from kit.tasks import task_for
 
     cfg = load_config(args.preset)
@@ -58,31 +58,33 @@ def main() -> None:
     T = cfg.max_new_tokens
     models = {}
 
-    def model_of(dtype):
-        if dtype not in models:
-            models[dtype] = AutoModelForCausalLM.from_pretrained(folder, dtype=dtype).eval()
-            models[dtype].generation_config.eos_token_id = None
-        return models[dtype]
+    def model_of(dtype, compiled: bool = False):
+        """One model per (dtype, compiled): a compiled forward never leaks into another path's timing."""
+        if (dtype, compiled) not in models:
+            model = AutoModelForCausalLM.from_pretrained(folder, dtype=dtype).eval()
+            model.generation_config.eos_token_id = None
+            if compiled:
+                model.forward = torch.compile(model.forward)
+            models[dtype, compiled] = model
+        return models[dtype, compiled]
+
+    def dtype_of(path: str):
+        return torch.bfloat16 if path.startswith("bf16") else torch.float32
 
     def run(path: str):
-        dtype = torch.bfloat16 if path.startswith("bf16") else torch.float32
-        model = model_of(dtype)
+        model = model_of(dtype_of(path), path.endswith("compile"))
         config = GenerationConfig(max_new_tokens=T, min_new_tokens=T, do_sample=False, eos_token_id=None,
                                   pad_token_id=tok.pad_token_id,
                                   cache_implementation="static" if "static" in path else None)
-        if path.endswith("compile") and not hasattr(model, "_kit_compiled"):
-            model.forward = torch.compile(model.forward)
-            model._kit_compiled = True
         with torch.no_grad():
             return model.generate(**enc, generation_config=config)[:, enc["input_ids"].shape[1]:]
 
     def logps(path: str, completion) -> torch.Tensor:
-        dtype = torch.bfloat16 if path.startswith("bf16") else torch.float32
-        model = AutoModelForCausalLM.from_pretrained(folder, dtype=dtype).eval()  # uncompiled
+        model = model_of(dtype_of(path))  # uncompiled
         ids = torch.cat([enc["input_ids"], completion], 1)
         att = torch.cat([enc["attention_mask"], torch.ones_like(completion)], 1)
         with torch.no_grad():
-            logits = model(input_ids=ids, attention_mask=att, position_ids=(att.cumsum(-1) - 1).clamp(min=0),
+            logits = model(input_ids=ids, attention_mask=att, position_ids=position_ids(att),
                            logits_to_keep=T + 1).logits[:, :-1].float()
         return torch.log_softmax(logits, -1).gather(-1, completion[..., None])[..., 0]
 

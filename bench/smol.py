@@ -113,18 +113,19 @@ def table() -> None:
         methods = [m for m in BASELINE_ORDER if any(r["method"] == m for s in base_runs for r in s["baselines"])]
         rows_of = {m: [r for s in base_runs for r in s["baselines"] if r["method"] == m] for m in methods}
         for name in names:
-            own = [r for s in runs[name] for r in s["baselines"] if r["method"] == "naive"] if name != task else []
-            if own:  # a multi-turn run's untrained team, through the same feedback turns as its trained one
-                rows_of[f"naive ({name})"] = own
+            untrained = [r for s in runs[name] for r in s["baselines"] if r["method"] == "naive"] \
+                if name != task else []
+            if untrained:  # a multi-turn run's untrained team, through the same feedback turns as its trained one
+                rows_of[f"naive ({name})"] = untrained
             team = [r for s in runs[name] for r in s["baselines"] if r["method"] == "magrpo"]
             if team:
                 rows_of[f"magrpo ({name})"] = team
-        first = "naive" if "naive" in rows_of else "base" if "base" in rows_of else None
+        untrained_team = "naive" if "naive" in rows_of else "base" if "base" in rows_of else None
         for method, rows in rows_of.items():
             mean, low, high, per_seed, items = pooled(rows)
             diff = ""
-            own = method.replace("magrpo", "naive")
-            reference = own if own in rows_of and own != method else first
+            same_turns = method.replace("magrpo", "naive")  # "magrpo (code_2turns)" -> "naive (code_2turns)"
+            reference = same_turns if same_turns in rows_of and same_turns != method else untrained_team
             if method.startswith("magrpo") and reference:
                 d, dl, dh = stats.paired_bootstrap(items, pooled(rows_of[reference])[4])
                 diff = f"{d:+.3f} [{dl:+.3f}, {dh:+.3f}] vs {reference}"

@@ -64,12 +64,17 @@ def summarize(task, rewards: list[list], *, ks=KS, num_tokens: int = 0, seconds:
     return out
 
 
+def mean_total(rewards: list[list]) -> float:
+    """The mean total reward of rewards[item][g]."""
+    return float(np.mean([r.total for per_item in rewards for r in per_item]))
+
+
 def summarize_turns(task, per_turn: list[list[list]], num_tokens: int = 0, seconds: float = 0.0) -> dict:
     """`summarize` of the last turn's rewards; with several turns, also the first turn's mean and the turn count."""
     out = summarize(task, per_turn[-1], num_tokens=num_tokens, seconds=seconds)
     if len(per_turn) > 1:
         out["turns"] = len(per_turn)
-        out["turn1/reward_mean"] = float(np.mean([r.total for per_item in per_turn[0] for r in per_item]))
+        out["turn1/reward_mean"] = mean_total(per_turn[0])
     return out
 
 
@@ -101,7 +106,7 @@ def sample_turns(sampler: Sampler, task, items: list[dict], n: int, scorer: Scor
         raise ValueError(f"num_turns={turns} needs a task with feedback(item, completions, reward)")
     joints, rewards, tokens, seconds = sample_joint(sampler, task, items, n, scorer, params)
     per_turn = [rewards]
-    for turn in range(1, turns if items else 1):
+    for turn in range(1, turns if items else 1):  # no items: nothing to give feedback on
         N = len(joints[0][0])
         prompts = [task.feedback(item, joint, r) for item, per, rs in zip(items, joints, per_turn[-1])
                    for joint, r in zip(per, rs)]
@@ -136,9 +141,9 @@ def greedy_eval(sampler: Sampler, task, items: list[dict], scorer: Scorer, turns
         return {}
     _, per_turn, _, _ = sample_turns(sampler, task, items, 1, scorer, turns, sampler.greedy)
     rewards = [r for per in per_turn[-1] for r in per]
-    out = {"eval/reward_mean": float(np.mean([r.total for r in rewards]))}
+    out = {"eval/reward_mean": mean_total(per_turn[-1])}
     if turns > 1:
-        out["eval/turn1/reward_mean"] = float(np.mean([r.total for per in per_turn[0] for r in per]))
+        out["eval/turn1/reward_mean"] = mean_total(per_turn[0])
     for key in sorted({k for r in rewards for k in r.parts}):
         out[f"eval/{key}"] = float(np.mean([r.parts.get(key, 0.0) for r in rewards]))
     return out
