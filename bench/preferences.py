@@ -3,6 +3,7 @@
     python bench/preferences.py toy --seeds 0 1 2 3 --workers 2        # magrpo, madpo, marlhf on tiny_cpu
     python bench/preferences.py writing --steps 40                      # TLDR, the oracle judge's pairs
     python bench/preferences.py probe --seeds 10 11 --algorithms marlhf marlhf_many_pairs   # the reward model alone
+    python bench/preferences.py toy --seeds 30 31 32 33 34 35 36 37 --algorithms magrpo madpo madpo_beta05
 
 toy: the tiny_cpu preset (200 steps, G = 8) with `algorithm=` each of magrpo, madpo and marlhf; the preference
 trainers sample as many joint answers per prompt as MAGRPO (preference_num_candidates = 8) and otherwise keep the
@@ -37,6 +38,10 @@ TOY = {"magrpo": [], "madpo": ["algorithm=madpo", "preference_num_candidates=8"]
        "marlhf": ["algorithm=marlhf", "preference_num_candidates=8"],
        # run after the table above: the reward model refit every 50 steps on pairs from the current policy
        "marlhf_refresh50": ["algorithm=marlhf", "preference_num_candidates=8", "reward_refresh_every=50"]}
+# issue 39: the MADPO gap on unseen seeds; levers chosen on seeds 20-22 (bench/README.md), then seeds 30-37 run once
+TOY.update({"madpo_pairs8": ["algorithm=madpo", "preference_num_candidates=8", "preference_pairs_per_sample=8"],
+            "madpo_all_pairs": ["algorithm=madpo", "preference_num_candidates=8", "preference_pairs_per_sample=null"],
+            "madpo_beta05": ["algorithm=madpo", "preference_num_candidates=8", "dpo_beta=0.5"]})
 # issue 32, second pass (2026-11-25): settings for a cheap exact reward, chosen on seeds 10-11 only (bench/README.md):
 # every non-tied pair of 16 candidates on every train item, none held out (the toy has 19 targets: a held-out item
 # is a target the reward model never sees), 8 epochs; scale_rewards=group (Bradley-Terry logits have no set scale)
@@ -74,6 +79,10 @@ def toy(algorithm: str, seed: int, extra: tuple = ()) -> dict:
     held = [r["rm/heldout_accuracy"] for r in rows if "rm/heldout_accuracy" in r]
     if held:
         out["rm_heldout_accuracy"] = held[0]
+    last = [r for r in rows if "dpo/margin" in r][-20:]  # madpo, its last 20 steps: beta * sum_i Delta_i of its
+    if last:  # pairs (how far the policy has moved them from the reference) and the loss
+        out["dpo_margin_end"] = round(sum(r["dpo/margin"] for r in last) / len(last), 3)
+        out["dpo_loss_end"] = round(sum(r["dpo/loss"] for r in last) / len(last), 4)
     return out
 
 
