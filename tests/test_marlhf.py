@@ -73,6 +73,28 @@ def test_one_fit_is_one_adamw_step_on_the_bradley_terry_gradient(tmp_path):
         torch.testing.assert_close(p1.detach(), p0 - lr * g / (g.abs() + 1e-8), rtol=1e-5, atol=1e-7)  # AdamW step 1
 
 
+def test_micro_batches_give_the_whole_batchs_step(tmp_path):
+    """micro_batch_size=4 (2 pairs a forward) accumulates the gradient of the 16-pair batch's mean loss: the same
+    single AdamW step as one forward of all 32 texts, and the same last-epoch loss."""
+    fits = []
+    for mb in (0, 4):
+        trainer = scripted(tmp_path / f"mb{mb}", "reward_num_train_epochs=1", "reward_train_batch_size=16",
+                           "reward_heldout_fraction=0", "max_grad_norm=0", f"micro_batch_size={mb}")
+        with torch.no_grad():
+            trainer.rm.head.weight.normal_(0.0, 0.1, generator=torch.Generator().manual_seed(0))
+        seen, calls = spy(trainer.algorithm.optimizers[NAME]), []
+        score = trainer.rm.score_texts
+        trainer.rm.score_texts = lambda texts: calls.append(len(texts)) or score(texts)
+        stats = trainer.fit()
+        fits.append((seen, stats, calls[:8]))
+    (whole, whole_stats, whole_calls), (micro, micro_stats, micro_calls) = fits
+    assert whole_calls[0] == 32 and micro_calls == [4] * 8 and micro["steps"] == whole["steps"] == 1
+    assert max(float(g.abs().max()) for g in whole["grads"]) > 1e-4
+    for g, want in zip(micro["grads"], whole["grads"]):
+        torch.testing.assert_close(g, want, rtol=1e-4, atol=1e-7)
+    assert micro_stats["rm/loss"] == pytest.approx(whole_stats["rm/loss"], rel=1e-5)
+
+
 def test_held_out_items_epochs_and_batch_size(tmp_path):
     """8 items x 2 pairs, a quarter of the items held out: 12 pairs fit, 4 measured; 2 epochs of batches of 5:
     2 x ceil(12 / 5) = 6 steps."""
