@@ -3,6 +3,13 @@
     python bench/coordination.py                                   # game E, seeds 0-15, every method, 300 steps
     python bench/coordination.py --games A B C D E F --seeds 0 1 2 3 --methods magrpo role
     python bench/coordination.py --table                           # the table of the rows saved so far
+    python bench/coordination.py --base smol --seeds 0 1 --methods magrpo iac maac_v   # SmolLM2, 30 steps
+
+`--base smol` runs each method on the `smol_hanabi` preset instead (SmolLM2-135M-Instruct, the full prompt that names
+cards and moves, one deal x G = 8 episodes a step, 30 steps; issue 39), with the cross-play methods at G = 3 (9
+episodes a deal) and leniency decaying over the first half of the run; rows go to bench/out/coordination_smol.jsonl.
+A 49k vocabulary cannot be enumerated in seconds (kit/coordination.py `enumerable`), so there only the greedy team's
+return is exact; the sampled column is left empty.
 
 A method is a list of overrides of the `tiny_hanabi` preset (the built-in tiny model, compact prompts, one adapter
 per player; METHODS below, settings fixed before any result was seen). A method whose config fields do not exist
@@ -27,6 +34,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 OUT = ROOT / "bench" / "out" / "coordination.jsonl"
+BASES = {"tiny": ("tiny_hanabi", "compact", 300, OUT),
+         "smol": ("smol_hanabi", "full", 30, ROOT / "bench" / "out" / "coordination_smol.jsonl")}
 
 # name -> overrides of the tiny_hanabi preset. marginal: G=4 and 4 deals, so that its G^2 = 16 episodes per deal
 # make the same 64 episodes per step as the preset's 8 deals x G=8.
@@ -50,6 +59,18 @@ METHODS = {
 }
 
 
+def overrides(method: str, base: str, steps: int) -> list[str]:
+    """METHODS[method] for a base: on smol (one deal x G = 8 a step) the cross-play methods take G = 3 on one deal
+    (9 episodes); leniency decays over the first half of the run and a critic's warm-up is its first sixth, as on
+    tiny's 300 steps."""
+    out = list(METHODS[method])
+    if base == "smol":
+        out = ["num_generations=3" if o == "num_generations=4" else "batch_size=1" if o == "batch_size=4" else o
+               for o in out]
+    scaled = {"leniency_decay_steps": steps // 2, "critic_warmup_steps": steps // 6}  # 150 and 50 of 300 steps
+    return [f"{o.split('=')[0]}={scaled[o.split('=')[0]]}" if o.split("=")[0] in scaled else o for o in out]
+
+
 def runnable(method: str) -> str | None:
     """None if this tree can run `method`, else why not (one line)."""
     from kit.config import ConfigError, TrainConfig, load_config
@@ -65,21 +86,22 @@ def runnable(method: str) -> str | None:
     return None
 
 
-def run(method: str, game: str, seed: int, steps: int, every: int) -> dict:
+def run(method: str, game: str, seed: int, steps: int, every: int, base: str = "tiny") -> dict:
     import tempfile
 
     import torch
 
     from kit.config import load_config
-    from kit.coordination import exact_eval, greedy_moves
+    from kit.coordination import enumerable, exact_eval, greedy_moves
     from kit.game_trainer import GameTrainer
 
     torch.set_num_threads(1)
+    preset, style = BASES[base][:2]
     with tempfile.TemporaryDirectory() as tmp:
-        cfg = load_config("tiny_hanabi", overrides=[
+        cfg = load_config(preset, overrides=[
             f"run_dir={Path(tmp) / 'run'}", f"seed={seed}", f"num_steps={steps}", "eval_every=0", "save_every=0",
             "progress=false", "log_rollouts=false",
-            f"task_args={{game: tiny_hanabi, prompt_style: compact, suite: {game}}}", *METHODS[method]])
+            f"task_args={{game: tiny_hanabi, prompt_style: {style}, suite: {game}}}", *overrides(method, base, steps)])
         trainer = GameTrainer(cfg, log=lambda *_: None)
         curve, seconds = [], 0.0
         while trainer.step < steps:
@@ -87,10 +109,12 @@ def run(method: str, game: str, seed: int, steps: int, every: int) -> dict:
             trainer.train(max_steps=every)
             seconds += time.perf_counter() - start
             curve.append(exact_eval(trainer.sampler, trainer.task, sampled=False)["eval/exact_greedy"])
-        final = exact_eval(trainer.sampler, trainer.task)
+        sampled = enumerable(trainer.team)
+        final = {"eval/exact_sampled": float("nan"), "eval/exact_unresolved": float("nan"),
+                 **exact_eval(trainer.sampler, trainer.task, sampled=sampled)}
         first, second = greedy_moves(trainer.sampler, trainer.task)
         trainer.close()
-    return {"method": method, "game": game, "seed": seed, "steps": steps, "curve": curve,
+    return {"method": method, "game": game, "seed": seed, "steps": steps, "base": base, "curve": curve,
             "greedy": final["eval/exact_greedy"], "sampled": final["eval/exact_sampled"],
             "unresolved": final["eval/exact_unresolved"], "optimum": final["eval/exact_optimum"],
             "reached": bool(abs(final["eval/exact_greedy"] - final["eval/exact_optimum"]) < 1e-9),
@@ -123,7 +147,7 @@ def table(rows: list[dict]) -> str:
                     for r in mine)  # (rows written before `moves` existed count as not reading it)
         lines.append(f"| {game} ({mine[0]['optimum']:.4g}, {b:.4g}) | {method} | {seeds} ({n}) | "
                      f"{sum(r['reached'] for r in mine)}/{n} | {at_blind}/{n} | {mean('greedy'):.3f} | "
-                     f"{mean('sampled'):.3f} | {reads}/{n} | {mean('s_per_step'):.3f} |")
+                     f"{mean('sampled'):.3f} | {reads}/{n} | {mean('s_per_step'):.3f} |".replace("nan", "-"))
     return "\n".join(lines)
 
 
@@ -132,11 +156,16 @@ def main(argv=None) -> int:
     parser.add_argument("--methods", nargs="+", default=list(METHODS), choices=list(METHODS))
     parser.add_argument("--games", nargs="+", default=["E"], choices=list("ABCDEF"))
     parser.add_argument("--seeds", type=int, nargs="+", default=list(range(16)))
-    parser.add_argument("--steps", type=int, default=300)
-    parser.add_argument("--every", type=int, default=25, help="steps between exact greedy evaluations")
+    parser.add_argument("--base", choices=list(BASES), default="tiny", help="tiny (the built-in model) or smol")
+    parser.add_argument("--steps", type=int, default=None, help="default: 300 (tiny), 30 (smol)")
+    parser.add_argument("--every", type=int, default=None, help="steps between exact greedy evaluations "
+                        "(default: a twelfth of the steps, at least 1)")
     parser.add_argument("--table", action="store_true", help="print the table of the saved rows and stop")
     args = parser.parse_args(argv)
-    rows = [json.loads(line) for line in OUT.read_text().splitlines()] if OUT.exists() else []
+    out = BASES[args.base][3]
+    args.steps = args.steps or BASES[args.base][2]
+    args.every = args.every or max(1, args.steps // 12)
+    rows = [json.loads(line) for line in out.read_text().splitlines()] if out.exists() else []
     if not args.table:
         methods = []
         for m in args.methods:
@@ -146,15 +175,15 @@ def main(argv=None) -> int:
             else:
                 methods.append(m)
         done = {(r["method"], r["game"], r["seed"], r["steps"]) for r in rows}
-        OUT.parent.mkdir(parents=True, exist_ok=True)
+        out.parent.mkdir(parents=True, exist_ok=True)
         for seed in args.seeds:
             for game in args.games:
                 for m in methods:
                     if (m, game, seed, args.steps) in done:
                         continue
-                    row = run(m, game, seed, args.steps, args.every)
+                    row = run(m, game, seed, args.steps, args.every, args.base)
                     rows.append(row)
-                    with OUT.open("a") as f:
+                    with out.open("a") as f:
                         f.write(json.dumps(row) + "\n")
                     print(f"[bench] {m} game {game} seed {seed}: greedy {row['greedy']:.3f} sampled "
                           f"{row['sampled']:.3f} (optimum {row['optimum']:.4g}) {row['s_per_step']:.3f} s/step",

@@ -1,0 +1,200 @@
+"""The kit's other trainer families on SmolLM2-135M-Instruct, beside Table 1's MAGRPO rows (issue 39).
+
+    python bench/smol_algos.py train writing --variants madpo marlhf iac maac maac_q --seeds 0
+    python bench/smol_algos.py table                   # bench/results/smol_algos.md
+
+A variant is a list of overrides of a smol preset (VARIANTS below, fixed before any of its runs): MADPO and MARLHF
+(preferences), IAC and MAAC with V critics, MAAC with a Q critic. Each run is the preset with `--set seed=S` for
+the steps of the MAGRPO rows of bench/smol.py (checkpoints/smol_bench/<task>_s<S>), trained in
+checkpoints/smol_algos/<task>_<variant>_s<S> (git-ignored; an interrupted run resumes), then its trained team is
+sampled on the same held-out items as those rows (`kit baselines`' `magrpo` row: the run's own team, whatever its
+algorithm), so every comparison is paired on items and seeds.
+
+`marlhf` on writing takes its pairs from a rule oracle behind the judge's interface (kit/judge_pairs.py
+`oracle_judge`): a Judge whose client answers `PREFER: A|B|TIE` by the TLDR reward of each joint answer (the task's
+own level reward, which now scores words: SmolLM2 writes them), asked in both orders through the real budget,
+ledger and cache at claude-haiku-4-5's prices. No API is called. The RL stage is MAGRPO on the reward model's
+scores, evaluated with the task's reward, so its held-out row reads on the same scale as MAGRPO's.
+
+The table: per variant, the held-out reward pooled over seeds (95% bootstrap over items, kit/stats.py), the paired
+difference against MAGRPO and against the untrained team on the same seeds, the greedy held-out reward at step 0 and
+at the last step, s/step with the time split, and what the variant's own models did: the reward model's pair
+accuracy (train / held out) and the judge's calls and dollars against scoring every rollout; the critics' explained
+variance of their targets (mean of the first and of the last 5 steps).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from pathlib import Path
+
+import numpy as np
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE.parent))
+sys.path.insert(0, str(HERE))
+
+import smol  # noqa: E402  (bench/smol.py: the MAGRPO rows, pooling and time split)
+
+RUNS = HERE.parent / "checkpoints" / "smol_algos"
+JUDGE = ["preference_source=judge", "judge_model=claude-haiku-4-5", "pair_selection=all"]
+VARIANTS = {
+    # MADPO: as many joint answers per prompt as MAGRPO's group (G = 4), CoMLRL's defaults otherwise (2 pairs per
+    # prompt by reward gap, dpo_beta 0.1, the base as reference, new candidates every step)
+    "madpo": ["algorithm=madpo", "preference_num_candidates=4"],
+    # MARLHF: every train item's 4 candidates (22 TLDR train items, 6 of them held out), every pair the oracle does
+    # not call a tie, 3 epochs, fit once at step 0 (CoMLRL's offline MARLHF); scale_rewards=group since
+    # Bradley-Terry logits have no set scale (kit/marlhf.py)
+    "marlhf": ["algorithm=marlhf", *JUDGE, "preference_num_candidates=4", "preference_pairs_per_sample=null",
+               "reward_num_items=32", "reward_num_train_epochs=3", "scale_rewards=group"],
+    "iac": ["algorithm=iac"],
+    "maac": ["algorithm=maac"],
+    "maac_q": ["algorithm=maac", "critic_type=q"],
+}
+
+
+def oracle(task, run_dir: Path, budget_usd: float = 5.0):
+    """(JudgePreference, judge): the writing task's own reward as the judge's rule, behind the judge's interface."""
+    from kit.judge_pairs import JudgePreference, oracle_judge
+
+    judge = oracle_judge(run_dir, lambda completions: task.reward(None, completions).total, budget_usd=budget_usd,
+                         log=lambda *_: None, score_max=3.0)
+    return JudgePreference(judge, task.judge_rubric), judge
+
+
+def train(task: str, variants: list[str], seeds: list[int], steps: int | None, n: int, extra: list[str]) -> None:
+    from kit.baselines import compare
+    from kit.config import load_config
+    from kit.game_trainer import trainer_class
+    from kit.tasks import task_for
+
+    for seed in seeds:
+        for variant in variants:
+            run_dir = RUNS / f"{task}_{variant}_s{seed}"
+            overrides = [*VARIANTS[variant], f"seed={seed}", f"run_dir={run_dir}", "progress=false", *extra]
+            overrides += [f"num_steps={steps}"] if steps else []
+            cfg = load_config(smol.PRESET[task], overrides=overrides)
+            done = (run_dir / "config.json").exists()
+            kwargs = {}
+            if cfg.preference_source == "judge" and cfg.algorithm == "marlhf":
+                run_dir.mkdir(parents=True, exist_ok=True)
+                kwargs["preference_fn"] = oracle(task_for(cfg), run_dir)[0]
+            trainer = trainer_class(cfg.task, cfg.algorithm)(cfg, resume=done, **kwargs)
+            trainer.train()
+            trainer.close()
+            compare(run_dir, [], n=n)  # the trained team only, sampled as bench/smol.py samples every row
+
+
+def load(root: Path) -> dict[str, list[dict]]:
+    runs = {}
+    for run_dir in sorted(root.glob("*_s*")):
+        if not (run_dir / "eval" / "baselines.json").exists():
+            continue
+        name, seed = run_dir.name.rsplit("_s", 1)
+        budget = run_dir / "budget.json"
+        runs.setdefault(name, []).append({
+            "seed": int(seed), "config": json.loads((run_dir / "config.json").read_text()),
+            "metrics": [json.loads(line) for line in open(run_dir / "metrics.jsonl")],
+            "baselines": json.loads((run_dir / "eval" / "baselines.json").read_text()),
+            "budget": json.loads(budget.read_text()) if budget.exists() else None})
+    return runs
+
+
+def own_models(seeds: list[dict]) -> str:
+    """What a variant's reward model or critics did, pooled over its seeds (one line)."""
+    out = []
+    fits = [m for s in seeds for m in s["metrics"] if "rm/num_pairs" in m]
+    if fits:
+        acc = lambda k: ", ".join(f"{m[k]:.2f}" for m in fits if k in m)  # noqa: E731
+        out.append(f"reward model: {sum(m['rm/num_pairs'] for m in fits)} train / "
+                   f"{sum(m['rm/heldout_pairs'] for m in fits)} held-out pairs, accuracy train {acc('rm/train_accuracy')}"
+                   f", held out **{acc('rm/heldout_accuracy')}**")
+    for s in seeds:
+        if s["budget"]:
+            cfg, b = s["config"], s["budget"]
+            every = cfg["num_steps"] * cfg["batch_size"] * cfg["num_generations"]
+            out.append(f"judge s{s['seed']}: {b['calls']} calls, ${b['spent_usd']:.3f} (scoring every rollout of the "
+                       f"run: {every} calls)")
+    names = sorted({k.split("/")[-1] for s in seeds for m in s["metrics"] for k in m
+                    if k.startswith("critic/explained_variance/")})
+    for name in names:
+        curves = [[m[f"critic/explained_variance/{name}"] for m in s["metrics"]
+                   if f"critic/explained_variance/{name}" in m] for s in seeds]
+        first = np.nanmean([np.nanmean(c[:5]) for c in curves])
+        last = np.nanmean([np.nanmean(c[-5:]) for c in curves])
+        out.append(f"{name} explained variance {first:+.2f} -> {last:+.2f}")
+    return "; ".join(out)
+
+
+def table() -> None:
+    from kit import stats
+
+    magrpo_runs, runs = smol.load_runs(), load(RUNS)
+    lines = ["# The kit's trainer families on SmolLM2-135M-Instruct (made by `python bench/smol_algos.py table`)", ""]
+    for task in ("writing", "code", "hanabi"):
+        names = [k for k in runs if k.startswith(f"{task}_")]
+        if not names:
+            continue
+        lines += [f"## {task}", "", "| method | seeds | held-out reward (95% CI over items) | per seed | "
+                  "minus MAGRPO, paired (same seeds) | minus the untrained team, paired | greedy step 0 -> last | "
+                  "s/step (generate, reward, update) |", "|---|---|---|---|---|---|---|---|"]
+        seeds_of = {s["seed"] for k in names for s in runs[k]}
+        ref = [s for s in magrpo_runs.get(task, []) if s["seed"] in seeds_of]
+        rows = {"magrpo": (ref, [r for s in ref for r in s["baselines"] if r["method"] == "magrpo"])}
+        rows.update({k.removeprefix(f"{task}_"): (runs[k], [r for s in runs[k] for r in s["baselines"]
+                                                           if r["method"] == "magrpo"]) for k in names})
+        untrained = [r for s in ref for r in s["baselines"] if r["method"] in ("naive", "base")]
+        for method, (seeds, team) in rows.items():
+            if not team:
+                continue
+            mean, low, high, per_seed, items = smol.pooled(team)
+            mine = sorted(s["seed"] for s in seeds)
+            same = lambda rs: [r for s, r in zip(ref, rs) if s["seed"] in mine]  # noqa: E731
+            vs = []
+            for which, other in (("magrpo", rows["magrpo"][1]), ("untrained", untrained)):
+                other = same(other) if len(other) == len(ref) else []
+                if method == which:
+                    vs.append("")
+                elif len(other) == len(team):
+                    d, dl, dh = stats.paired_bootstrap(items, smol.pooled(other)[4])
+                    vs.append(f"{d:+.3f} [{dl:+.3f}, {dh:+.3f}]")
+                else:
+                    vs.append("")
+            greedy = [[m["eval/reward_mean"] for m in s["metrics"] if "eval/reward_mean" in m] for s in seeds]
+            t = [smol.split(s["metrics"]) for s in seeds]
+            lines.append(f"| {method} | {', '.join(map(str, mine))} | {mean:.3f} [{low:.3f}, {high:.3f}] | "
+                         f"{', '.join(f'{v:.2f}' for v in per_seed)} | {vs[0]} | {vs[1]} | "
+                         f"{np.mean([g[0] for g in greedy]):.3f} -> {np.mean([g[-1] for g in greedy]):.3f} | "
+                         f"{np.mean([x['step'] for x in t]):.1f} ({np.mean([x['generate'] for x in t]):.1f}, "
+                         f"{np.mean([x['reward'] for x in t]):.1f}, {np.mean([x['update'] for x in t]):.1f}) |")
+        lines.append("")
+        lines += [f"- {k.removeprefix(task + '_')}: {own_models(runs[k])}" for k in names if own_models(runs[k])]
+        lines.append("")
+    (smol.OUT / "smol_algos.md").write_text("\n".join(lines))
+    print("\n".join(lines))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    sub = parser.add_subparsers(dest="cmd", required=True)
+    tr = sub.add_parser("train")
+    tr.add_argument("task", choices=sorted(smol.PRESET))
+    tr.add_argument("--variants", nargs="+", required=True, choices=sorted(VARIANTS))
+    tr.add_argument("--seeds", type=int, nargs="+", default=[0])
+    tr.add_argument("--steps", type=int, default=20, help="the MAGRPO rows' steps (bench/smol.py)")
+    tr.add_argument("--n", type=int, default=4, help="samples per held-out item (bench/smol.py's)")
+    tr.add_argument("--set", dest="extra", action="append", default=[], metavar="KEY=VALUE")
+    sub.add_parser("table")
+    args = parser.parse_args()
+    if args.cmd == "train":
+        train(args.task, args.variants, args.seeds, args.steps, args.n, args.extra)
+    else:
+        table()
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    main()
