@@ -47,9 +47,10 @@ VARIANTS = {
     "madpo": ["algorithm=madpo", "preference_num_candidates=4"],
     # MARLHF: every train item's 4 candidates (22 TLDR train items, 6 of them held out), every pair the oracle does
     # not call a tie, 3 epochs, fit once at step 0 (CoMLRL's offline MARLHF); scale_rewards=group since
-    # Bradley-Terry logits have no set scale (kit/marlhf.py)
+    # Bradley-Terry logits have no set scale (kit/marlhf.py); 4 texts a forward (16 joint texts of ~500 tokens at
+    # once took the fit above 20 GB)
     "marlhf": ["algorithm=marlhf", *JUDGE, "preference_num_candidates=4", "preference_pairs_per_sample=null",
-               "reward_num_items=32", "reward_num_train_epochs=3", "scale_rewards=group"],
+               "reward_num_items=32", "reward_num_train_epochs=3", "scale_rewards=group", "micro_batch_size=4"],
     "iac": ["algorithm=iac"],
     "maac": ["algorithm=maac"],
     "maac_q": ["algorithm=maac", "critic_type=q"],
