@@ -20,7 +20,7 @@ The table: per variant, the held-out reward pooled over seeds (95% bootstrap ove
 difference against MAGRPO and against the untrained team on the same seeds, the greedy held-out reward at step 0 and
 at the last step, s/step with the time split, and what the variant's own models did: the reward model's pair
 accuracy (train / held out) and the judge's calls and dollars against scoring every rollout; the critics' explained
-variance of their targets (mean of the first and of the last 5 steps).
+variance (`across_steps`: with one item a step a V critic's values do not vary within a step).
 """
 
 from __future__ import annotations
@@ -120,14 +120,26 @@ def own_models(seeds: list[dict]) -> str:
             out.append(f"judge s{s['seed']}: {b['calls']} calls, ${b['spent_usd']:.3f} (scoring every rollout of the "
                        f"run: {every} calls)")
     names = sorted({k.split("/")[-1] for s in seeds for m in s["metrics"] for k in m
-                    if k.startswith("critic/explained_variance/")})
+                    if k.startswith("critic/value_mean/")})
     for name in names:
-        curves = [[m[f"critic/explained_variance/{name}"] for m in s["metrics"]
-                   if f"critic/explained_variance/{name}" in m] for s in seeds]
-        first = np.nanmean([np.nanmean(c[:5]) for c in curves])
-        last = np.nanmean([np.nanmean(c[-5:]) for c in curves])
-        out.append(f"{name} explained variance {first:+.2f} -> {last:+.2f}")
+        steps = [m for s in seeds for m in s["metrics"] if f"critic/value_mean/{name}" in m]
+        half = max(m["step"] for m in steps) // 2
+        within = [m[f"critic/explained_variance/{name}"] for m in steps
+                  if f"critic/explained_variance/{name}" in m and m["step"] > half]
+        across = [across_steps([m for m in steps if lo < m["step"] <= hi], name) for lo, hi in ((0, half), (half, 1e9))]
+        out.append(f"{name} explained variance across steps {across[0]:+.2f} (steps 1-{half}) -> {across[1]:+.2f} "
+                   f"(the rest)" + (f", within a step {np.mean(within):+.2f} (the rest)" if within else ""))
     return "; ".join(out)
+
+
+def across_steps(steps: list[dict], name: str) -> float:
+    """1 - Var(r - V) / Var(r) over steps, r a step's mean team reward and V the critic's mean value before it.
+    With one item a step every sample shares one prompt, so a V critic gives every row of a step the same value and
+    its per-step explained variance is 0 by construction; across steps it says whether V follows the prompts' and the
+    policy's changing returns."""
+    from kit.actor_critic import explained_variance
+
+    return explained_variance([m[f"critic/value_mean/{name}"] for m in steps], [m["reward/mean"] for m in steps])
 
 
 def table() -> None:
