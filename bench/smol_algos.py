@@ -52,6 +52,10 @@ VARIANTS = {
     "marlhf": ["algorithm=marlhf", *JUDGE, "preference_num_candidates=4", "preference_pairs_per_sample=null",
                "reward_num_items=32", "reward_num_train_epochs=3", "scale_rewards=group", "micro_batch_size=4"],
     "iac": ["algorithm=iac"],
+    # added after the iac and maac rows matched MAGRPO's exactly (bench/README.md): with one item a step a V critic's
+    # baseline is one number per step, which advantage_normalization removes; without it the baseline is the
+    # critic's V(prompt) in the reward's units, against MAGRPO's group mean
+    "iac_raw": ["algorithm=iac", "advantage_normalization=false"],
     "maac": ["algorithm=maac"],
     "maac_q": ["algorithm=maac", "critic_type=q"],
 }

@@ -564,6 +564,9 @@ def validate(cfg: TrainConfig) -> TrainConfig:
          f"not role with {which} (the critic is the baseline)")
     need(not critics or cfg.scale_rewards == "none", "scale_rewards",
          f"none with {which} (the critics' advantages replace the group's; advantage_normalization scales them)")
+    if critics and cfg.critic_type == "v" and cfg.advantage_normalization and cfg.batch_size == 1 and \
+            cfg.num_turns == 1 and cfg.task != "game":
+        warnings.warn(constant_baseline_warning(which), UserWarning, stacklevel=2)
     need(cfg.algorithm != "marlhf" or (cfg.advantage_mode != "role"
                                       and cfg.multi_objective_aggregation == "sum_then_normalize"),
          "algorithm", "marlhf with advantage_mode other than role and multi_objective_aggregation="
@@ -623,6 +626,14 @@ def gspo_warning(loss_type: str) -> str:
             "per-token terms, so each completion's one clipped ratio term is weighed by its length; that is not "
             "GSPO. GSPO (arXiv 2507.18071) is importance_sampling_level=sequence with loss_type=grpo (one term per "
             "completion, averaged)")
+
+
+def constant_baseline_warning(which: str) -> str:
+    """What a run whose V critic cannot reach the policy is told (bench/README.md, critics on SmolLM2 writing)."""
+    return (f"{which} with critic_type=v, batch_size=1 and one turn: every row of a step answers one prompt, so the "
+            "critic's value is one number per step, and advantage_normalization subtracts it away: the policy trains "
+            "on its group's normalized rewards whatever the critic learns (with the gradient clipped every step, "
+            "exactly as MAGRPO does). Use batch_size >= 2 or advantage_normalization=false for the critic to matter")
 
 
 def rl_algorithm(cfg: TrainConfig) -> str:

@@ -83,6 +83,23 @@ def test_critic_fields_reach_the_advantages(tmp_path, overrides, expected):
     np.testing.assert_allclose(levels[0].advantages[0], expected, rtol=1e-6, atol=1e-9)
 
 
+@pytest.mark.parametrize("overrides, warns", [
+    (("algorithm=iac", "batch_size=1", "advantage_normalization=true"), True),
+    (("algorithm=maac", "batch_size=1", "advantage_normalization=true"), True),
+    (("algorithm=iac", "batch_size=2", "advantage_normalization=true"), False),  # V differs between the prompts
+    (("algorithm=iac", "batch_size=1", "advantage_normalization=false"), False),  # R - V keeps V
+    (("algorithm=iac", "batch_size=1", "critic_type=q"), False),  # Q differs between the samples
+    (("algorithm=iac", "batch_size=1", "num_turns=2"), False),  # later turns' prompts differ
+])
+def test_a_v_critic_that_cannot_reach_the_policy_is_named(overrides, warns):
+    """The table above: with one prompt a step and normalisation, IAC's advantages are [-6, -3, 9] / sqrt(42) for both
+    agents although V(x) = 1 and V(y) = 2 differ; such a config says so when it is loaded."""
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        load_config("tiny_cpu", overrides=list(overrides))
+    assert any("subtracts it away" in str(w.message) for w in seen) == warns
+
+
 def test_fit_targets_are_the_lambda_returns(tmp_path):
     """What each critic is fitted to: its texts against their lambda-returns (IAC-v: y_0 of the turn-0 prompt is the
     mean over joint actions of [2.5, 6.25, 21.25] = 10; the last turn's prompts 'again g' their reward)."""
