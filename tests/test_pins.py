@@ -48,7 +48,8 @@ def test_requirements_stay_lower_bounds_for_colab():
 
 
 def test_readme_commands_install_with_the_constraints_and_ci_runs_the_test_command():
-    demo, tests = readme_commands()
+    demo, real, tests = readme_commands()  # the tiny demo, the same with SmolLM2, the tests
+    assert real.startswith("kit train --preset smol_writing")
     assert "pip install -e . -c constraints.txt" in demo and "&& kit train" in demo  # the package, its command
     assert '-e ".[dev]" -c constraints.txt' in tests and tests.endswith("python -m pytest")
     ci = [x for x in (ROOT / ".ci" / "run").read_text().splitlines() if x.strip() and not x.startswith("#")]
