@@ -85,6 +85,8 @@ def train(task: str, variants: list[str], seeds: list[int], steps: int | None, n
             done = (run_dir / "config.json").exists()
             kwargs = {}
             if cfg.preference_source == "judge" and cfg.algorithm == "marlhf":
+                if task != "writing":  # the oracle's rule is a reward of the completions alone: TLDR's
+                    raise SystemExit(f"{variant}: the rule oracle scores TLDR answers; run it on writing")
                 run_dir.mkdir(parents=True, exist_ok=True)
                 kwargs["preference_fn"] = oracle(task_for(cfg), run_dir)[0]
             trainer = trainer_class(cfg.task, cfg.algorithm)(cfg, resume=done, **kwargs)
