@@ -3,6 +3,7 @@
     python bench/smol.py train writing --seeds 0 1 2           # smol_writing per seed, then baselines + team
     python bench/smol.py train code --seeds 0 1 2              # smol_code, one turn
     python bench/smol.py train code --turns 2 --seeds 0 1 2    # smol_code with the task's feedback turn
+    python bench/smol.py train humaneval --seeds 0             # smol_code on HumanEval's train and eval splits
     python bench/smol.py train hanabi --seeds 0 1 2            # smol_hanabi (random / rule / untrained / trained)
     python bench/smol.py table                                 # bench/results/smol.md + smol_<task>.png
 
@@ -37,7 +38,9 @@ sys.path.insert(0, str(ROOT))
 
 RUNS = ROOT / "checkpoints" / "smol_bench"
 OUT = ROOT / "bench" / "results"
-PRESET = {"writing": "smol_writing", "code": "smol_code", "hanabi": "smol_hanabi"}
+PRESET = {"writing": "smol_writing", "code": "smol_code", "humaneval": "smol_code", "hanabi": "smol_hanabi"}
+# a task of this script that is a preset with other task_args: HumanEval's train/eval splits instead of coop's
+TASK_OVERRIDES = {"humaneval": ["task_args={dataset: humaneval, prefill: helper}"]}
 BASELINE_ORDER = ["single", "naive", "sequential", "discussion", "random", "rule", "base"]
 
 
@@ -53,7 +56,7 @@ def train(task: str, seeds: list[int], steps: int | None, turns: int, n: int, ex
 
     for seed in seeds:
         run_dir = RUNS / f"{label(task, turns)}_s{seed}"
-        overrides = [f"seed={seed}", f"run_dir={run_dir}", "progress=false", *extra]
+        overrides = [*TASK_OVERRIDES.get(task, []), f"seed={seed}", f"run_dir={run_dir}", "progress=false", *extra]
         overrides += [f"num_steps={steps}"] if steps else []
         overrides += [f"num_turns={turns}"] if turns > 1 else []
         cfg = load_config(PRESET[task], overrides=overrides)
@@ -103,7 +106,7 @@ def table() -> None:
 
     runs = load_runs()
     lines = ["# SmolLM2-135M-Instruct on a CPU (made by `python bench/smol.py table`)", ""]
-    for task in ("writing", "code", "hanabi"):
+    for task in ("writing", "code", "humaneval", "hanabi"):
         names = [k for k in runs if k == task or k.startswith(f"{task}_")]
         if not names:
             continue

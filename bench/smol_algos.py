@@ -79,7 +79,8 @@ def train(task: str, variants: list[str], seeds: list[int], steps: int | None, n
     for seed in seeds:
         for variant in variants:
             run_dir = RUNS / f"{task}_{variant}_s{seed}"
-            overrides = [*VARIANTS[variant], f"seed={seed}", f"run_dir={run_dir}", "progress=false", *extra]
+            overrides = [*smol.TASK_OVERRIDES.get(task, []), *VARIANTS[variant], f"seed={seed}", f"run_dir={run_dir}",
+                         "progress=false", *extra]
             overrides += [f"num_steps={steps}"] if steps else []
             cfg = load_config(smol.PRESET[task], overrides=overrides)
             done = (run_dir / "config.json").exists()
