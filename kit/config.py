@@ -135,6 +135,8 @@ class TrainConfig:
     reward_num_train_epochs: int = 4  # marlhf: passes over the pairs per fit (CoMLRL's name)
     reward_train_batch_size: int = 8  # marlhf: pairs per reward-model step (CoMLRL's name)
     reward_refresh_every: int = 0  # marlhf: refit on pairs from the current policy every this many steps (0: once)
+    reward_model_reads_prompts: bool = True  # marlhf: the model reads each agent's prompt, then its answer (false:
+    # the answers alone, for a rubric on the answers only; a TLDR post read twice is ~5x the answers' tokens)
     marlhf_rl_algorithm: str = "magrpo"  # marlhf: the RL stage on the learnt reward: magrpo, iac or maac (critics)
     # --- run directory, logging, checkpoints
     run_dir: str = "checkpoints/run"  # where config, metrics, rollouts and checkpoints go

@@ -13,7 +13,9 @@ and an fp32 head on the last token; no second copy of the weights. It reads a jo
     [Agent 1] ...
 
 every agent's completion whole; with max_prompt_tokens each prompt loses its middle as the sampler cut it (the
-joint text is never cut as a whole, which would lose agent 0's answer first: issue 41).
+joint text is never cut as a whole, which would lose agent 0's answer first: issue 41). With
+`reward_model_reads_prompts=false` it reads the answers alone ("[Agent 0]\n<completion>\n[Agent 1]..."): for a
+rubric on the answers only, fewer tokens and nothing of the prompt to memorise (bench/README.md, SmolLM2 TLDR).
 
 Fit (at step 0, then every `reward_refresh_every` steps; 0: once, then frozen, CoMLRL's offline MARLHF): the
 current policy samples `preference_num_candidates` joint answers for `reward_num_items` train items (a seeded
@@ -55,11 +57,14 @@ NAME = "reward_model"
 
 
 def joint_text(prompts, completions, tokenizer=None, max_prompt_tokens: int | None = None) -> str:
-    """A joint answer as the reward model reads it: each agent's prompt, then its whole completion.
+    """A joint answer as the reward model reads it: each agent's prompt, then its whole completion; with
+    `prompts=None` the completions alone (`reward_model_reads_prompts=false`), each after its agent's tag.
 
     With `max_prompt_tokens`, each PROMPT loses its middle as the sampler cuts it (kit/rollout.py encode_prompt),
     never a completion: cutting the joint text as a whole would take agent 0's answer first. The text is then at
     most N (max_prompt_tokens + max_new_tokens) tokens and a few per block, and is read whole."""
+    if prompts is None:
+        return "\n".join(f"[Agent {i}]\n{c}" for i, c in enumerate(completions))
     if max_prompt_tokens is not None:
         from kit.rollout import encode_prompt
 
@@ -108,7 +113,9 @@ class MARLHFTrainer(PreferencePairs, Trainer):
                           for i in range(0, len(texts), mb)]) if texts else torch.zeros(0)
 
     def rm_text(self, prompts, completions) -> str:
-        """joint_text with each prompt cut to max_prompt_tokens (as its agent saw it) and every answer whole."""
+        """joint_text with each prompt cut to max_prompt_tokens (as its agent saw it) and every answer whole; the
+        answers alone with reward_model_reads_prompts=false."""
+        prompts = prompts if self.cfg.reward_model_reads_prompts else None
         return joint_text(prompts, completions, self.rm.tokenizer, self.cfg.max_prompt_tokens)
 
     def fit(self) -> dict:

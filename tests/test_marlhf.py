@@ -145,6 +145,25 @@ def test_each_item_and_joint_action_gets_its_own_score(tmp_path):
     assert got == pytest.approx(want, abs=1e-5)
 
 
+def test_without_prompts_the_reward_model_reads_the_answers_alone_in_its_fit_and_its_scores(tmp_path):
+    """reward_model_reads_prompts=false: the fit's pairs and the rollouts' scores are both of
+    "[Agent 0]\n<answer 0>\n[Agent 1]\n<answer 1>", so two items' same answers get the same score (with the
+    prompts, which name the item, they differ: the test above)."""
+    trainer = scripted(tmp_path, "batch_size=2", "num_generations=3", "reward_model_reads_prompts=false")
+    with torch.no_grad():
+        trainer.rm.head.weight.normal_(0.0, 0.1, generator=torch.Generator().manual_seed(1))
+    read, score_texts = [], trainer.rm.score_texts
+    trainer.rm.score_texts = lambda texts: read.extend(texts) or score_texts(texts)
+    trainer.fit()
+    assert read and set(read) <= {f"[Agent 0]\n{g}\n[Agent 1]\n{g}" for g in range(4)}  # no prompt in any pair
+    trainer.fit = lambda: {}
+    (level,) = trainer.sample(trainer.batch_items(0))
+    want = [float(score_texts([joint_text(None, (str(g),) * 2)])[0].detach()) for g in range(3)]
+    assert len(set(round(w, 6) for w in want)) == 3
+    for node in level.rewards:  # both items: the same three scores
+        assert [r.total for r in node] == pytest.approx(want, abs=1e-5)
+
+
 def test_the_reward_model_reads_every_agents_whole_answer_with_long_prompts(tmp_path):
     """Issue 41: with max_prompt_tokens the reward model once read the joint text cut to it in its middle, where
     agent 0's answer sits; now each prompt loses its middle (as its agent saw it) and every answer stays whole."""
