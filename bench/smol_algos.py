@@ -76,50 +76,44 @@ def oracle(task, run_dir: Path, budget_usd: float = 5.0):
     return JudgePreference(judge, task.judge_rubric), judge
 
 
-def train(task: str, variants: list[str], seeds: list[int], steps: int | None, n: int, extra: list[str]) -> None:
-    from kit.baselines import compare
+def run(task: str, variant: str, seed: int, run_dir: Path, extra: list[str]) -> None:
+    """Train one variant on one seed in run_dir (resumed if it has a config), MARLHF's judge the rule oracle."""
     from kit.config import load_config
     from kit.game_trainer import trainer_class
     from kit.tasks import task_for
 
+    overrides = [*smol.TASK_OVERRIDES.get(task, []), *VARIANTS[variant], f"seed={seed}", f"run_dir={run_dir}",
+                 "progress=false", *extra]
+    cfg = load_config(smol.PRESET[task], overrides=overrides)
+    done = (run_dir / "config.json").exists()
+    kwargs = {}
+    if cfg.preference_source == "judge" and cfg.algorithm == "marlhf":
+        if task != "writing":  # the oracle's rule is a reward of the completions alone: TLDR's
+            raise SystemExit(f"{variant}: the rule oracle scores TLDR answers; run it on writing")
+        run_dir.mkdir(parents=True, exist_ok=True)
+        kwargs["preference_fn"] = oracle(task_for(cfg), run_dir)[0]
+    trainer = trainer_class(cfg.task, cfg.algorithm)(cfg, resume=done, **kwargs)
+    trainer.train()
+    trainer.close()
+
+
+def train(task: str, variants: list[str], seeds: list[int], steps: int | None, n: int, extra: list[str]) -> None:
+    from kit.baselines import compare
+
     for seed in seeds:
         for variant in variants:
             run_dir = RUNS / f"{task}_{variant}_s{seed}"
-            overrides = [*smol.TASK_OVERRIDES.get(task, []), *VARIANTS[variant], f"seed={seed}", f"run_dir={run_dir}",
-                         "progress=false", *extra]
-            overrides += [f"num_steps={steps}"] if steps else []
-            cfg = load_config(smol.PRESET[task], overrides=overrides)
-            done = (run_dir / "config.json").exists()
-            kwargs = {}
-            if cfg.preference_source == "judge" and cfg.algorithm == "marlhf":
-                if task != "writing":  # the oracle's rule is a reward of the completions alone: TLDR's
-                    raise SystemExit(f"{variant}: the rule oracle scores TLDR answers; run it on writing")
-                run_dir.mkdir(parents=True, exist_ok=True)
-                kwargs["preference_fn"] = oracle(task_for(cfg), run_dir)[0]
-            trainer = trainer_class(cfg.task, cfg.algorithm)(cfg, resume=done, **kwargs)
-            trainer.train()
-            trainer.close()
+            run(task, variant, seed, run_dir, [*extra, *([f"num_steps={steps}"] if steps else [])])
             compare(run_dir, [], n=n)  # the trained team only, sampled as bench/smol.py samples every row
 
 
 def fit(task: str, variant: str, seed: int) -> None:
     """A MARLHF variant's reward-model fit alone: its step 0 (the oracle's pairs, the fit) and one RL step, in
     checkpoints/smol_algos_fits/<task>_<variant>_s<S>; prints the fit's rm/ metrics and the judge's ledger."""
-    from kit.config import load_config
-    from kit.game_trainer import trainer_class
-    from kit.tasks import task_for
-
+    if "algorithm=marlhf" not in VARIANTS[variant]:
+        raise SystemExit(f"{variant}: `fit` measures a marlhf variant's reward model")
     run_dir = RUNS.parent / "smol_algos_fits" / f"{task}_{variant}_s{seed}"
-    cfg = load_config(smol.PRESET[task], overrides=[*smol.TASK_OVERRIDES.get(task, []), *VARIANTS[variant],
-                                                    f"seed={seed}", f"run_dir={run_dir}", "progress=false",
-                                                    "num_steps=1"])
-    if cfg.algorithm != "marlhf" or task != "writing":
-        raise SystemExit(f"{variant} on {task}: `fit` measures a marlhf variant's reward model on writing")
-    run_dir.mkdir(parents=True, exist_ok=True)
-    trainer = trainer_class(cfg.task, cfg.algorithm)(cfg, resume=(run_dir / "config.json").exists(),
-                                                     preference_fn=oracle(task_for(cfg), run_dir)[0])
-    trainer.train()
-    trainer.close()
+    run(task, variant, seed, run_dir, ["num_steps=1"])
     metrics = [json.loads(line) for line in open(run_dir / "metrics.jsonl")]
     print(json.dumps({k: v for m in metrics for k, v in m.items() if k.startswith("rm/") or k == "perf/sample_s"}))
     print((run_dir / "budget.json").read_text())
