@@ -141,6 +141,10 @@ def model_logprobs(model, seg, temperature: float) -> torch.Tensor:
     return torch.log_softmax(logits, -1).gather(-1, seg.input_ids[:, -T:, None])[..., 0]
 
 
+# The kit's float32 loss against a float64 sum by hand: ~5 digits agree. How many depends on the CPU's kernels (the
+# matmul's blocking, exp's rounding; k3 = exp(d) - d - 1 at d ~ 0.1 loses two digits): 1e-5 held on the CPU these
+# tests were written on and failed on CI's. A field that does not reach the loss moves it by far more than 1e-4.
+F32 = 1e-4
 def hand_loss(trainer, level, adapter: str, loss_type: str, beta: float, *, temperature: float = 1.0,
               weights=None, clipped_form: bool = False, masked_truncated: bool = False) -> tuple[float, float]:
     """(loss, KL) of one adapter's rows from Eq. 2 (or its variants) and k3 = exp(ref - logp) - (ref - logp) - 1, by
@@ -185,7 +189,7 @@ def test_loss_fields(tmp_path, loss_type, beta):
     hand = {a: hand_loss(trainer, levels[0], a, loss_type, beta) for a in trainer.team.adapters}
     stats = trainer.update(levels)
     for adapter, (loss, kl) in hand.items():
-        assert stats[f"loss/{adapter}"] == pytest.approx(loss, rel=1e-5), adapter
+        assert stats[f"loss/{adapter}"] == pytest.approx(loss, rel=F32), adapter
         if beta > 0:
             assert kl > 1e-4 and stats[f"kl/{adapter}"] == pytest.approx(kl, rel=1e-4), adapter
 
@@ -217,7 +221,8 @@ def test_rollout_correction_fields(tmp_path, overrides, weights):
     stats = trainer.update(levels)
     past = 1.0 if math.exp(SHIFT) > trainer.cfg.rollout_is_cap else 0.0  # every token and row, or none
     for adapter, (loss, kl) in hand.items():
-        assert kl > 1e-4 and stats[f"loss/{adapter}"] == pytest.approx(loss, rel=1e-5, abs=1e-9), adapter
+        # with the cap at 1.2 under sequence_mask every weight is 0: the loss is beta * k3 alone (see F32)
+        assert kl > 1e-4 and stats[f"loss/{adapter}"] == pytest.approx(loss, rel=F32, abs=1e-9), adapter
         assert stats[f"mismatch/ratio_mean/{adapter}"] == pytest.approx(math.exp(SHIFT), rel=1e-4)
         assert stats[f"mismatch/past_cap/{adapter}"] == stats[f"mismatch/rows_past_cap/{adapter}"] == past
         assert stats[f"mismatch/kl/{adapter}"] == pytest.approx(math.exp(SHIFT) - SHIFT - 1, rel=1e-3)
@@ -241,7 +246,7 @@ def test_update_form_fields(tmp_path, overrides, kwargs):
     hand = {a: hand_loss(trainer, levels[0], a, "sum", beta, **kwargs) for a in trainer.team.adapters}
     stats = trainer.update(levels)
     for adapter, (loss, _) in hand.items():
-        assert stats[f"loss/{adapter}"] == pytest.approx(loss, rel=1e-5), adapter
+        assert stats[f"loss/{adapter}"] == pytest.approx(loss, rel=F32), adapter
 
 
 # ---- the optimizer step
@@ -522,7 +527,7 @@ def test_more_update_options_reach_the_loss(tmp_path, monkeypatch, overrides, sh
     hand = {a: hand_issue33(trainer, levels[0], a, term, reduction, beta, kl_times_ratio) for a in trainer.team.adapters}
     stats = trainer.update(levels)
     for adapter, loss in hand.items():
-        assert stats[f"loss/{adapter}"] == pytest.approx(loss, rel=1e-5), adapter
+        assert stats[f"loss/{adapter}"] == pytest.approx(loss, rel=F32), adapter
     if any(o.startswith("off_policy_mask_threshold=0.2") for o in overrides):  # some dropped, some kept
         assert 0 < stats["off_policy_masked/agent_0"] < 1
 

@@ -18,8 +18,13 @@ from safetensors.torch import load_file
 from kit.config import load_config
 from kit.trainer import Trainer
 
+# top_p=1: under top-p the sampler's log-prob of a token is its share of the nucleus, a step function of the logits
+# at the nucleus's edge, so float rounding can move the rollout weights by a jump. Measured on tiny_cpu: one process,
+# share_prompts on and off (the same maths, other rounding), step-1 losses 0.3% apart at top_p=0.9 and equal at 1;
+# CI (and once here) put 1 and 2 processes 0.3% apart so. token_truncate keeps the correction's sums over processes.
 ARGS = ["--set", "batch_size=4", "--set", "num_generations=2", "--set", "eval_every=0", "--set", "save_every=1",
-        "--set", "keep_last=4", "--set", "progress=false"]
+        "--set", "keep_last=4", "--set", "progress=false", "--set", "top_p=1.0",
+        "--set", "rollout_correction=token_truncate"]
 QUIET = dict(log=lambda *_: None)
 
 
@@ -48,8 +53,38 @@ def adapters(run, step):
     return {a: load_file(str(path / a / "adapter_model.safetensors")) for a in ("agent_0", "agent_1")}
 
 
+# Where 2 processes and 1 can part, and so how close each check holds. Step 1 starts from the same weights: its
+# rollouts, advantages and metrics agree to float rounding (the forward runs on 2 items per process against 4, and
+# the gradient is summed in another order). Adam then moves an entry whose gradient is ~1e-8 by up to
+# lr * g / (|g| + 1e-8): there that rounding, which depends on the CPU's kernels (CI's CPU is not the one a test was
+# written on), can move the entry by up to ~lr a step, one way on one side and the other way on the other. So from
+# step 2 on, what the weights give (losses, grad norms, a critic's values) agrees to ~1%, and a few entries of the
+# adapters differ by ~lr. A broken collective fails the tight checks of step 1 and moves a large share of the entries
+# (a missing gradient all-reduce: each side's Adam step has another sign wherever the other process's part outweighs).
+LOOSE = dict(rel=2e-2, abs=1e-3)
+
+
+def assert_same_metrics(xs: list[dict], ys: list[dict], rel: float = 1e-5, abs: float = 1e-6) -> None:
+    """Every logged metric (but the timings) of every step: step 1's to `rel`/`abs`, later steps' to LOOSE."""
+    for x, y in zip(xs, ys, strict=True):
+        assert set(x) == set(y)
+        tol = dict(rel=rel, abs=abs) if x["step"] == 1 else LOOSE
+        for key in x:
+            if not key.startswith("perf/"):
+                assert y[key] == pytest.approx(x[key], **tol), (x["step"], key)
+
+
+def assert_close_weights(wa: dict, wb: dict, lr: float, steps: int) -> None:
+    """Saved tensors after `steps` steps: at most 1% of the entries (and never more than 2) of a tensor beyond 5e-4,
+    and none beyond the two sides taking opposite Adam steps every step (|update| <= ~3 lr with bias correction)."""
+    for key in wa:
+        diff = (wb[key].float() - wa[key].float()).abs()
+        assert diff.max().item() <= 6 * lr * steps, (key, diff.max().item())
+        assert (diff > 5e-4).sum().item() <= max(2, 0.01 * diff.numel()), (key, (diff > 5e-4).sum().item())
+
+
 def assert_same_run(one, two, step):
-    """Same rollouts, same metrics (up to float summation order), same adapters (to a sixth of an Adam step)."""
+    """Same rollouts and advantages (MAGRPO's come from the rewards alone), the same metrics and adapters (above)."""
     a, b = rows(one, "rollouts.jsonl"), rows(two, "rollouts.jsonl")
     a = [r for r in a if r["step"] <= step]
     assert len(a) == len(b) and len(b) == step * 4 * 2  # steps x items x aligned joint actions
@@ -57,18 +92,10 @@ def assert_same_run(one, two, step):
         assert (x["step"], x["item"], x["node"], x["completions"], x["reward"]) == \
                (y["step"], y["item"], y["node"], y["completions"], y["reward"])
         assert y["advantages"] == pytest.approx(x["advantages"], abs=1e-9)
-    for x, y in zip([r for r in rows(one, "metrics.jsonl") if r["step"] <= step], rows(two, "metrics.jsonl")):
-        for key in x:
-            if not key.startswith("perf/"):
-                assert y[key] == pytest.approx(x[key], rel=1e-5, abs=1e-6), key
-    # The gradients agree to float rounding (the forward runs on 2 items per process against 4), but Adam moves an
-    # entry whose gradient is ~1e-8 (a few per adapter) by up to lr * g / (|g| + 1e-8): rounding there moves the
-    # weights by up to 1.6e-4 in four steps (measured, with the preset's top-p correction; 5e-6 without it),
-    # against lr = 3e-3 per step. The metrics above (losses, grad norms, mismatch) are the tight check.
+    assert_same_metrics([r for r in rows(one, "metrics.jsonl") if r["step"] <= step], rows(two, "metrics.jsonl"))
     wa, wb = adapters(one, step), adapters(two, step)
     for agent in wa:
-        for key in wa[agent]:
-            torch.testing.assert_close(wb[agent][key], wa[agent][key], rtol=0, atol=5e-4)
+        assert_close_weights(wa[agent], wb[agent], lr=3e-3, steps=step)  # tiny_cpu's learning_rate
 
 
 @pytest.fixture(scope="module")
@@ -122,20 +149,19 @@ def test_a_critic_run_on_two_processes_equals_one_process(tmp_path):
     for x, y in zip(a, b):
         assert (x["step"], x["item"], x["completions"], x["reward"]) == (y["step"], y["item"], y["completions"],
                                                                          y["reward"])
-        assert y["advantages"] == pytest.approx(x["advantages"], abs=1e-4)
-    for x, y in zip(rows(one, "metrics.jsonl"), rows(two, "metrics.jsonl"), strict=True):
-        for key in x:
-            if not key.startswith("perf/"):
-                assert y[key] == pytest.approx(x[key], rel=1e-3, abs=1e-5), key
+        assert y["advantages"] == pytest.approx(x["advantages"], **(dict(abs=1e-4) if x["step"] == 1 else LOOSE))
+    assert_same_metrics(rows(one, "metrics.jsonl"), rows(two, "metrics.jsonl"), rel=1e-3, abs=1e-5)
     assert "critic/value_loss/critic" in rows(two, "metrics.jsonl")[-1]
     for name in ("models/critic/head.safetensors", "adapters/agent_0/adapter_model.safetensors"):
         wa, wb = (load_file(str(run / "ckpt" / "step_000002" / name)) for run in (one, two))
-        for key in wa:
-            torch.testing.assert_close(wb[key], wa[key], rtol=0, atol=5e-4)
+        assert_close_weights(wa, wb, lr=3e-3, steps=2)
 
 
+# seed 3: the two episodes of a deal end differently on both steps, so both players' adapters move. At seed 0 every
+# untrained answer is illegal, each deal's episodes get the same fallback moves and the same return, every
+# advantage is 0 and the update is a no-op that a broken all-reduce passes.
 GAME = ["--set", "batch_size=4", "--set", "num_generations=2", "--set", "eval_every=0", "--set", "save_every=2",
-        "--set", "progress=false", "--set", "num_steps=2"]
+        "--set", "progress=false", "--set", "num_steps=2", "--set", "seed=3"]
 
 
 @pytest.mark.slow
@@ -155,14 +181,11 @@ def test_a_game_on_two_processes_equals_one_process(tmp_path):
         assert (x["step"], x["item"], x["episode"], x["decisions"], x["reward"]) == \
                (y["step"], y["item"], y["episode"], y["decisions"], y["reward"])
         assert y["advantage"] == pytest.approx(x["advantage"], abs=1e-9)
-    for x, y in zip(rows(one, "metrics.jsonl"), rows(two, "metrics.jsonl"), strict=True):
-        for key in x:
-            if not key.startswith("perf/"):
-                assert y[key] == pytest.approx(x[key], rel=1e-5, abs=1e-6), key
+    assert all(r[f"grad_norm/agent_{i}"] > 0.1 for r in rows(one, "metrics.jsonl") for i in (0, 1))  # it trains
+    assert_same_metrics(rows(one, "metrics.jsonl"), rows(two, "metrics.jsonl"))
     wa, wb = adapters(one, 2), adapters(two, 2)
     for agent in wa:
-        for key in wa[agent]:
-            torch.testing.assert_close(wb[agent][key], wa[agent][key], rtol=0, atol=1e-4)
+        assert_close_weights(wa[agent], wb[agent], lr=1e-3, steps=2)  # tiny_hanabi's learning_rate
 
 
 # both algorithms and both critic types in two runs (each 2-process run costs ~15 s; the four combinations pass)
@@ -190,20 +213,15 @@ def test_a_game_with_critics_on_two_processes_equals_one_process(tmp_path, algor
     for x, y in zip(a, b):
         assert (x["step"], x["item"], x["episode"], x["decisions"], x["reward"]) == \
                (y["step"], y["item"], y["episode"], y["decisions"], y["reward"])
-        assert y["advantage"] == pytest.approx(x["advantage"], abs=1e-4)
+        assert y["advantage"] == pytest.approx(x["advantage"], **(dict(abs=1e-4) if x["step"] == 1 else LOOSE))
     names = ["critic_0", "critic_1"] if algorithm == "iac" else ["critic"]
     ma, mb = rows(one, "metrics.jsonl"), rows(two, "metrics.jsonl")
     assert all(f"critic/value_loss/{n}" in mb[-1] for n in names)
-    for x, y in zip(ma, mb, strict=True):
-        assert set(x) == set(y)
-        for key in x:
-            if not key.startswith("perf/"):
-                assert y[key] == pytest.approx(x[key], rel=1e-3, abs=1e-5), key
+    assert_same_metrics(ma, mb, rel=1e-3, abs=1e-5)
     for name in [f"models/{n}/head.safetensors" for n in names] + \
             [f"adapters/agent_{i}/adapter_model.safetensors" for i in range(2)]:
         wa, wb = (load_file(str(run / "ckpt" / "step_000002" / name)) for run in (one, two))
-        for key in wa:
-            torch.testing.assert_close(wb[key], wa[key], rtol=0, atol=5e-4)
+        assert_close_weights(wa, wb, lr=1e-3, steps=2)
 
 
 class ThreadsOfOneRun:

@@ -92,7 +92,7 @@ def test_micro_batches_give_the_whole_batchs_step(tmp_path):
     assert max(float(g.abs().max()) for g in whole["grads"]) > 1e-4
     for g, want in zip(micro["grads"], whole["grads"]):
         torch.testing.assert_close(g, want, rtol=1e-4, atol=1e-7)
-    assert micro_stats["rm/loss"] == pytest.approx(whole_stats["rm/loss"], rel=1e-5)
+    assert micro_stats["rm/loss"] == pytest.approx(whole_stats["rm/loss"], rel=1e-4)  # other batch shapes
 
 
 def test_held_out_items_epochs_and_batch_size(tmp_path):

@@ -99,8 +99,8 @@ def test_the_dpo_loss_and_its_fields(tmp_path, beta, reference, temperature):
     loss = sum(math.log1p(math.exp(-beta * x)) for x in z) / len(z)  # -log sigmoid(y) = log(1 + e^-y)
     stats = trainer.update(levels)
     for adapter in trainer.team.adapters:
-        assert stats[f"loss/{adapter}"] == pytest.approx(loss, rel=1e-5), adapter
-    assert stats["dpo/loss"] == pytest.approx(loss, rel=1e-5)
+        assert stats[f"loss/{adapter}"] == pytest.approx(loss, rel=1e-4), adapter  # float32 against float64
+    assert stats["dpo/loss"] == pytest.approx(loss, rel=1e-4)
     assert stats["dpo/accuracy"] == sum(x > 0 for x in z) / len(z)
     assert stats["dpo/num_pairs"] == len(z)
 
@@ -180,28 +180,24 @@ def test_cli_trains_madpo(tmp_path, capsys):
 @pytest.mark.slow
 @pytest.mark.parametrize("algorithm", ["madpo", "marlhf"])
 def test_two_processes_train_as_one(tmp_path, algorithm):
-    """2 CPU processes (torchrun, gloo) against 1: the same candidates and rollouts, metrics to float rounding,
-    adapters to the tolerance tests/test_distributed.py explains (Adam on ~1e-8 gradients)."""
+    """2 CPU processes (torchrun, gloo) against 1: the same candidates and rollouts, metrics and adapters to the
+    tolerances tests/test_distributed.py explains (float rounding on step 1, Adam on ~1e-8 gradients after it)."""
     from kit.game_trainer import trainer_class
-    from test_distributed import adapters, launch
+    from test_distributed import adapters, assert_close_weights, assert_same_metrics, launch
 
     common = ["batch_size=4", "num_generations=2", "preference_num_candidates=3", "eval_every=0", "save_every=2",
               "num_steps=2", "progress=false", f"algorithm={algorithm}", "preference_refresh_every=2",
-              "reward_num_items=4", "reward_num_train_epochs=1"]
+              "reward_num_items=4", "reward_num_train_epochs=1", "top_p=1.0"]  # top_p: see test_distributed's ARGS
     one, two = tmp_path / "one", tmp_path / "two"
     trainer_class("toy", algorithm)(load_config("tiny_cpu", overrides=[*common, f"run_dir={one}"]), **QUIET).train()
     launch(2, "--preset", "tiny_cpu", "--run-dir", str(two), *[x for c in common for x in ("--set", c)])
     for x, y in zip(rows(one, "rollouts.jsonl"), rows(two, "rollouts.jsonl"), strict=True):
         assert (x["step"], x["item"], x["completions"]) == (y["step"], y["item"], y["completions"])
         assert y["reward"] == pytest.approx(x["reward"], abs=1e-6)  # marlhf: a score of 2 rows or of 4
-    for x, y in zip(rows(one, "metrics.jsonl"), rows(two, "metrics.jsonl"), strict=True):
-        assert set(x) == set(y)
-        for key in x:
-            assert y[key] == pytest.approx(x[key], rel=1e-5, abs=1e-6), key
+    assert_same_metrics(rows(one, "metrics.jsonl"), rows(two, "metrics.jsonl"))
     wa, wb = adapters(one, 2), adapters(two, 2)
     for agent in wa:
-        for key in wa[agent]:
-            torch.testing.assert_close(wb[agent][key], wa[agent][key], rtol=0, atol=5e-4)
+        assert_close_weights(wa[agent], wb[agent], lr=3e-3, steps=2)  # tiny_cpu's learning_rate
 
 
 def test_the_notebook_picks_the_algorithm_from_its_overrides(tmp_path, monkeypatch):

@@ -366,7 +366,7 @@ def test_a_micro_batched_update_equals_the_one_batch_update(tmp_path, loss_type)
     (texts, stats, grads), (texts_mb, stats_mb, grads_mb) = results
     assert texts == texts_mb  # the same rollouts, so the updates must agree
     for key in stats:
-        assert stats_mb[key] == pytest.approx(stats[key], rel=1e-5, abs=1e-7), key
+        assert stats_mb[key] == pytest.approx(stats[key], rel=1e-4, abs=1e-6), key  # float32, other batch shapes
     assert all(stats[f"kl/{a}"] > 1e-4 for a in grads)  # the KL term is in both, micro-batched too
     assert set(grads) == set(grads_mb) == {"agent_0", "agent_1"}
     for adapter in grads:
