@@ -566,9 +566,11 @@ def validate(cfg: TrainConfig) -> TrainConfig:
          f"not role with {which} (the critic is the baseline)")
     need(not critics or cfg.scale_rewards == "none", "scale_rewards",
          f"none with {which} (the critics' advantages replace the group's; advantage_normalization scales them)")
-    if critics and cfg.critic_type == "v" and cfg.advantage_normalization and cfg.batch_size == 1 and \
-            cfg.num_turns == 1 and cfg.task != "game":
-        warnings.warn(constant_baseline_warning(which), UserWarning, stacklevel=2)
+    if critics and cfg.critic_type == "v" and cfg.advantage_normalization and cfg.batch_size == 1:
+        if cfg.task == "game":
+            warnings.warn(first_mover_warning(which), UserWarning, stacklevel=2)
+        elif cfg.num_turns == 1:
+            warnings.warn(constant_baseline_warning(which), UserWarning, stacklevel=2)
     need(cfg.algorithm != "marlhf" or (cfg.advantage_mode != "role"
                                       and cfg.multi_objective_aggregation == "sum_then_normalize"),
          "algorithm", "marlhf with advantage_mode other than role and multi_objective_aggregation="
@@ -636,6 +638,15 @@ def constant_baseline_warning(which: str) -> str:
             "critic's value is one number per step, and advantage_normalization subtracts it away: the policy trains "
             "on its group's normalized rewards whatever the critic learns (with the gradient clipped every step, "
             "exactly as MAGRPO does). Use batch_size >= 2 or advantage_normalization=false for the critic to matter")
+
+
+def first_mover_warning(which: str) -> str:
+    """constant_baseline_warning's case in a game: one deal a step (bench/README.md, game E on SmolLM2)."""
+    return (f"{which} with critic_type=v and batch_size=1 on a game: a step's episodes all start from one deal, so "
+            "the first mover's first decision has one state and the critic one value there, which "
+            "advantage_normalization subtracts away with the mean. A player who decides only there (player 0 of "
+            "tiny_hanabi) trains on its normalized returns whatever the critic learns, as under MAGRPO. Use "
+            "batch_size >= 2 (deals a step) or advantage_normalization=false for the critic to matter there")
 
 
 def rl_algorithm(cfg: TrainConfig) -> str:

@@ -138,3 +138,20 @@ def test_a_json_error_in_a_runs_config_names_the_file(tmp_path, capsys):
 
     with pytest.raises(ConfigError, match="config.json' is not valid JSON"):  # what 01_train's resume calls
         check_resume(tmp_path / "run" / "config.json", preset("tiny_cpu"))
+
+
+@pytest.mark.parametrize("preset_name, says", [("tiny_cpu", "one turn: every row of a step answers one prompt"),
+                                               ("tiny_hanabi", "the first mover's first decision has one state")])
+def test_a_v_critic_that_advantage_normalization_cancels_is_warned(preset_name, says):
+    """batch_size=1: one prompt (one deal) a step, so a V critic's value there is one number that the normalisation
+    takes away with the mean. Two prompts a step, or no normalisation, and it is not."""
+    import warnings
+
+    for algorithm in ("iac", "maac"):
+        base = [f"algorithm={algorithm}", "critic_type=v", "batch_size=1"]
+        with pytest.warns(UserWarning, match=says):
+            load_config(preset_name, overrides=base)
+        for fix in ("batch_size=2", "advantage_normalization=false", "critic_type=q"):
+            with warnings.catch_warnings():
+                warnings.simplefilter("error")
+                load_config(preset_name, overrides=[*base, fix])
