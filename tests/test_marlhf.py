@@ -68,8 +68,9 @@ def test_one_fit_is_one_adamw_step_on_the_bradley_terry_gradient(tmp_path):
     assert seen["steps"] == 1 and stats["rm/num_pairs"] == 16 and stats["rm/heldout_pairs"] == 0
     assert max(float(g.abs().max()) for g in hand) > 1e-4
     for p0, g, want, p1 in zip(before, seen["grads"], hand, params):
-        # atol 1e-7: float32 sums in another order leave ~1e-8 where the hand gradient is 0 (seen on 2 cores)
-        torch.testing.assert_close(g, want, rtol=1e-4, atol=1e-7)
+        # float32 over another batch shape (16 texts against 32): ~1e-8 where the hand gradient is 0 (seen on 2
+        # cores), 3e-7 on an entry of 1.4e-3 with AVX2 kernels (MKL_ENABLE_INSTRUCTIONS=AVX2)
+        torch.testing.assert_close(g, want, rtol=1e-3, atol=1e-6)
         torch.testing.assert_close(p1.detach(), p0 - lr * g / (g.abs() + 1e-8), rtol=1e-5, atol=1e-7)  # AdamW step 1
 
 
@@ -91,7 +92,7 @@ def test_micro_batches_give_the_whole_batchs_step(tmp_path):
     assert whole_calls[0] == 32 and micro_calls == [4] * 8 and micro["steps"] == whole["steps"] == 1
     assert max(float(g.abs().max()) for g in whole["grads"]) > 1e-4
     for g, want in zip(micro["grads"], whole["grads"]):
-        torch.testing.assert_close(g, want, rtol=1e-4, atol=1e-7)
+        torch.testing.assert_close(g, want, rtol=1e-3, atol=1e-6)  # other batch shapes, as above
     assert micro_stats["rm/loss"] == pytest.approx(whole_stats["rm/loss"], rel=1e-4)  # other batch shapes
 
 

@@ -193,8 +193,11 @@ def test_two_processes_train_as_one(tmp_path, algorithm):
     launch(2, "--preset", "tiny_cpu", "--run-dir", str(two), *[x for c in common for x in ("--set", c)])
     for x, y in zip(rows(one, "rollouts.jsonl"), rows(two, "rollouts.jsonl"), strict=True):
         assert (x["step"], x["item"], x["completions"]) == (y["step"], y["item"], y["completions"])
-        assert y["reward"] == pytest.approx(x["reward"], abs=1e-6)  # marlhf: a score of 2 rows or of 4
-    assert_same_metrics(rows(one, "metrics.jsonl"), rows(two, "metrics.jsonl"))
+        # marlhf: the reward model's scores, after its fit on 2 processes (Adam, as below) and in batches of 2 rows
+        # or of 4 (2.5e-6 apart with AVX2 kernels); then every step's metrics follow them
+        assert y["reward"] == pytest.approx(x["reward"], abs=1e-4)
+    assert_same_metrics(rows(one, "metrics.jsonl"), rows(two, "metrics.jsonl"),
+                        tight_until=1 if algorithm == "madpo" else 0)
     wa, wb = adapters(one, 2), adapters(two, 2)
     for agent in wa:
         assert_close_weights(wa[agent], wb[agent], lr=3e-3, steps=2)  # tiny_cpu's learning_rate
