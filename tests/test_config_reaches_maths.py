@@ -145,6 +145,8 @@ def model_logprobs(model, seg, temperature: float) -> torch.Tensor:
 # matmul's blocking, exp's rounding; k3 = exp(d) - d - 1 at d ~ 0.1 loses two digits): 1e-5 held on the CPU these
 # tests were written on and failed on CI's. A field that does not reach the loss moves it by far more than 1e-4.
 F32 = 1e-4
+
+
 def hand_loss(trainer, level, adapter: str, loss_type: str, beta: float, *, temperature: float = 1.0,
               weights=None, clipped_form: bool = False, masked_truncated: bool = False) -> tuple[float, float]:
     """(loss, KL) of one adapter's rows from Eq. 2 (or its variants) and k3 = exp(ref - logp) - (ref - logp) - 1, by

@@ -64,13 +64,18 @@ def adapters(run, step):
 LOOSE = dict(rel=2e-2, abs=1e-3)
 
 
+def tolerance(step: int, rel: float = 1e-5, abs: float = 1e-6, tight_until: int = 1) -> dict:
+    """pytest.approx's tolerance for a value logged at `step`: `rel`/`abs` up to step `tight_until` (0 where a
+    data-parallel fit came before step 1: MARLHF's reward model), LOOSE after it."""
+    return dict(rel=rel, abs=abs) if step <= tight_until else LOOSE
+
+
 def assert_same_metrics(xs: list[dict], ys: list[dict], rel: float = 1e-5, abs: float = 1e-6,
                         tight_until: int = 1) -> None:
-    """Every logged metric (but the timings) of every step: to `rel`/`abs` up to step `tight_until` (0 where a
-    data-parallel fit came before step 1: MARLHF's reward model), to LOOSE after it."""
+    """Every logged metric (but the timings) of every step, to `tolerance`."""
     for x, y in zip(xs, ys, strict=True):
         assert set(x) == set(y)
-        tol = dict(rel=rel, abs=abs) if x["step"] <= tight_until else LOOSE
+        tol = tolerance(x["step"], rel, abs, tight_until)
         for key in x:
             if not key.startswith("perf/"):
                 assert y[key] == pytest.approx(x[key], **tol), (x["step"], key)
@@ -151,7 +156,7 @@ def test_a_critic_run_on_two_processes_equals_one_process(tmp_path):
     for x, y in zip(a, b):
         assert (x["step"], x["item"], x["completions"], x["reward"]) == (y["step"], y["item"], y["completions"],
                                                                          y["reward"])
-        assert y["advantages"] == pytest.approx(x["advantages"], **(dict(abs=1e-4) if x["step"] == 1 else LOOSE))
+        assert y["advantages"] == pytest.approx(x["advantages"], **tolerance(x["step"], rel=0, abs=1e-4))
     assert_same_metrics(rows(one, "metrics.jsonl"), rows(two, "metrics.jsonl"), rel=1e-3, abs=1e-5)
     assert "critic/value_loss/critic" in rows(two, "metrics.jsonl")[-1]
     for name in ("models/critic/head.safetensors", "adapters/agent_0/adapter_model.safetensors"):
@@ -215,7 +220,7 @@ def test_a_game_with_critics_on_two_processes_equals_one_process(tmp_path, algor
     for x, y in zip(a, b):
         assert (x["step"], x["item"], x["episode"], x["decisions"], x["reward"]) == \
                (y["step"], y["item"], y["episode"], y["decisions"], y["reward"])
-        assert y["advantage"] == pytest.approx(x["advantage"], **(dict(abs=1e-4) if x["step"] == 1 else LOOSE))
+        assert y["advantage"] == pytest.approx(x["advantage"], **tolerance(x["step"], rel=0, abs=1e-4))
     names = ["critic_0", "critic_1"] if algorithm == "iac" else ["critic"]
     ma, mb = rows(one, "metrics.jsonl"), rows(two, "metrics.jsonl")
     assert all(f"critic/value_loss/{n}" in mb[-1] for n in names)
