@@ -56,17 +56,25 @@ METHODS = {
     # while the critic fits its first 50 of 300 steps, or the advantages keep the critic's scale (no normalisation)
     "maac_q_cf_warm": ["algorithm=maac", "critic_type=q", "baseline=counterfactual", "critic_warmup_steps=50"],
     "maac_q_cf_raw": ["algorithm=maac", "critic_type=q", "baseline=counterfactual", "advantage_normalization=false"],
+    # issue 39, chosen before any run (game E on SmolLM2 first): 4 deals a step instead of smol's one, so that each
+    # step's update sees player 0 with both its cards (7 steps in 8) and the first mover's V is not one number per
+    # step (kit/config.py first_mover_warning). On tiny, `magrpo_4deals` has fewer deals than the preset's 8 and
+    # `lenient_4deals` is `lenient`.
+    "magrpo_4deals": ["batch_size=4"],
+    "lenient_4deals": ["joint_mode=cross", "advantage_mode=marginal", "num_generations=4", "batch_size=4",
+                       "leniency=1", "leniency_decay_steps=150"],
 }
+KEEP_DEALS = {"magrpo_4deals", "lenient_4deals"}  # their batch_size stays 4 on smol
 
 
 def overrides(method: str, base: str, steps: int) -> list[str]:
     """METHODS[method] for a base: on smol (one deal x G = 8 a step) the cross-play methods take G = 3 on one deal
-    (9 episodes); leniency decays over the first half of the run and a critic's warm-up is its first sixth, as on
+    (9 episodes; `lenient_4deals`: G = 3 on 4 deals); leniency decays over the first half of the run and a critic's warm-up is its first sixth, as on
     tiny's 300 steps."""
     out = list(METHODS[method])
     if base == "smol":
-        out = ["num_generations=3" if o == "num_generations=4" else "batch_size=1" if o == "batch_size=4" else o
-               for o in out]
+        deals = "batch_size=4" if method in KEEP_DEALS else "batch_size=1"
+        out = ["num_generations=3" if o == "num_generations=4" else deals if o == "batch_size=4" else o for o in out]
     scaled = {"leniency_decay_steps": steps // 2, "critic_warmup_steps": steps // 6}  # 150 and 50 of 300 steps
     return [f"{o.split('=')[0]}={scaled[o.split('=')[0]]}" if o.split("=")[0] in scaled else o for o in out]
 
