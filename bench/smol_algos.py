@@ -57,6 +57,13 @@ VARIANTS = {
     "marlhf_answers": ["algorithm=marlhf", *JUDGE, "preference_num_candidates=8", "preference_pairs_per_sample=null",
                        "reward_num_items=32", "reward_num_train_epochs=2", "scale_rewards=group", "micro_batch_size=4",
                        "reward_model_reads_prompts=false"],
+    # added after marlhf_answers' fit (0.61 held out): the same pairs (same seed: the same candidates and oracle
+    # labels), the head on the SUM of the answers' hidden states (`reward_model_pooling=sum`): a score per token
+    # added up can count words, which a last-token score did not learn to
+    "marlhf_answers_sum": ["algorithm=marlhf", *JUDGE, "preference_num_candidates=8",
+                           "preference_pairs_per_sample=null", "reward_num_items=32", "reward_num_train_epochs=2",
+                           "scale_rewards=group", "micro_batch_size=4", "reward_model_reads_prompts=false",
+                           "reward_model_pooling=sum"],
     "iac": ["algorithm=iac"],
     # added after the iac and maac rows matched MAGRPO's exactly (bench/README.md): with one item a step a V critic's
     # baseline is one number per step, which advantage_normalization removes; without it the baseline is the

@@ -137,6 +137,8 @@ class TrainConfig:
     reward_refresh_every: int = 0  # marlhf: refit on pairs from the current policy every this many steps (0: once)
     reward_model_reads_prompts: bool = True  # marlhf: the model reads each agent's prompt, then its answer (false:
     # the answers alone, for a rubric on the answers only; a TLDR post read twice is ~5x the answers' tokens)
+    reward_model_pooling: str = "last"  # marlhf: the head reads the last token, or the mean / sum over the text's
+    # tokens (sum: a score per token added up, which can count words: kit/heads.py)
     marlhf_rl_algorithm: str = "magrpo"  # marlhf: the RL stage on the learnt reward: magrpo, iac or maac (critics)
     # --- run directory, logging, checkpoints
     run_dir: str = "checkpoints/run"  # where config, metrics, rollouts and checkpoints go
@@ -173,6 +175,7 @@ CHOICES = {
     "preference_source": ("reward", "judge"),
     "dpo_reference": ("base", "none"),
     "marlhf_rl_algorithm": ("magrpo", "iac", "maac"),
+    "reward_model_pooling": ("last", "mean", "sum"),
 }
 # Fields that do not change what is trained: a resumed run may differ in these. The rollout engine and its weights
 # change how samples are drawn, not the objective (the trainer's policy gradient): under rollout_correction=auto

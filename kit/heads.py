@@ -10,6 +10,10 @@ non-padding token:
 
     s(x) = w . h_L(x)[last] + b        with h_L computed with the base + this model's adapter only
 
+or, with `pooling="mean"` / `"sum"`, on the mean / the sum of h_L over the row's real tokens (padding left out):
+s(x) = w . sum_t h_L(x)[t] + b is a score per token summed, which grows with the text's length, for a rubric that
+counts (a reward model's `reward_model_pooling`; critics read the last token).
+
 The base stays frozen; only the adapter and the head train, with the owner's optimizer (`parameters()`).
 
     head = ValueHead(team, "critic_0", adapter="agent_0")  # no new adapter: a head reading agent_0's own adapter
@@ -48,6 +52,7 @@ from kit.prefixes import shared_prefix_hidden
 from kit.rollout import checkpointed, encode_prompt, left_pad, position_ids
 
 HEAD_FILE = "head.safetensors"
+POOLINGS = ("last", "mean", "sum")  # what the head reads: the last real token, or the mean / sum over real tokens
 
 
 def last_token_index(attention_mask: torch.Tensor) -> torch.Tensor:
@@ -61,9 +66,14 @@ def last_token_index(attention_mask: torch.Tensor) -> torch.Tensor:
 class ScalarModel:
     """One adapter named `name` on `team.models[base]` plus an fp32 Linear(hidden, 1) head; see the module docstring."""
 
-    def __init__(self, team, name: str, config, seed: int = 0, base: int = 0):
+    pooling = "last"
+
+    def __init__(self, team, name: str, config, seed: int = 0, base: int = 0, pooling: str = "last"):
         if name in team.adapter_of:
             raise ValueError(f"scalar model name {name!r} is an agent's adapter: choose another name")
+        if pooling not in POOLINGS:
+            raise ValueError(f"pooling={pooling!r} is not one of {POOLINGS}")
+        self.pooling = pooling
         self._place(team, name, name, base)
         active = self.model.active_adapter
         grads = {id(p): p.requires_grad for p in self.model.parameters()}
@@ -115,8 +125,8 @@ class ScalarModel:
         self.model.set_adapter(self.adapter)  # this adapter active and trainable; the base stays frozen
         try:
             with torch.set_grad_enabled(torch.is_grad_enabled() and train_trunk):
-                last = self._last_hidden(input_ids, attention_mask)  # (R, H)
-            return self.head(last.float()).squeeze(-1)  # (R,)
+                pooled = self._pooled_hidden(input_ids, attention_mask)  # (R, H)
+            return self.head(pooled.float()).squeeze(-1)  # (R,)
         finally:
             # the previous adapter active again and every flag as it was, except ours: a leaf whose requires_grad
             # is switched off after the forward gets no gradient from the backward that follows
@@ -126,6 +136,16 @@ class ScalarModel:
             if train_trunk:
                 for p in self.adapter_parameters():
                     p.requires_grad_(True)
+
+    def _pooled_hidden(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+        """What the head reads, (R, H): the last real token's hidden state, or the mean / sum over real tokens."""
+        if self.pooling == "last":
+            return self._last_hidden(input_ids, attention_mask)
+        hidden = self.decoder(input_ids=input_ids, attention_mask=attention_mask,
+                              position_ids=position_ids(attention_mask), use_cache=False).last_hidden_state  # (R, L, H)
+        mask = attention_mask.to(hidden.dtype)[..., None]  # (R, L, 1)
+        total = (hidden * mask).sum(1)  # (R, H)
+        return total if self.pooling == "sum" else total / mask.sum(1).clamp(min=1)
 
     def _last_hidden(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
         """The decoder's final hidden state at each row's last token, (R, H); rows that begin alike (a prompt and

@@ -16,6 +16,8 @@ every agent's completion whole; with max_prompt_tokens each prompt loses its mid
 joint text is never cut as a whole, which would lose agent 0's answer first: issue 41). With
 `reward_model_reads_prompts=false` it reads the answers alone ("[Agent 0]\n<completion>\n[Agent 1]..."): for a
 rubric on the answers only, fewer tokens and nothing of the prompt to memorise (bench/README.md, SmolLM2 TLDR).
+Its head reads the last token (`reward_model_pooling=last`), or the mean or the sum over the text's tokens (`sum`:
+a score per token added up, which can count: TLDR's rubric is word-count ratios).
 
 Fit (at step 0, then every `reward_refresh_every` steps; 0: once, then frozen, CoMLRL's offline MARLHF): the
 current policy samples `preference_num_candidates` joint answers for `reward_num_items` train items (a seeded
@@ -92,7 +94,8 @@ class MARLHFTrainer(PreferencePairs, Trainer):
 
             cfg = self.cfg
             self.rm = ScalarModel(self.team, NAME, lora_config(cfg.lora_r, cfg.lora_alpha, 0.0,
-                                                               cfg.lora_target_modules), seed=cfg.seed)
+                                                               cfg.lora_target_modules), seed=cfg.seed,
+                                  pooling=cfg.reward_model_pooling)
             opt = torch.optim.AdamW(self.rm.parameters(), lr=cfg.reward_learning_rate, weight_decay=cfg.weight_decay)
             # the algorithm's models: the checkpoint saves them, a resume loads them (kit/trainer.py, kit/critic.py)
             self.algorithm.models[NAME], self.algorithm.optimizers[NAME] = self.rm, opt

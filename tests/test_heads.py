@@ -80,6 +80,40 @@ def test_forward_reads_the_last_real_token_and_grads_reach_adapter_and_head_only
     assert all(p.grad is None for a in team.adapters for p in team.parameters_of(a))
 
 
+@pytest.mark.parametrize("pooling", ["mean", "sum"])
+def test_a_pooled_head_reads_the_mean_or_the_sum_over_real_tokens_whatever_the_padding(pooling):
+    """pooling=mean/sum: s = w . (mean or sum over the row's real tokens of h_L) + b, by hand from the decoder's
+    hidden states of each text alone (no padding), and the same for the padded batch; "last" differs."""
+    cfg = load_config("tiny_cpu", overrides=["progress=false"])
+    team = build_team(cfg, log=lambda *_: None)
+    rm = ScalarModel(team, "reward_model", lora_config(4, 8, 0.0, "all-linear"), seed=0, pooling=pooling)
+    with torch.no_grad():
+        rm.head.weight.normal_(generator=torch.Generator().manual_seed(0))
+        rm.head.bias.fill_(0.5)
+        for p in rm.adapter_parameters():  # a trained-looking adapter: lora_B is zero at init
+            p.normal_(0.0, 0.05, generator=torch.Generator().manual_seed(1))
+    texts = ["a0 sum 12", "x go 3"]
+    got = rm.score_texts(texts).detach()  # left-padded: the second row is shorter
+    want = []
+    team.models[0].set_adapter("reward_model")
+    with torch.no_grad():
+        for text in texts:
+            ids = rm.encode([text])["input_ids"]  # (1, L), no padding
+            h = rm.decoder(input_ids=ids).last_hidden_state[0].float()  # (L, H)
+            pooled = h.sum(0) if pooling == "sum" else h.mean(0)
+            want.append(float(pooled @ rm.head.weight[0] + 0.5))
+    team.models[0].set_adapter("agent_0")
+    torch.testing.assert_close(got, torch.tensor(want), rtol=1e-4, atol=1e-4)
+    last = ScalarModel(team, "other", lora_config(4, 8, 0.0, "all-linear"), seed=0)
+    with torch.no_grad():
+        last.head.load_state_dict(rm.head.state_dict())
+        for p, q in zip(last.adapter_parameters(), rm.adapter_parameters()):
+            p.copy_(q)
+    assert not torch.allclose(last.score_texts(texts).detach(), got, atol=1e-3)
+    with pytest.raises(ValueError, match="pooling='max'"):
+        ScalarModel(team, "third", lora_config(4, 8, 0.0, "all-linear"), pooling="max")
+
+
 def test_checkpoint_saves_and_loads_the_model_and_its_optimizer_bitwise(tmp_path):
     cfg, team, critic = team_and_critic()
     opts = {a: torch.optim.AdamW(team.parameters_of(a), lr=0.1) for a in team.adapters}

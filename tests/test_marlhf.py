@@ -146,6 +146,22 @@ def test_each_item_and_joint_action_gets_its_own_score(tmp_path):
     assert got == pytest.approx(want, abs=1e-5)
 
 
+def test_reward_model_pooling_reaches_the_scores_that_replace_the_rewards(tmp_path):
+    """reward_model_pooling=sum: each joint action's reward is the head on the SUM of the text's hidden states
+    (tests/test_heads.py has that sum by hand), which differs from the last token's score of the same weights."""
+    trainer = scripted(tmp_path, "batch_size=2", "num_generations=3", "reward_model_pooling=sum")
+    assert trainer.rm.pooling == "sum"
+    with torch.no_grad():
+        trainer.rm.head.weight.normal_(0.0, 0.1, generator=torch.Generator().manual_seed(1))
+    trainer.fit = lambda: {}
+    (level,) = trainer.sample(trainer.batch_items(0))
+    got, want = scored_as_read(trainer, level)
+    assert got == pytest.approx(want, abs=1e-4)
+    trainer.rm.pooling = "last"
+    _, last = scored_as_read(trainer, level)
+    assert all(abs(a - b) > 1e-3 for a, b in zip(got, last))
+
+
 def test_without_prompts_the_reward_model_reads_the_answers_alone_in_its_fit_and_its_scores(tmp_path):
     """reward_model_reads_prompts=false: the fit's pairs and the rollouts' scores are both of
     "[Agent 0]\n<answer 0>\n[Agent 1]\n<answer 1>", so two items' same answers get the same score (with the
