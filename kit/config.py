@@ -452,6 +452,8 @@ def validate(cfg: TrainConfig) -> TrainConfig:
     need(cfg.marlhf_rl_algorithm == "magrpo" or cfg.algorithm == "marlhf", "marlhf_rl_algorithm",
          f"magrpo with algorithm={cfg.algorithm} (it picks the RL stage of algorithm=marlhf only; for critics on the "
          "task's reward use algorithm=iac or maac)")
+    need(cfg.reward_model_pooling == "last" or cfg.algorithm == "marlhf", "reward_model_pooling",
+         f"last with algorithm={cfg.algorithm} (it shapes the reward model of algorithm=marlhf only)")
     need(cfg.use_separate_critic or cfg.algorithm == "iac", "use_separate_critic",
          f"true with algorithm={cfg.algorithm} (false puts a value head on each agent's own adapter: IAC's option "
          "only; MAAC's centralized critic reads every agent's prompt, so it has no one actor to sit on)")

@@ -10,7 +10,7 @@ import json
 import pytest
 import torch
 
-from kit.config import load_config
+from kit.config import ConfigError, load_config
 from kit.judge_pairs import JudgePreference, oracle_judge
 from kit.marlhf import NAME, MARLHFTrainer, joint_text
 from kit.rollout import encode_prompt
@@ -144,6 +144,13 @@ def test_each_item_and_joint_action_gets_its_own_score(tmp_path):
     got, want = scored_as_read(trainer, level)
     assert len(set(round(w, 6) for w in want)) == 6  # six different scores: any mix-up shows
     assert got == pytest.approx(want, abs=1e-5)
+
+
+@pytest.mark.parametrize("overrides", [("reward_model_pooling=sum",), ("algorithm=iac", "reward_model_pooling=mean"),
+                                       ("algorithm=marlhf", "reward_model_pooling=max")])
+def test_a_pooling_that_would_reach_no_reward_model_is_refused(overrides):
+    with pytest.raises(ConfigError, match="reward_model_pooling"):
+        load_config("tiny_cpu", overrides=list(overrides))
 
 
 def test_reward_model_pooling_reaches_the_scores_that_replace_the_rewards(tmp_path):
