@@ -158,8 +158,7 @@ def normalized(config: dict) -> dict:
 
 def nearest_preset(config: dict) -> tuple[str, list[str]]:
     """The preset the run's config differs least from, and the training fields that differ (`name=value`)."""
-    from kit.config import NON_TRAINING, to_dict
-    from kit.presets import PRESETS
+    from kit.config import NON_TRAINING, PRESETS, to_dict
 
     config, best = normalized(config), None
     for name, make in PRESETS.items():
