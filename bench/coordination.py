@@ -69,8 +69,8 @@ KEEP_DEALS = {"magrpo_4deals", "lenient_4deals"}  # their batch_size stays 4 on 
 
 def overrides(method: str, base: str, steps: int) -> list[str]:
     """METHODS[method] for a base: on smol (one deal x G = 8 a step) the cross-play methods take G = 3 on one deal
-    (9 episodes; `lenient_4deals`: G = 3 on 4 deals); leniency decays over the first half of the run and a critic's warm-up is its first sixth, as on
-    tiny's 300 steps."""
+    (9 episodes; `lenient_4deals`: G = 3 on 4 deals); leniency decays over the first half of the run and a critic's
+    warm-up is its first sixth, as on tiny's 300 steps."""
     out = list(METHODS[method])
     if base == "smol":
         deals = "batch_size=4" if method in KEEP_DEALS else "batch_size=1"

@@ -138,13 +138,12 @@ class ScalarModel:
                     p.requires_grad_(True)
 
     def _pooled_hidden(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
-        """What the head reads, (R, H): the last real token's hidden state, or the mean / sum over real tokens."""
+        """What the head reads, (R, H): the last real token's hidden state, or the mean / sum over real tokens (in
+        fp32: a bf16 sum over hundreds of tokens would round away the small ones)."""
         if self.pooling == "last":
             return self._last_hidden(input_ids, attention_mask)
-        hidden = self.decoder(input_ids=input_ids, attention_mask=attention_mask,
-                              position_ids=position_ids(attention_mask), use_cache=False).last_hidden_state  # (R, L, H)
-        mask = attention_mask.to(hidden.dtype)[..., None]  # (R, L, 1)
-        total = (hidden * mask).sum(1)  # (R, H)
+        mask = attention_mask.float()[..., None]  # (R, L, 1)
+        total = (self._hidden(input_ids, attention_mask).float() * mask).sum(1)  # (R, H)
         return total if self.pooling == "sum" else total / mask.sum(1).clamp(min=1)
 
     def _last_hidden(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
@@ -154,9 +153,13 @@ class ScalarModel:
             last = shared_prefix_hidden(self.decoder, input_ids, attention_mask)
             if last is not None:
                 return last
-        hidden = self.decoder(input_ids=input_ids, attention_mask=attention_mask,
-                              position_ids=position_ids(attention_mask), use_cache=False).last_hidden_state
+        hidden = self._hidden(input_ids, attention_mask)
         return hidden[torch.arange(len(hidden), device=hidden.device), last_token_index(attention_mask)]
+
+    def _hidden(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+        """The decoder's final hidden states of every position, (R, L, H)."""
+        return self.decoder(input_ids=input_ids, attention_mask=attention_mask,
+                            position_ids=position_ids(attention_mask), use_cache=False).last_hidden_state
 
     def encode(self, texts: list[str], use_chat_template: bool = False,
                max_tokens: int | None = None) -> dict[str, torch.Tensor]:
