@@ -158,11 +158,12 @@ def normalized(config: dict) -> dict:
 
 def nearest_preset(config: dict) -> tuple[str, list[str]]:
     """The preset the run's config differs least from, and the training fields that differ (`name=value`)."""
-    from kit.config import NON_TRAINING, PRESETS, to_dict
+    from kit.config import NON_TRAINING, preset, to_dict
+    from kit.presets import PRESETS
 
     config, best = normalized(config), None
-    for name, make in PRESETS.items():
-        base = to_dict(make())
+    for name in PRESETS:
+        base = to_dict(preset(name))
         diff = [f"{k}={config[k]!r}" for k in config
                 if k in base and k not in NON_TRAINING and config[k] != base[k]]
         if best is None or len(diff) < len(best[1]):

@@ -463,7 +463,7 @@ MUTATIONS = [
     Mutation("reduce masks by a product", "kit/magrpo.py",
              "masked = torch.where(mask.bool(), per_token, 0.0)", "masked = per_token * mask",
              ("tests/test_offpolicy.py::test_a_non_finite_term_off_the_mask_never_reaches_the_loss",)),
-    Mutation("the tiny_cpu preset without its KL term", "kit/config.py",
+    Mutation("the tiny_cpu preset without its KL term", "kit/presets.py",
              "top_p=0.9, beta=0.02,", "top_p=0.9, beta=0.0,",
              ("tests/test_trainer.py::test_tiny_cpu_learns_the_toy_task",)),
     # ---- issue 34: Colab, third pass (a slow or full Drive, reports that agree, smoke mode)
