@@ -16,7 +16,7 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from kit import sandbox  # noqa: E402
+from kit import sandbox, sandbox_isolation  # noqa: E402
 from kit.sandbox import run_many  # noqa: E402
 
 
@@ -65,10 +65,10 @@ def main():
         for name, less in (("no namespaces", sandbox.Isolation(iso.python, iso.drop_user, (), iso.no_new_privs,
                                                                iso.prlimit)),
                            ("no namespaces, no own uid", sandbox.Isolation(iso.python, False))):
-            sandbox._isolation = less
+            sandbox_isolation._isolation = less
             t, cpu, ok = timed(jobs, args.workers, args.repeats)
             print(f"| {name} | {args.workers} | {t:.2f} | {args.programs / t:.1f} | {cpu * 1000:.1f} | {ok} |")
-        sandbox._isolation = iso
+        sandbox_isolation._isolation = iso
     print(f"\nspeed-up with {args.workers} workers: {best[1] / best[args.workers]:.2f}x")
 
 

@@ -12,7 +12,7 @@ import time
 
 import pytest
 
-from kit import sandbox
+from kit import sandbox, sandbox_isolation
 from kit.sandbox import Limits, run, run_many
 
 FAST = Limits(test_timeout=1.0)
@@ -41,14 +41,14 @@ def _sandbox_processes(uids) -> list[str]:
 @pytest.fixture(autouse=True)
 def parent_unchanged(monkeypatch):
     monkeypatch.setenv("ANTHROPIC_API_KEY", CANARY)
-    uids, enter = set(), sandbox._uid_slot.__enter__
+    uids, enter = set(), sandbox_isolation._uid_slot.__enter__
 
     def recorded(self):
         uid = enter(self)
         uids.add(uid)
         return uid
 
-    monkeypatch.setattr(sandbox._uid_slot, "__enter__", recorded)
+    monkeypatch.setattr(sandbox_isolation._uid_slot, "__enter__", recorded)
 
     def env():
         return {k: v for k, v in os.environ.items() if k != "PYTEST_CURRENT_TEST"}
@@ -403,12 +403,12 @@ def _without_the_hook(code: str) -> str:
         pytest.skip("not root here: the runner keeps the caller's user (the audit hook and the checker hold)")
     import subprocess
 
-    with sandbox._uid_slot(iso) as uid:
+    with sandbox_isolation._uid_slot(iso) as uid:
         try:
             done = subprocess.run(iso.runner_command(uid, ["-I", "-S", "-c", code]), capture_output=True,
                                   timeout=30, env={"PATH": "/usr/bin:/bin"}, cwd="/")
         finally:
-            sandbox._kill_user(uid)
+            sandbox_isolation._kill_user(uid)
     return done.stdout.decode() + done.stderr.decode()
 
 
@@ -449,7 +449,7 @@ def test_below_the_hook_processes_and_threads_are_bounded_and_writes_stay_inside
 def test_below_the_hook_nothing_written_to_a_world_writable_directory_outlives_the_run():
     if not sandbox.isolation().namespaces:
         pytest.skip("no mount namespace here: world-writable directories are the audit hook's to refuse")
-    dirs = sandbox._writable_directories()
+    dirs = sandbox_isolation._writable_directories()
     code = f"for d in {dirs!r}:\n    try:\n        open(d + '/{MARK}', 'w').write('x')\n    except OSError:\n" \
            "        pass\n"
     _without_the_hook(code)
@@ -469,8 +469,8 @@ def no_namespaces(monkeypatch):
     if not iso.drop_user:
         pytest.skip("not root here")
     fallback = sandbox.Isolation(iso.python, True, (), iso.no_new_privs, iso.prlimit,
-                                 writable=tuple(sandbox._writable_directories()))
-    monkeypatch.setattr(sandbox, "_isolation", fallback)
+                                 writable=tuple(sandbox_isolation._writable_directories()))
+    monkeypatch.setattr(sandbox_isolation, "_isolation", fallback)
     return fallback
 
 
@@ -484,12 +484,12 @@ def test_without_namespaces_the_attacks_are_still_contained(no_namespaces, name)
 def test_without_namespaces_what_the_uid_left_in_shared_directories_is_removed(no_namespaces):
     import subprocess
 
-    with sandbox._uid_slot(no_namespaces) as uid:
+    with sandbox_isolation._uid_slot(no_namespaces) as uid:
         code = f"import os\nos.makedirs('/tmp/{MARK}/x')\nopen('/tmp/{MARK}.txt', 'w').write('answers')\n"
         subprocess.run(no_namespaces.runner_command(uid, ["-I", "-S", "-c", code]), env={"PATH": "/usr/bin:/bin"},
                        cwd="/", timeout=30, check=True)
         assert os.path.exists(OUTSIDE) and os.path.isdir(f"/tmp/{MARK}")
-        sandbox._remove_files_of(uid, no_namespaces.writable)
+        sandbox_isolation._remove_files_of(uid, no_namespaces.writable)
     assert not os.path.exists(OUTSIDE) and not os.path.exists(f"/tmp/{MARK}")
 
 
