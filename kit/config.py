@@ -85,7 +85,7 @@ class TrainConfig:
     advantage_mode: str = "mean"  # mean (paper Eq. 1), rloo, max (MAReMax), raw (MAREINFORCE; "none" is the same)
     scale_rewards: str = "none"  # divide advantages by a reward std: group, batch or none (true/false: group/none)
     advantage_clip: float | None = None  # clamp advantages to [-c, c] (None: off)
-    loss_type: str = "sum"  # sum (paper Eq. 2), grpo, dr_grpo, token_mean = dapo = bnpo (kit/magrpo.py)
+    loss_type: str = "sum"  # sum (paper Eq. 2), grpo, dr_grpo, token_mean = dapo = bnpo (kit/losses.py)
     mask_truncated_completions: bool = False  # completions cut at max_new_tokens (no EOS) leave the loss
     num_iterations: int = 1  # optimizer steps per batch of samples; > 1: the clipped-ratio loss (TRL's name)
     epsilon: float = 0.2  # the ratio is clipped below at 1 - epsilon (num_iterations > 1)
@@ -94,7 +94,7 @@ class TrainConfig:
     rollout_is_cap: float = 2.0  # importance ratios above this are truncated (or their sequences masked)
     score_at_sampling_temperature: bool = True  # the update's log-probs at `temperature` (false: at 1, older runs)
     beta: float = 0.0  # KL weight to the base model (adapter off); 0 skips the reference pass
-    # --- more of TRL's update options (issue 33; kit/magrpo.py has the equations, README the papers)
+    # --- more of TRL's update options (issue 33; kit/losses.py has the equations, README the papers)
     importance_sampling_level: str = "token"  # the ratio per token, or per completion (sequence: GSPO)
     delta: float | None = None  # cap the unclipped ratio at delta (INTELLECT-2's two-sided clip; None: off)
     sapo_temperature_pos: float = 1.0  # loss_type=sapo: the gate's temperature for positive advantages
@@ -253,7 +253,7 @@ def _legacy(key: str, value):
     if key == "scale_rewards" and (isinstance(value, bool) or str(value).lower() in ("true", "false")):
         return "group" if str(value).lower() == "true" else "none"  # a bool, or one as a `key=value` string
     if key == "advantage_mode":  # CoMLRL's names (marloo ...): config.json holds the kit's (rloo ...)
-        from kit.magrpo import ADVANTAGE_ALIASES  # the maths' table (imports torch: only when asked)
+        from kit.magrpo import ADVANTAGE_ALIASES  # the maths' table (imports numpy: only when asked)
 
         return ADVANTAGE_ALIASES.get(value, value)
     return value

@@ -294,7 +294,7 @@ class LiveCurve:
         return fig
 
     def _mismatch(self, ax, steps, keys: list[str]) -> None:
-        """Per adapter, the sampler/trainer KL estimate of each step (kit/magrpo.py: rollout_weights)."""
+        """Per adapter, the sampler/trainer KL estimate of each step (kit/losses.py: rollout_weights)."""
         for key in keys:
             ax.plot(steps, [r.get(key, np.nan) for r in self.rows], lw=1, label=key.removeprefix("mismatch/kl/"))
         ax.set_ylabel("KL(sampler || trainer)")

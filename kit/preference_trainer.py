@@ -21,7 +21,7 @@ before this step, as in CoMLRL. Sequence log-probs sum every completion token, E
 implicit reward is dpo_beta * log(pi / pi_ref) of the model itself, and the pairs are data whatever drew them (the
 sampling temperature chooses which candidates are compared, not the policy the loss moves). MAGRPO differs on
 purpose: its policy gradient is an expectation over its own samples, so its update scores them at the distribution
-they were drawn from (kit/magrpo.py). Pairs are a per-process share; the loss is a mean over the global pairs and
+they were drawn from (kit/losses.py). Pairs are a per-process share; the loss is a mean over the global pairs and
 gradients are summed across processes (kit/distributed.py), so 2 processes train as 1.
 
 Metrics: dpo/loss, dpo/accuracy, dpo/margin, dpo/reward_gap, dpo/num_pairs, preference/fresh (1 on a refresh

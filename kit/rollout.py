@@ -18,7 +18,7 @@ Sampling is exactly the config's: `sampling_config` sets every field that change
 inherited from a hub model's generation_config (Qwen's sets repetition_penalty=1.05 and top_k=20). Every sampled
 row is seeded (kit/sampling.py), and the engine returns, beside each token, its log-prob under the distribution
 it was drawn from (temperature, top-k, top-p). The Segment keeps them; the update scores the same tokens at the
-same temperature and corrects for the rest (top-k/top-p, numerics) by importance weights (kit/magrpo.py).
+same temperature and corrects for the rest (top-k/top-p, numerics) by importance weights (kit/losses.py).
 
 Not covered: speculative decoding; inference servers (vLLM, SGLang) are not wired in yet.
 """
@@ -33,7 +33,7 @@ from typing import Protocol
 
 import torch
 
-from kit.magrpo import head_logprobs, token_entropy, token_logprobs
+from kit.losses import head_logprobs, token_entropy, token_logprobs
 from kit.prompts import answer_start
 from kit.sampling import row_seed, sampled_logprobs, seeded_config
 
@@ -283,7 +283,7 @@ def sampler_differs(team, cfg) -> str:
 
 
 def rollout_correction(cfg, team, log=print) -> str:
-    """The correction the update applies (kit/magrpo.py): the config's, or for `auto` token_truncate whenever the
+    """The correction the update applies (kit/losses.py): the config's, or for `auto` token_truncate whenever the
     sampler may differ from the trainer (`sampler_differs`) and none when it cannot."""
     if cfg.rollout_correction != "auto":
         return cfg.rollout_correction
@@ -500,7 +500,7 @@ def completion_logprobs(model, seg: Segment, temperature: float = 1.0, entropy: 
     policy's entropy at each of those positions (differentiable), as a second (R, T).
 
     With a frozen plain output layer (the usual LoRA setup) the decoder's hidden states go through
-    `magrpo.head_logprobs`, which never holds all positions' logits at once (the update's memory peak with a
+    `losses.head_logprobs`, which never holds all positions' logits at once (the update's memory peak with a
     150k vocabulary), the entropy included; otherwise the model's own logits are used.
 
     `share_prompts`: rows with the same prompt (the G samples of a request) forward it once and read its keys and

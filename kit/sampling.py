@@ -19,7 +19,7 @@ distribution it was drawn from (log_softmax of the warped logits, so renormalise
 
 It reads the token from the next step's input_ids (and the last one from the finished completion), so the value is
 the one of the token actually emitted, whatever other processors ran after it. These are what the update's
-rollout correction compares with the trainer (kit/magrpo.py).
+rollout correction compares with the trainer (kit/losses.py).
 """
 
 from __future__ import annotations

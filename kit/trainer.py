@@ -19,7 +19,7 @@ rest of the batch.
 Several GPUs: data parallelism over items (kit/distributed.py: `accelerate launch -m kit train ...`), or one
 base per GPU for a heterogeneous team (`agent_devices`). The update is on-policy by default (one step per batch,
 the paper's); `num_iterations > 1` reuses the batch with the clipped ratio, and the rollout correction weighs
-whatever separates the sampler from the trainer (kit/magrpo.py). Other algorithms (algorithm=iac, maac) change only
+whatever separates the sampler from the trainer (kit/losses.py). Other algorithms (algorithm=iac, maac) change only
 the advantages and fit their own models after the update (or, for value heads on the actors, add their gradient
 before each actor's step), behind one object (kit/critic.py); centralized trains this loop on a one-agent form of
 the task (kit/centralized.py). Not covered: early termination of tree branches
@@ -38,7 +38,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from kit import advantages, checkpoint, magrpo, rundir
+from kit import advantages, checkpoint, losses, magrpo, rundir
 from kit.critic import algorithm_for
 from kit.checkpoint import seed_everything, step_seed
 from kit import config as config_mod
@@ -306,7 +306,7 @@ class Trainer:
     # ---- update
 
     def update(self, levels: list[Level]) -> dict:
-        """`num_iterations` optimizer steps per adapter on its own rows (kit/magrpo.py has the loss); returns the
+        """`num_iterations` optimizer steps per adapter on its own rows (kit/losses.py has the loss); returns the
         loss/grad-norm/mismatch stats and the step's LR. Every iteration sees all of the adapter's rows,
         micro-batched, each micro-batch weighted by its share of all rows (or tokens) over every process."""
         cfg, team = self.cfg, self.team
@@ -323,7 +323,7 @@ class Trainer:
             masks = [self.loss_mask(sub) for sub, _ in chunks]
             total_rows, total_tokens = self.dist.sum([sum(len(adv) for _, adv in chunks),
                                                       sum(int(m.sum()) for m in masks)])
-            per_row = cfg.loss_type in magrpo.PER_ROW_LOSSES
+            per_row = cfg.loss_type in losses.PER_ROW_LOSSES
             shares = [len(adv) / max(total_rows, 1) if per_row else int(m.sum()) / max(total_tokens, 1)
                       for (_, adv), m in zip(chunks, masks)]
             old, weights, refs = [None] * len(chunks), [None] * len(chunks), [None] * len(chunks)
@@ -332,8 +332,8 @@ class Trainer:
             first: dict = {}
             clipped = [0.0, 0.0]  # clipped tokens, tokens (iterations after the first)
             temperature = cfg.temperature if cfg.score_at_sampling_temperature else 1.0
-            options = magrpo.loss_options(cfg)  # the clip, TRL's GRPO options (issue 33)
-            need_entropy = magrpo.needs_entropy(options)  # else never computed
+            options = losses.loss_options(cfg)  # the clip, TRL's GRPO options (issue 33)
+            need_entropy = losses.needs_entropy(options)  # else never computed
             extra = {"entropy": 0.0, "masked_rows": 0.0}  # the first iteration's, over the chunks
             for iteration in range(cfg.num_iterations):
                 opt.zero_grad(set_to_none=True)
@@ -346,7 +346,7 @@ class Trainer:
                         # (with LoRA dropout, a forward without it: the sampler drew without dropout)
                         old[c] = (self._eval_logprobs(model, sub, temperature, cfg.share_prompts) if cfg.lora_dropout
                                   else logp.detach())
-                        weights[c], sums = magrpo.rollout_weights(old[c], sub.sampler_logprobs, sub.completion_mask,
+                        weights[c], sums = losses.rollout_weights(old[c], sub.sampler_logprobs, sub.completion_mask,
                                                                   self.correction, cfg.rollout_is_cap)
                         for key in mismatch:
                             mismatch[key] += sums[key]
@@ -354,7 +354,7 @@ class Trainer:
                         if cfg.beta > 0:
                             with model.disable_adapter():
                                 refs[c] = self._eval_logprobs(model, sub, temperature, cfg.share_prompts)
-                    loss, st = magrpo.policy_loss(
+                    loss, st = losses.policy_loss(
                         logp, mask, adv, cfg.loss_type, refs[c], cfg.beta,
                         weights=None if self.correction == "none" else weights[c],
                         old_logp=old[c] if cfg.num_iterations > 1 else None,
@@ -379,7 +379,7 @@ class Trainer:
                 mismatch = dict(zip(mismatch, sums))
                 extra = dict(zip(extra, self.dist.sum(list(extra.values()))))
                 rho_max = max(self.dist.gather(rho_max))
-            stats.update(magrpo.adapter_stats(adapter, first, clipped, extra, mismatch, rho_max, total_rows,
+            stats.update(losses.adapter_stats(adapter, first, clipped, extra, mismatch, rho_max, total_rows,
                                               beta=cfg.beta, num_iterations=cfg.num_iterations,
                                               entropy=need_entropy,
                                               off_policy_mask=cfg.off_policy_mask_threshold is not None))

@@ -401,16 +401,16 @@ OLD_SHIFT = torch.tensor([0.4, -0.4, 0.1])  # per completion position: the first
 def old_policy_shifted(monkeypatch):
     """Make the update's old log-probs OLD_SHIFT below the current ones at each position (the trainer's own are
     the current ones at the first iteration), so the ratio's forms differ from their values at 1."""
-    from kit import magrpo
+    from kit import losses
 
-    real = magrpo.policy_loss
+    real = losses.policy_loss
 
     def shifted(*args, old_logp=None, **kwargs):
         if old_logp is not None:
             old_logp = old_logp - OLD_SHIFT[: old_logp.shape[1]].to(old_logp.dtype)
         return real(*args, old_logp=old_logp, **kwargs)
 
-    monkeypatch.setattr(magrpo, "policy_loss", shifted)
+    monkeypatch.setattr(losses, "policy_loss", shifted)
 
 
 def full_logprobs(model, seg, temperature: float) -> torch.Tensor:

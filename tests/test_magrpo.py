@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 import torch
 
-from kit import magrpo
+from kit import losses, magrpo
 
 
 def test_aligned_joint_actions_pair_the_gth_completions():
@@ -78,7 +78,7 @@ def test_token_logprobs_match_log_softmax():
     logits = torch.tensor([[[0.0, 1.0, 2.0], [3.0, 0.0, 0.0]]])
     targets = torch.tensor([[2, 0]])
     expected = torch.log_softmax(logits, -1).gather(-1, targets[..., None]).squeeze(-1)
-    torch.testing.assert_close(magrpo.token_logprobs(logits, targets), expected)
+    torch.testing.assert_close(losses.token_logprobs(logits, targets), expected)
 
 
 def test_sum_loss_on_a_hand_made_batch():
@@ -86,7 +86,7 @@ def test_sum_loss_on_a_hand_made_batch():
     mask = torch.tensor([[1, 1, 0], [1, 1, 1]])  # row 0's third token is padding
     adv = torch.tensor([2.0, -1.0])
     # row sums: -3 and -1.5 ; loss = -mean(2*-3, -1*-1.5) = -mean(-6, 1.5) = 2.25
-    loss, _ = magrpo.policy_loss(logp, mask, adv, "sum")
+    loss, _ = losses.policy_loss(logp, mask, adv, "sum")
     assert float(loss) == pytest.approx(2.25)
 
 
@@ -95,14 +95,14 @@ def test_token_mean_loss_on_a_hand_made_batch():
     mask = torch.tensor([[1, 1, 0], [1, 1, 1]])
     adv = torch.tensor([2.0, -1.0])
     # -(2*(-1-2) + -1*(-1.5)) / 5 tokens = -(-6 + 1.5)/5 = 0.9
-    loss, _ = magrpo.policy_loss(logp, mask, adv, "token_mean")
+    loss, _ = losses.policy_loss(logp, mask, adv, "token_mean")
     assert float(loss) == pytest.approx(0.9)
 
 
 def test_padding_never_enters_the_loss_or_its_gradient():
     logp = torch.tensor([[-1.0, -2.0, -9.0]], requires_grad=True)
     mask = torch.tensor([[1, 1, 0]])
-    loss, _ = magrpo.policy_loss(logp, mask, torch.tensor([1.0]))
+    loss, _ = losses.policy_loss(logp, mask, torch.tensor([1.0]))
     loss.backward()
     assert logp.grad[0, 2] == 0 and logp.grad[0, 0] != 0
 
@@ -110,8 +110,8 @@ def test_padding_never_enters_the_loss_or_its_gradient():
 def test_kl_is_zero_when_policy_equals_reference_and_positive_otherwise():
     logp = torch.tensor([[-1.0, -2.0]])
     mask = torch.ones(1, 2)
-    _, same = magrpo.policy_loss(logp, mask, torch.zeros(1), beta=0.1, ref_logp=logp.clone())
-    _, diff = magrpo.policy_loss(logp, mask, torch.zeros(1), beta=0.1, ref_logp=logp - 0.5)
+    _, same = losses.policy_loss(logp, mask, torch.zeros(1), beta=0.1, ref_logp=logp.clone())
+    _, diff = losses.policy_loss(logp, mask, torch.zeros(1), beta=0.1, ref_logp=logp - 0.5)
     assert same["kl"] == pytest.approx(0.0)
     # k3 per token: exp(-0.5) + 0.5 - 1 ; two tokens summed
     assert diff["kl"] == pytest.approx(2 * (np.exp(-0.5) + 0.5 - 1))
@@ -120,7 +120,7 @@ def test_kl_is_zero_when_policy_equals_reference_and_positive_otherwise():
 def test_token_mean_kl_is_per_completion_token_like_its_loss():
     logp = torch.tensor([[-1.0, -2.0, -9.0], [-0.5, -0.5, -0.5]])
     mask = torch.tensor([[1, 1, 0], [1, 1, 1]])
-    _, stats = magrpo.policy_loss(logp, mask, torch.zeros(2), "token_mean", ref_logp=logp - 0.5, beta=0.1)
+    _, stats = losses.policy_loss(logp, mask, torch.zeros(2), "token_mean", ref_logp=logp - 0.5, beta=0.1)
     # k3 = exp(-0.5) + 0.5 - 1 on each of the 5 completion tokens, averaged over tokens (not summed per row)
     assert stats["kl"] == pytest.approx(np.exp(-0.5) + 0.5 - 1)
 
@@ -131,9 +131,9 @@ def test_head_logprobs_equal_token_logprobs_in_value_and_gradient():
     weight = torch.randn(11, 8, generator=g, dtype=torch.float64)
     targets = torch.randint(0, 11, (3, 5), generator=g)
     upstream = torch.randn(3, 5, generator=g, dtype=torch.float64)
-    ref = magrpo.token_logprobs(hidden @ weight.t(), targets).double()
+    ref = losses.token_logprobs(hidden @ weight.t(), targets).double()
     (ref_grad,) = torch.autograd.grad((ref * upstream).sum(), hidden)
-    out = magrpo.head_logprobs(hidden, weight, targets, chunk=4)  # chunks that cut rows in the middle
+    out = losses.head_logprobs(hidden, weight, targets, chunk=4)  # chunks that cut rows in the middle
     (grad,) = torch.autograd.grad((out.double() * upstream).sum(), hidden)
     torch.testing.assert_close(out.double(), ref, atol=1e-6, rtol=1e-6)  # fp32 output
     torch.testing.assert_close(grad, ref_grad, atol=1e-6, rtol=1e-6)

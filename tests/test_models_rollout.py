@@ -198,7 +198,7 @@ def test_4bit_nf4_loading_and_generation_run_on_cpu(tmp_path):
 
 def test_chunked_head_logprobs_equal_the_models_own_logits_with_and_without_adapter():
     import kit.rollout as rollout
-    from kit.magrpo import token_logprobs
+    from kit.losses import token_logprobs
 
     team = make_team()
     model = team.models[0]

@@ -1,5 +1,5 @@
 """Issue 22: the sampler's log-probs, the rollout correction, clipped multi-iteration updates and the GRPO family's
-options, against hand-computed values (kit/magrpo.py, kit/sampling.py) and on the tiny CPU team.
+options, against hand-computed values (kit/losses.py, kit/sampling.py) and on the tiny CPU team.
 
 Run: python -m pytest tests/test_offpolicy.py
 """
@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 import torch
 
-from kit import magrpo
+from kit import losses, magrpo
 from kit.config import ConfigError, TrainConfig, from_dict, load_config, saved_values, training_diff, validate
 from kit.sampling import SeededSampling
 
@@ -59,13 +59,13 @@ ADV = torch.tensor([2.0, -1.0])  # per-token terms -A*logp: row 0 [2, 4, (18)], 
     ("token_mean", 4.5 / 5), ("dapo", 4.5 / 5), ("bnpo", 4.5 / 5),  # over the 5 completion tokens
 ])
 def test_each_loss_type_on_a_hand_made_batch(loss_type, expected):
-    loss, _ = magrpo.policy_loss(LOGP, MASK, ADV, loss_type, max_tokens=4)
+    loss, _ = losses.policy_loss(LOGP, MASK, ADV, loss_type, max_tokens=4)
     assert float(loss) == pytest.approx(expected)
 
 
 def test_unknown_loss_type_names_the_allowed_ones():
     with pytest.raises(ValueError, match="dr_grpo"):
-        magrpo.policy_loss(LOGP, MASK, ADV, "mean")
+        losses.policy_loss(LOGP, MASK, ADV, "mean")
 
 
 # ---- rollout correction
@@ -77,7 +77,7 @@ CMASK = torch.tensor([[1, 1, 0], [1, 1, 1]])
 
 
 def test_token_truncate_caps_each_ratio():
-    w, sums = magrpo.rollout_weights(OLD, SAMPLER, CMASK, "token_truncate", cap=1.5)
+    w, sums = losses.rollout_weights(OLD, SAMPLER, CMASK, "token_truncate", cap=1.5)
     expected = torch.tensor([[1.5, math.exp(-1.0), 0.0], [1.5, 1.5, 1.0]])
     torch.testing.assert_close(w, expected)
     rho = [math.exp(0.5), math.exp(-1.0), math.e, math.e, 1.0]
@@ -87,7 +87,7 @@ def test_token_truncate_caps_each_ratio():
 
 
 def test_sequence_mask_weights_whole_sequences_and_drops_those_past_the_cap():
-    w, _ = magrpo.rollout_weights(OLD, SAMPLER, CMASK, "sequence_mask", cap=1.5)
+    w, _ = losses.rollout_weights(OLD, SAMPLER, CMASK, "sequence_mask", cap=1.5)
     # the geometric mean of a row's ratios: row 0 exp(-0.5 / 2) <= 1.5, every token weighted by it; row 1
     # exp(2 / 3) = 1.95 > 1.5, masked
     torch.testing.assert_close(w, torch.tensor([[math.exp(-0.25)] * 2 + [0.0], [0.0, 0.0, 0.0]]))
@@ -97,33 +97,33 @@ def test_sequence_mask_weights_whole_sequences_and_drops_those_past_the_cap():
 def test_every_mode_counts_the_completions_past_the_cap(correction):
     """rows_past_cap counts what MIS drops (row 1 above), in every mode; an empty completion has no ratio."""
     old, sampler = torch.cat([OLD, torch.zeros(1, 3)]), torch.cat([SAMPLER, torch.zeros(1, 3)])
-    _, sums = magrpo.rollout_weights(old, sampler, torch.cat([CMASK, torch.zeros(1, 3, dtype=CMASK.dtype)]),
+    _, sums = losses.rollout_weights(old, sampler, torch.cat([CMASK, torch.zeros(1, 3, dtype=CMASK.dtype)]),
                                      correction, cap=1.5)
     assert (sums["rows"], sums["rows_past_cap"]) == (2, 1)
 
 
 def test_non_finite_sampler_log_probs_are_refused():
     with pytest.raises(ValueError, match="not finite"):
-        magrpo.rollout_weights(OLD, torch.full_like(SAMPLER, float("nan")), CMASK)
+        losses.rollout_weights(OLD, torch.full_like(SAMPLER, float("nan")), CMASK)
     # off the mask anything goes (padding after EOS)
-    magrpo.rollout_weights(OLD, torch.where(CMASK.bool(), SAMPLER, -math.inf), CMASK)
+    losses.rollout_weights(OLD, torch.where(CMASK.bool(), SAMPLER, -math.inf), CMASK)
 
 
 def test_a_non_finite_term_off_the_mask_never_reaches_the_loss():
     logp = torch.tensor([[-1.0, -math.inf]])
-    loss, _ = magrpo.policy_loss(logp, torch.tensor([[1, 0]]), torch.tensor([1.0]))
+    loss, _ = losses.policy_loss(logp, torch.tensor([[1, 0]]), torch.tensor([1.0]))
     assert float(loss) == 1.0
 
 
 def test_no_correction_weighs_one_and_still_measures():
-    w, sums = magrpo.rollout_weights(OLD, SAMPLER, CMASK, "none", cap=1.5)
+    w, sums = losses.rollout_weights(OLD, SAMPLER, CMASK, "none", cap=1.5)
     torch.testing.assert_close(w, CMASK.float())
     assert sums["past_cap"] == 3
 
 
 def test_weights_multiply_each_tokens_term():
     logp = torch.tensor([[-1.0, -2.0]])
-    loss, _ = magrpo.policy_loss(logp, torch.ones(1, 2), torch.tensor([2.0]), "sum",
+    loss, _ = losses.policy_loss(logp, torch.ones(1, 2), torch.tensor([2.0]), "sum",
                                  weights=torch.tensor([[1.5, 0.5]]))
     assert float(loss) == pytest.approx(2 * 1 * 1.5 + 2 * 2 * 0.5)
 
@@ -134,16 +134,16 @@ def test_weights_multiply_each_tokens_term():
 def test_the_ratio_is_clipped_where_the_advantage_would_push_it_further():
     logp = torch.tensor([[math.log(1.3)]], requires_grad=True)
     old, mask = torch.zeros(1, 1), torch.ones(1, 1)
-    up, st = magrpo.policy_loss(logp, mask, torch.tensor([1.0]), old_logp=old, epsilon=0.2)
+    up, st = losses.policy_loss(logp, mask, torch.tensor([1.0]), old_logp=old, epsilon=0.2)
     assert float(up.detach()) == pytest.approx(-1.2) and st["clip_fraction"] == 1.0
     up.backward()
     assert float(logp.grad) == 0.0  # clipped: no gradient
     logp.grad = None
-    down, st = magrpo.policy_loss(logp, mask, torch.tensor([-1.0]), old_logp=old, epsilon=0.2)
+    down, st = losses.policy_loss(logp, mask, torch.tensor([-1.0]), old_logp=old, epsilon=0.2)
     assert float(down.detach()) == pytest.approx(1.3) and st["clip_fraction"] == 0.0
     down.backward()
     assert float(logp.grad) == pytest.approx(1.3)  # d(-(-1) * r)/dlogp = r
-    high, _ = magrpo.policy_loss(logp, mask, torch.tensor([1.0]), old_logp=old, epsilon=0.2, epsilon_high=0.4)
+    high, _ = losses.policy_loss(logp, mask, torch.tensor([1.0]), old_logp=old, epsilon=0.2, epsilon_high=0.4)
     assert float(high.detach()) == pytest.approx(-1.3)  # clip-higher leaves 1.3 inside [0.8, 1.4]
 
 
@@ -155,7 +155,7 @@ def test_at_ratio_one_the_clipped_loss_has_the_on_policy_gradient():
     grads = []
     for old in (None, base.clone()):
         logp = base.clone().requires_grad_(True)
-        loss, _ = magrpo.policy_loss(logp, mask, adv, "grpo", old_logp=old)
+        loss, _ = losses.policy_loss(logp, mask, adv, "grpo", old_logp=old)
         loss.backward()
         grads.append(logp.grad)
     torch.testing.assert_close(grads[0], grads[1])
@@ -257,7 +257,7 @@ def test_a_4bit_base_with_a_dequantized_copy_engine_shows_a_mismatch(tmp_path):
     for rows, trainer in _sampler_and_trainer(team, 1.0, 1.0):
         m = rows.completion_mask.bool()
         assert torch.isfinite(rows.sampler_logprobs[m]).all()
-        _, sums = magrpo.rollout_weights(trainer, rows.sampler_logprobs, rows.completion_mask, "token_truncate")
+        _, sums = losses.rollout_weights(trainer, rows.sampler_logprobs, rows.completion_mask, "token_truncate")
         kl, ratio = sums["k3"] / sums["tokens"], sums["rho"] / sums["tokens"]
         assert kl > 0 and ratio != 1.0 and sums["rho_max"] > 1.0  # nonzero, measured
         assert kl < 0.05 and abs(ratio - 1) < 0.2  # and small: the copy samples the policy that is trained

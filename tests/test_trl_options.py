@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 import torch
 
-from kit import magrpo
+from kit import losses, magrpo
 from kit.config import ConfigError, load_config
 from kit.rewards import Reward, RewardModel, Scorer, log_metric
 
@@ -29,16 +29,16 @@ def sigmoid(x: float) -> float:
 def test_the_sequence_ratio_is_exp_of_the_masked_mean_log_ratio():
     logp = torch.tensor([[-1.0, -2.0, 0.0], [-0.5, -0.5, -0.5]])
     old = torch.tensor([[-1.1, -2.5, -9.0], [-0.4, -0.5, -0.3]])  # the padding's -9 would move row 0's mean
-    log_r = magrpo.log_importance_weights(logp, old, MASK, "sequence")
+    log_r = losses.log_importance_weights(logp, old, MASK, "sequence")
     # row 0: (0.1 + 0.5) / 2 = 0.3; row 1: (-0.1 + 0 - 0.2) / 3 = -0.1
     torch.testing.assert_close(log_r, torch.tensor([[0.3], [-0.1]]))
-    torch.testing.assert_close(magrpo.log_importance_weights(logp, old, MASK, "token")[1], torch.tensor([-0.1, 0, -0.2]))
+    torch.testing.assert_close(losses.log_importance_weights(logp, old, MASK, "token")[1], torch.tensor([-0.1, 0, -0.2]))
 
 
 def test_the_sequence_ratio_is_clipped_per_completion():
     logp = torch.tensor([[-1.0, -2.0, 0.0], [-0.5, -0.5, -0.5]], requires_grad=True)
     old = torch.tensor([[-1.1, -2.5, -9.0], [-0.4, -0.5, -0.3]])
-    loss, st = magrpo.policy_loss(logp, MASK, torch.tensor([1.0, -1.0]), "sum", old_logp=old,
+    loss, st = losses.policy_loss(logp, MASK, torch.tensor([1.0, -1.0]), "sum", old_logp=old,
                                   importance_sampling_level="sequence")
     # row 0: s = e^0.3 = 1.35 > 1.2 with A = 1: -1.2 on each of its 2 tokens, clipped (no gradient);
     # row 1: s = e^-0.1 = 0.905 inside [0.8, 1.2] with A = -1: +0.905 on each of its 3 tokens
@@ -62,7 +62,7 @@ RATIO_ONE = [
 @pytest.mark.parametrize("loss_type, per_row", RATIO_ONE, ids=[r[0] for r in RATIO_ONE])
 def test_at_ratio_one_every_loss_type_has_the_policy_gradient_of_eq2(loss_type, per_row, level):
     logp = torch.tensor([[-1.0, -2.0, 0.0], [-0.5, -0.7, -0.3]], requires_grad=True)
-    loss, _ = magrpo.policy_loss(logp, MASK, torch.tensor([1.0, -2.0]), loss_type, old_logp=logp.detach(),
+    loss, _ = losses.policy_loss(logp, MASK, torch.tensor([1.0, -2.0]), loss_type, old_logp=logp.detach(),
                                  max_tokens=4, importance_sampling_level=level)
     loss.backward()
     torch.testing.assert_close(logp.grad, torch.tensor([per_row]).t().expand(2, 3) * MASK)
@@ -92,15 +92,15 @@ def test_gspo_is_sequence_ratios_with_grpo_one_term_per_completion():
     s = e^0.3 clipped to 1.2 with A = 1; row 1 (3 tokens) s = e^-0.1 with A = -1; under sum row 1 counts 3 times."""
     logp = torch.tensor([[-1.0, -2.0, 0.0], [-0.5, -0.5, -0.5]])
     old = torch.tensor([[-1.1, -2.5, -9.0], [-0.4, -0.5, -0.3]])
-    loss, _ = magrpo.policy_loss(logp, MASK, torch.tensor([1.0, -1.0]), "grpo", old_logp=old,
+    loss, _ = losses.policy_loss(logp, MASK, torch.tensor([1.0, -1.0]), "grpo", old_logp=old,
                                  importance_sampling_level="sequence")
     assert float(loss) == pytest.approx((-1.2 + math.exp(-0.1)) / 2, rel=1e-6)
 
 
 def test_delta_caps_the_unclipped_ratio_of_a_negative_advantage():
     logp, old, mask, adv = torch.tensor([[0.0]]), torch.tensor([[-math.log(1.5)]]), torch.ones(1, 1), torch.tensor([-1.0])
-    plain, _ = magrpo.policy_loss(logp, mask, adv, "sum", old_logp=old)
-    capped, _ = magrpo.policy_loss(logp, mask, adv, "sum", old_logp=old, delta=1.3)
+    plain, _ = losses.policy_loss(logp, mask, adv, "sum", old_logp=old)
+    capped, _ = losses.policy_loss(logp, mask, adv, "sum", old_logp=old, delta=1.3)
     assert float(plain) == pytest.approx(1.5)  # -min(1.5 * -1, 1.2 * -1): the unclipped branch, unbounded
     assert float(capped) == pytest.approx(1.3)  # -min(1.3 * -1, 1.2 * -1)
 
@@ -108,7 +108,7 @@ def test_delta_caps_the_unclipped_ratio_of_a_negative_advantage():
 def test_cispo_weighs_log_pi_by_the_capped_ratio_without_its_gradient():
     logp = torch.tensor([[-0.7], [-0.7]], requires_grad=True)
     old = torch.tensor([[-0.7 - math.log(1.5)], [-0.7 - math.log(0.5)]])  # ratios 1.5 and 0.5
-    loss, _ = magrpo.policy_loss(logp, torch.ones(2, 1), torch.tensor([2.0, 2.0]), "cispo", old_logp=old,
+    loss, _ = losses.policy_loss(logp, torch.ones(2, 1), torch.tensor([2.0, 2.0]), "cispo", old_logp=old,
                                  epsilon_high=0.2)
     # weights min(1.5, 1.2) = 1.2 and 0.5 (no lower cap); -w * 2 * -0.7 per token, mean over the 2 tokens
     assert float(loss.detach()) == pytest.approx((1.2 * 1.4 + 0.5 * 1.4) / 2)
@@ -118,7 +118,7 @@ def test_cispo_weighs_log_pi_by_the_capped_ratio_without_its_gradient():
 
 def test_sapo_gates_the_ratio_softly_with_a_temperature_per_sign():
     ratio = torch.tensor([[1.5], [1.5], [1.0]])
-    terms = magrpo.sapo_terms(ratio, torch.tensor([[1.0], [-1.0], [2.0]]), temperature_pos=1.0, temperature_neg=1.05)
+    terms = losses.sapo_terms(ratio, torch.tensor([[1.0], [-1.0], [2.0]]), temperature_pos=1.0, temperature_neg=1.05)
     expected = [-4 * sigmoid(0.5), (4 / 1.05) * sigmoid(1.05 * 0.5), -(4 / 1.0) * 0.5 * 2]
     torch.testing.assert_close(terms[:, 0], torch.tensor(expected))
 
@@ -131,9 +131,9 @@ def test_the_off_policy_mask_drops_exactly_the_negative_advantage_completions_pa
     # sampler minus policy, per token: rows 0, 1, 3 average 0.6 (> 0.5), row 2 averages 0.2; padding is -inf
     sampler = logp + torch.tensor([[0.4, 0.8, -math.inf], [0.4, 0.8, -math.inf], [0.3, 0.1, -math.inf],
                                    [0.6, 0.6, -math.inf]])
-    keep = magrpo.off_policy_mask(logp, sampler, mask, torch.tensor([1.0, -1.0, -1.0, 0.0]), threshold=0.5)
+    keep = losses.off_policy_mask(logp, sampler, mask, torch.tensor([1.0, -1.0, -1.0, 0.0]), threshold=0.5)
     assert keep[:, 0].tolist() == [1.0, 0.0, 1.0, 1.0]  # dropped: A < 0 and KL 0.6 > 0.5
-    loss, st = magrpo.policy_loss(logp, mask, torch.tensor([1.0, -1.0, -1.0, 0.0]), "sum", sampler_logp=sampler,
+    loss, st = losses.policy_loss(logp, mask, torch.tensor([1.0, -1.0, -1.0, 0.0]), "sum", sampler_logp=sampler,
                                   off_policy_mask_threshold=0.5)
     assert float(loss.detach()) == pytest.approx((2 * 1.0 + 0.0 + 2 * -1.0 + 0.0) / 4) and st["masked_rows"] == 1.0
 
@@ -142,9 +142,9 @@ def test_the_bias_corrected_kl_is_weighted_by_the_ratio_and_keeps_its_gradient()
     logp = torch.tensor([[-1.0]], requires_grad=True)
     ref, old, mask, adv = torch.tensor([[-1.5]]), torch.tensor([[-1.2]]), torch.ones(1, 1), torch.zeros(1)
     k3 = math.exp(-0.5) + 0.5 - 1  # exp(ref - logp) - (ref - logp) - 1
-    loss, st = magrpo.policy_loss(logp, mask, adv, "sum", ref, 1.0, old_logp=old, use_bias_correction_kl=True)
+    loss, st = losses.policy_loss(logp, mask, adv, "sum", ref, 1.0, old_logp=old, use_bias_correction_kl=True)
     assert st["kl"] == pytest.approx(k3 * math.exp(0.2))  # times r = exp(logp - old)
-    on_policy, _ = magrpo.policy_loss(logp, mask, adv, "sum", ref, 1.0, use_bias_correction_kl=True)
+    on_policy, _ = losses.policy_loss(logp, mask, adv, "sum", ref, 1.0, use_bias_correction_kl=True)
     (grad,) = torch.autograd.grad(on_policy, logp)
     # at r = 1: d(k3 r)/dlogp = dk3/dlogp + k3 = (1 - e^-0.5) + (e^-0.5 - 0.5) = 0.5; without it 1 - e^-0.5
     assert float(on_policy.detach()) == pytest.approx(k3) and float(grad) == pytest.approx(0.5)
@@ -157,10 +157,10 @@ def test_the_bias_corrected_kl_under_sequence_ratios_uses_each_completions_one_r
     logp = torch.tensor([[-1.0, -1.0]])
     old, ref, mask, adv = torch.tensor([[-1.4, -1.0]]), torch.tensor([[-1.5, -0.5]]), torch.ones(1, 2), torch.zeros(1)
     k3 = [math.exp(-0.5) + 0.5 - 1, math.exp(0.5) - 0.5 - 1]
-    _, st = magrpo.policy_loss(logp, mask, adv, "sum", ref, 1.0, old_logp=old, use_bias_correction_kl=True,
+    _, st = losses.policy_loss(logp, mask, adv, "sum", ref, 1.0, old_logp=old, use_bias_correction_kl=True,
                                importance_sampling_level="sequence")
     assert st["kl"] == pytest.approx((k3[0] + k3[1]) * math.exp(0.2))  # sum over the row's tokens, one row
-    _, tok = magrpo.policy_loss(logp, mask, adv, "sum", ref, 1.0, old_logp=old, use_bias_correction_kl=True)
+    _, tok = losses.policy_loss(logp, mask, adv, "sum", ref, 1.0, old_logp=old, use_bias_correction_kl=True)
     assert tok["kl"] == pytest.approx(k3[0] * math.exp(0.4) + k3[1])  # token level: each its own ratio
 
 
@@ -171,10 +171,10 @@ def test_the_off_policy_mask_measures_the_current_policy_not_the_old_one():
     mask, adv = torch.ones(1, 2), torch.tensor([-1.0])
     old = torch.tensor([[-1.0, -1.0]])
     logp = old - 0.6  # the current policy
-    loss, st = magrpo.policy_loss(logp, mask, adv, "sum", old_logp=old, sampler_logp=old.clone(),
+    loss, st = losses.policy_loss(logp, mask, adv, "sum", old_logp=old, sampler_logp=old.clone(),
                                   off_policy_mask_threshold=0.5)
     assert st["masked_rows"] == 1.0 and float(loss) == 0.0
-    kept, st = magrpo.policy_loss(logp, mask, adv, "sum", old_logp=old, sampler_logp=old.clone(),
+    kept, st = losses.policy_loss(logp, mask, adv, "sum", old_logp=old, sampler_logp=old.clone(),
                                   off_policy_mask_threshold=0.7)
     # kept: r = e^-0.6 = 0.549 per token, below 1 - 0.2 with A = -1: -min(-0.549, -0.8) = 0.8 each, 2 tokens
     assert st["masked_rows"] == 0.0 and float(kept) == pytest.approx(1.6)
@@ -189,14 +189,14 @@ ENTROPY_MASK = torch.tensor([[1.0, 1.0, 1.0, 0.0], [1.0, 1.0, 1.0, 1.0]])
 @pytest.mark.parametrize("quantile, kept", [(0.5, [0.5, 0.7, 0.8, 0.9]), (1 / 3, [0.7, 0.8, 0.9]), (1.0, None)])
 def test_the_entropy_mask_keeps_the_top_share_of_completion_tokens(quantile, kept):
     # 7 completion tokens, sorted 0.1 0.2 0.3 0.5 0.7 0.8 0.9: the (1 - q) quantile sits at position (1 - q) * 6
-    keep = magrpo.high_entropy_mask(ENTROPY, ENTROPY_MASK, quantile)
+    keep = losses.high_entropy_mask(ENTROPY, ENTROPY_MASK, quantile)
     got = sorted(float(e) for e in ENTROPY[keep.bool()])
     assert got == pytest.approx(kept or [0.1, 0.2, 0.3, 0.5, 0.7, 0.8, 0.9])  # never the padding's 5.0
 
 
 def test_the_entropy_mask_zeroes_the_policy_term_of_low_entropy_tokens():
     logp = torch.full((2, 4), -1.0)
-    loss, _ = magrpo.policy_loss(logp, ENTROPY_MASK, torch.ones(2), "sum", entropy=ENTROPY, top_entropy_quantile=0.5)
+    loss, _ = losses.policy_loss(logp, ENTROPY_MASK, torch.ones(2), "sum", entropy=ENTROPY, top_entropy_quantile=0.5)
     assert float(loss.detach()) == pytest.approx((2 * 1.0 + 2 * 1.0) / 2)  # row 0 keeps 0.5, 0.9; row 1 keeps 0.7, 0.8
 
 
@@ -210,7 +210,7 @@ ENTROPY_BONUS = [(lt, q, bonus) for lt in ("sum", "grpo", "token_mean", "dr_grpo
 @pytest.mark.parametrize("loss_type, quantile, bonus", ENTROPY_BONUS, ids=[f"{r[0]}-q{r[1]}" for r in ENTROPY_BONUS])
 def test_the_entropy_bonus_is_trls_mean_entropy_of_the_kept_tokens_and_lowers_the_loss(loss_type, quantile, bonus):
     entropy = ENTROPY.clone().requires_grad_()
-    loss, st = magrpo.policy_loss(torch.zeros(2, 4), ENTROPY_MASK, torch.zeros(2), loss_type, entropy=entropy,
+    loss, st = losses.policy_loss(torch.zeros(2, 4), ENTROPY_MASK, torch.zeros(2), loss_type, entropy=entropy,
                                   entropy_coef=0.1, top_entropy_quantile=quantile, max_tokens=4)
     assert float(loss.detach()) == pytest.approx(-0.1 * bonus)
     assert st["entropy"] == pytest.approx(0.5)  # logged: the mean over every completion token (TRL's `entropy`)
@@ -233,12 +233,12 @@ def test_the_chunked_head_entropy_equals_autograd_on_the_full_logits_in_value_an
     ref_grads = {}
     for name, objective in (("both", (ref_logp * up_logp + ref_ent * up_ent).sum()), ("entropy", (ref_ent * up_ent).sum())):
         (ref_grads[name],) = torch.autograd.grad(objective, hidden, retain_graph=True)
-    logp, ent = magrpo.head_logprobs(hidden, weight, targets, chunk=4, temperature=0.7, entropy=True)
+    logp, ent = losses.head_logprobs(hidden, weight, targets, chunk=4, temperature=0.7, entropy=True)
     torch.testing.assert_close(logp.double(), ref_logp, atol=1e-6, rtol=1e-6)
     torch.testing.assert_close(ent.double(), ref_ent, atol=1e-6, rtol=1e-6)
     (grad,) = torch.autograd.grad((logp.double() * up_logp + ent.double() * up_ent).sum(), hidden)
     torch.testing.assert_close(grad, ref_grads["both"], atol=2e-5, rtol=2e-5)  # the head computes in fp32
-    logp, ent = magrpo.head_logprobs(hidden, weight, targets, chunk=4, temperature=0.7, entropy=True)
+    logp, ent = losses.head_logprobs(hidden, weight, targets, chunk=4, temperature=0.7, entropy=True)
     (grad,) = torch.autograd.grad((ent.double() * up_ent).sum(), hidden)  # the log-probs unused: no term of theirs
     torch.testing.assert_close(grad, ref_grads["entropy"], atol=2e-5, rtol=2e-5)
 
@@ -249,7 +249,7 @@ def test_the_chunked_head_keeps_nothing_of_the_size_of_all_logits_for_backward()
     weight, targets = torch.randn(V, H), torch.randint(0, V, (R, T))
     saved = []
     with torch.autograd.graph.saved_tensors_hooks(lambda t: saved.append(t.numel()) or t, lambda t: t):
-        logp, ent = magrpo.head_logprobs(hidden, weight, targets, chunk=4, entropy=True)
+        logp, ent = losses.head_logprobs(hidden, weight, targets, chunk=4, entropy=True)
         loss = (logp - 0.1 * ent).sum()
     assert saved and max(saved) < R * T * V  # hidden (R T H), weight (V H), targets and entropy (R T)
     loss.backward()
@@ -258,7 +258,7 @@ def test_the_chunked_head_keeps_nothing_of_the_size_of_all_logits_for_backward()
 
 def test_no_entropy_is_computed_unless_asked():
     hidden, weight = torch.randn(1, 2, 4), torch.randn(6, 4)
-    out = magrpo.head_logprobs(hidden, weight, torch.zeros(1, 2, dtype=torch.long))
+    out = losses.head_logprobs(hidden, weight, torch.zeros(1, 2, dtype=torch.long))
     assert isinstance(out, torch.Tensor) and out.shape == (1, 2)
 
 
@@ -267,7 +267,7 @@ def test_no_entropy_is_computed_unless_asked():
 def test_clip_fraction_counts_completion_tokens_only():
     logp = torch.tensor([[0.0, 0.0, 0.0], [0.0, 0.0, 0.0]])
     old = torch.tensor([[0.0, 0.0, -5.0], [-1.0, 0.0, 0.0]])  # the padding's ratio e^5 would be clipped
-    _, st = magrpo.policy_loss(logp, MASK, torch.tensor([1.0, 1.0]), "sum", old_logp=old)
+    _, st = losses.policy_loss(logp, MASK, torch.tensor([1.0, 1.0]), "sum", old_logp=old)
     assert st["clipped"] == 1.0 and st["tokens"] == 5.0 and st["clip_fraction"] == pytest.approx(1 / 5)
 
 
