@@ -64,6 +64,13 @@ VARIANTS = {
                            "preference_pairs_per_sample=null", "reward_num_items=32", "reward_num_train_epochs=2",
                            "scale_rewards=group", "micro_batch_size=4", "reward_model_reads_prompts=false",
                            "reward_model_pooling=sum"],
+    # added after marlhf_answers_sum's fit (0.65 held out), chosen before its run (2026-11-27, fifth session): the
+    # frozen reward model of `marlhf` was climbed, not the task (the policy drifted to answers it had never seen).
+    # This refits it every 5 steps on pairs of the current policy's answers, as online RLHF does, the model going
+    # on from its previous fit; answers alone, the summing head, 4 candidates a post (every refit pays the oracle)
+    "marlhf_refresh": ["algorithm=marlhf", *JUDGE, "preference_num_candidates=4", "preference_pairs_per_sample=null",
+                       "reward_num_items=32", "reward_num_train_epochs=2", "scale_rewards=group", "micro_batch_size=4",
+                       "reward_model_reads_prompts=false", "reward_model_pooling=sum", "reward_refresh_every=5"],
     "iac": ["algorithm=iac"],
     # added after the iac and maac rows matched MAGRPO's exactly (bench/README.md): with one item a step a V critic's
     # baseline is one number per step, which advantage_normalization removes; without it the baseline is the
