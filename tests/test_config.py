@@ -11,8 +11,29 @@ from kit.config import ConfigError, TrainConfig, load_config, preset, training_d
 
 
 def test_presets_exist_and_validate():
-    for name in ("tiny_cpu", "colab_t4", "colab_a100"):
+    from kit.presets import PRESETS
+
+    assert {"tiny_cpu", "colab_t4", "colab_a100", "smol_writing", "smol_code", "smol_hanabi"} <= set(PRESETS)
+    for name in PRESETS:
         assert load_config(name).num_generations >= 2
+
+
+def test_a_preset_is_a_fresh_config_each_time():
+    """Presets are plain data (kit/presets.py): changing one run's task_args must not change the next run's."""
+    first = preset("smol_code")
+    first.task_args["dataset"] = "humaneval"
+    first.lora_r = 4
+    second = preset("smol_code")
+    assert second.task_args == {"dataset": "coop", "prefill": "helper"} and second.lora_r == 16
+    assert preset("tiny_hanabi").task_args is not preset("tiny_hanabi").task_args
+
+
+def test_a_preset_names_only_fields_of_the_config():
+    from kit.presets import PRESETS
+
+    fields = set(TrainConfig.__dataclass_fields__)
+    assert {name: sorted(set(values) - fields) for name, values in PRESETS.items()
+            if set(values) - fields} == {}
 
 
 def test_colab_a100_is_the_paper_recipe_in_4bit():
