@@ -35,6 +35,7 @@ _UID_BASE, _UID_SLOTS = 1_610_000_000, 1024  # far above any real user's uid
 _STATE_DIR = os.path.join(tempfile.gettempdir(), "kit_sandbox")  # root's (0700): uid locks, mount tables
 _LOCK_DIR = os.path.join(_STATE_DIR, "uids")
 
+
 @dataclass(frozen=True)
 class Limits:
     """Per-program limits. `timeout=None` gives 2 s + test_timeout x (tests + 1) of wall clock."""
@@ -49,7 +50,7 @@ class Limits:
         return self.timeout if self.timeout is not None else 2.0 + self.test_timeout * (num_tests + 1)
 
 
-# --- isolation: found once per process
+# --- the layers: found once per process
 
 
 @dataclass(frozen=True)
@@ -290,6 +291,10 @@ class _uid_slot:
     def __exit__(self, *exc):
         if self.fd >= 0:
             os.close(self.fd)  # releases the lock
+
+
+# --- around each run: its environment, then the cleaning and the kills
+
 
 def _allowed_env() -> dict[str, str]:
     """The part of this process's environment a sandbox process may see: PATH and locale, never a key."""
