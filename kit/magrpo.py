@@ -178,6 +178,8 @@ def tied_groups(returns, *, axis: int = -1) -> np.ndarray:
     """True where every return of a group (the last axis) is the same: its advantages are all 0 (or all equal)."""
     r = np.asarray(returns, dtype=np.float64)
     return np.isclose(r, r.take([0], axis=axis)).all(axis)
+
+
 def marginal_advantages(joint_returns, joints: list[tuple[int, ...]], num_agents: int,
                         num_generations: int) -> np.ndarray:
     """(N, G): A_i(k) = M_i(k) - mean_k' M_i(k'), M_i(k) the mean joint return over the partners' samples agent

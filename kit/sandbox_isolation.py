@@ -300,6 +300,7 @@ def _allowed_env() -> dict[str, str]:
     """The part of this process's environment a sandbox process may see: PATH and locale, never a key."""
     return {k: os.environ[k] for k in _ENV_ALLOW if k in os.environ}
 
+
 def _clean_up(private: str, uid: int | None, writable: Sequence[str], slot: "_uid_slot") -> None:
     """Remove the run's directory and, without a mount namespace, what its uid left in shared directories; then
     free the uid. Without a namespace the working directory is on disk and a program can fill it with a million
