@@ -37,10 +37,11 @@ baseline (magrpo) or the critics' targets (iac, maac: y = r for one turn) read t
 the task's reward otherwise. The task's reward stays in the logs as reward/task, and evaluation is scored with the
 task's reward. The scores are raw Bradley-Terry logits: their scale is whatever the fit gave (it grows with the
 epochs), so with magrpo `scale_rewards=group` makes the update independent of it (the critics normalise their
-advantages already, advantage_normalization). Metrics of a
-fit step: rm/loss, rm/train_accuracy, rm/heldout_accuracy, rm/num_pairs, rm/heldout_pairs. The reward model and
-its optimizer are in every checkpoint (models/reward_model/), beside the critics' (models/critic*/), so a resumed
-run continues exactly.
+advantages already, advantage_normalization). Metrics of a fit step: rm/loss, rm/train_accuracy,
+rm/heldout_accuracy, rm/num_pairs, rm/heldout_pairs. rm_pairs.jsonl has each pair of the fit (train or held out)
+with the task's reward of both sides and the model's scores, so what the model gets wrong can be read against the
+task's margins. The reward model and its optimizer are in every checkpoint (models/reward_model/), beside the
+critics' (models/critic*/), so a resumed run continues exactly.
 Not covered: a reward model on another base than base 0; multi-turn joint answers (num_turns=1).
 Run its tests: python -m pytest tests/test_marlhf.py
 """
@@ -50,7 +51,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from kit import preference
+from kit import preference, rundir
 from kit.preference_trainer import PreferencePairs, judge_preference
 from kit.rewards import Reward
 from kit.trainer import Level, Trainer
@@ -130,8 +131,10 @@ class MARLHFTrainer(PreferencePairs, Trainer):
         buf = self.candidates([self.train_items[chosen[k]] for k in mine], mine, reference=False, kind="pairs")
         held = round(cfg.reward_heldout_fraction * n)  # items 0..held-1 of the choice only measure the model
         ro, nodes = buf.level.rollout, buf.level.nodes
+        rewards = buf.level.rewards  # the task's reward of every candidate: the record below, never the fit
         local = [(nodes[k]["id"], w, l, self.rm_text(nodes[k]["prompts"], self.joint(ro, k, (w,) * cfg.num_agents)),
-                  self.rm_text(nodes[k]["prompts"], self.joint(ro, k, (l,) * cfg.num_agents)))
+                  self.rm_text(nodes[k]["prompts"], self.joint(ro, k, (l,) * cfg.num_agents)),
+                  rewards[k][w].total, rewards[k][l].total)
                  for k, w, l in buf.pairs]
         pairs = sorted(p for part in self.dist.gather(local) for p in part)  # every process: all, in one order
         train = [p for p in pairs if p[0] >= held]
@@ -158,10 +161,15 @@ class MARLHFTrainer(PreferencePairs, Trainer):
         stats = {"rm/num_pairs": len(train), "rm/heldout_pairs": len(heldout)}
         if losses:
             stats["rm/loss"] = float(np.mean(losses))
+        record = []
         for name, part in (("train", train), ("heldout", heldout)):
             if part:
                 s = self.scores([p[3] for p in part] + [p[4] for p in part])
                 stats[f"rm/{name}_accuracy"] = preference.pair_accuracy(s[:len(part)], s[len(part):])
+                record += [{"step": self.step + 1, "item": self.train_items[chosen[p[0]]]["id"], "heldout": p[0] < held,
+                            "candidates": [p[1], p[2]], "task_reward": [p[5], p[6]], "score": [float(w), float(l)]}
+                           for p, w, l in zip(part, s[:len(part)].tolist(), s[len(part):].tolist())]
+        self._append(rundir.RM_PAIRS, record)  # what the model learnt, pair by pair (the step's metrics row)
         return stats
 
     def sample(self, items: list[dict], positions: list[int] | None = None) -> list[Level]:

@@ -45,7 +45,9 @@ CONFIG, METRICS, ROLLOUTS, BUDGET = "config.json", "metrics.jsonl", "rollouts.js
 DRIVE_FOLDER = "magrpo-kit/runs"  # runs under MyDrive, as 01_train mirrors them
 LOCAL_ROOT = "checkpoints"
 ENVIRONMENT = "environment.json"  # versions, GPU, peak memory (kit/runinfo.py), for the report
-_LOG_FILES = (CONFIG, METRICS, ROLLOUTS, BUDGET, ENVIRONMENT)
+RM_PAIRS = "rm_pairs.jsonl"  # marlhf: each fit's pairs, their task rewards and the reward model's scores
+STEP_LOGS = (METRICS, ROLLOUTS, RM_PAIRS)  # rows by step: a resume drops those after its checkpoint
+_LOG_FILES = (CONFIG, METRICS, ROLLOUTS, RM_PAIRS, BUDGET, ENVIRONMENT)
 
 
 def read_jsonl(path: str | Path) -> list[dict]:

@@ -208,7 +208,7 @@ class Trainer:
                          "rollout engine")
         # Lines written after the checkpoint belong to steps that will be run again: drop them.
         if self.dist.is_main:
-            for name in (rundir.METRICS, rundir.ROLLOUTS):
+            for name in rundir.STEP_LOGS:
                 rundir.truncate_jsonl(self.run_dir / name, self.step)
 
     def _append(self, name: str, rows: list[dict]) -> None:

@@ -106,6 +106,27 @@ def test_held_out_items_epochs_and_batch_size(tmp_path):
     assert 0 <= stats["rm/heldout_accuracy"] <= 1
 
 
+def test_each_fit_records_its_pairs_task_rewards_and_scores(tmp_path):
+    """rm_pairs.jsonl: one row per pair of the fit (train and held out), the task's rewards of winner and loser and
+    the model's scores, from which the logged accuracies follow (kit/marlhf.py; bench/smol_algos.py reads them)."""
+    trainer = scripted(tmp_path, "reward_num_train_epochs=1")
+    with torch.no_grad():
+        trainer.rm.head.weight.normal_(0.0, 0.1, generator=torch.Generator().manual_seed(2))
+    stats = trainer.fit()
+    rows = [json.loads(line) for line in open(tmp_path / "run" / "rm_pairs.jsonl")]
+    assert len(rows) == 16 and sum(r["heldout"] for r in rows) == 4 and {r["step"] for r in rows} == {1}
+    assert sorted({r["item"] for r in rows}) == sorted(item["id"] for item in ITEMS)
+    assert {(tuple(r["candidates"]), tuple(r["task_reward"])) for r in rows} == {((2, 0), (15.0, 0.0)),
+                                                                               ((2, 1), (15.0, 3.0))}
+    for heldout, name in ((False, "train"), (True, "heldout")):
+        mine = [r for r in rows if r["heldout"] == heldout]
+        right = sum(w > l for w, l in (r["score"] for r in mine))  # a tie counts as wrong (pair_accuracy)
+        assert stats[f"rm/{name}_accuracy"] == pytest.approx(right / len(mine))
+    item = next(r for r in rows if not r["heldout"])
+    text = joint_text([f"x {item['item']}", "y"], ("2", "2"))  # candidate 2 of both agents
+    assert item["score"][0] == pytest.approx(float(trainer.rm.score_texts([text])[0]), abs=1e-5)
+
+
 def test_the_reward_model_is_the_reward_of_magrpo(tmp_path):
     trainer = scripted(tmp_path, "batch_size=1", "num_generations=3")
     with torch.no_grad():
@@ -264,6 +285,19 @@ def test_each_rl_stage_trains_on_the_toy_task(tmp_path, rl):
     assert any(k.startswith("critic/value_loss/") for k in rows[-1]) == (rl != "magrpo")
 
 
+def test_a_resume_drops_the_pairs_of_a_fit_after_its_checkpoint(tmp_path):
+    """Fits at steps 1 and 3, a checkpoint at 2, stopped after 3: the resumed run fits step 3 again, and
+    rm_pairs.jsonl holds that fit's rows once, as the straight run's file does."""
+    common = ("num_steps=4", "save_every=2", "reward_refresh_every=2", "reward_num_items=4", "batch_size=2",
+              "num_generations=2", "reward_num_train_epochs=1")
+    MARLHFTrainer(config(tmp_path, *common, name="a"), **QUIET).train()
+    MARLHFTrainer(config(tmp_path, *common, name="b"), **QUIET).train(max_steps=3)
+    stopped = [json.loads(line)["step"] for line in open(tmp_path / "b" / "rm_pairs.jsonl")]
+    MARLHFTrainer(config(tmp_path, *common, name="b"), resume=True, **QUIET).train()
+    pairs = [open(tmp_path / run / "rm_pairs.jsonl").read() for run in ("a", "b")]
+    assert set(stopped) == {1, 3} and pairs[0] == pairs[1]
+
+
 def trained(trainer):
     """Every trained tensor: the agents' adapters, the reward model's and the critics' (adapter and head)."""
     return [p for a in trainer.team.adapters for p in trainer.team.parameters_of(a)] + \
@@ -297,3 +331,5 @@ def test_marlhf_resumes_exactly(tmp_path, rl):
 
     assert rows("a") == rows("b")
     assert [("rm/heldout_accuracy" in r) for r in rows("a") if "reward/mean" in r] == [True, False, False, True]
+    pairs = [open(tmp_path / run / "rm_pairs.jsonl").read() for run in ("a", "b")]
+    assert pairs[0] == pairs[1] and {json.loads(line)["step"] for line in pairs[0].splitlines()} == {1, 4}
