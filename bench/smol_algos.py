@@ -135,6 +135,9 @@ def fit(task: str, variant: str, seed: int) -> None:
     metrics = [json.loads(line) for line in open(run_dir / "metrics.jsonl")]
     print(json.dumps({k: v for m in metrics for k, v in m.items() if k.startswith("rm/") or k == "perf/sample_s"}))
     print((run_dir / "budget.json").read_text())
+    if (run_dir / "rm_pairs.jsonl").exists():
+        pairs = [json.loads(line) for line in open(run_dir / "rm_pairs.jsonl")]
+        print(f"held out by the task's margin (under / at least {MARGIN}):", by_margin([p for p in pairs if p["heldout"]]))
 
 
 def load(root: Path) -> dict[str, list[dict]]:
@@ -143,8 +146,9 @@ def load(root: Path) -> dict[str, list[dict]]:
         if not (run_dir / "eval" / "baselines.json").exists():
             continue
         name, seed = run_dir.name.rsplit("_s", 1)
-        budget = run_dir / "budget.json"
+        budget, pairs = run_dir / "budget.json", run_dir / "rm_pairs.jsonl"
         runs.setdefault(name, []).append({
+            "rm_pairs": [json.loads(line) for line in open(pairs)] if pairs.exists() else [],
             "seed": int(seed), "config": json.loads((run_dir / "config.json").read_text()),
             "metrics": [json.loads(line) for line in open(run_dir / "metrics.jsonl")],
             "baselines": json.loads((run_dir / "eval" / "baselines.json").read_text()),
@@ -161,6 +165,9 @@ def own_models(seeds: list[dict]) -> str:
         out.append(f"reward model: {sum(m['rm/num_pairs'] for m in fits)} train / "
                    f"{sum(m['rm/heldout_pairs'] for m in fits)} held-out pairs, accuracy train {acc('rm/train_accuracy')}"
                    f", held out **{acc('rm/heldout_accuracy')}**")
+    margins = by_margin([p for s in seeds for p in s.get("rm_pairs", []) if p["heldout"]])
+    if margins:
+        out.append(f"held out by the task's margin (|r_w - r_l| under / at least {MARGIN}): {margins}")
     for s in seeds:
         if s["budget"]:
             cfg, b = s["config"], s["budget"]
@@ -177,6 +184,24 @@ def own_models(seeds: list[dict]) -> str:
         across = [across_steps([m for m in steps if lo < m["step"] <= hi], name) for lo, hi in ((0, half), (half, 1e9))]
         out.append(f"{name} explained variance across steps {across[0]:+.2f} (steps 1-{half}) -> {across[1]:+.2f} "
                    f"(the rest)" + (f", within a step {np.mean(within):+.2f} (the rest)" if within else ""))
+    return "; ".join(out)
+
+
+MARGIN = 0.5  # the task's reward gap that splits the reward model's held-out pairs (TLDR: the structure level's worth)
+
+
+def by_margin(pairs: list[dict]) -> str:
+    """The reward model's held-out accuracy per fit (rm_pairs.jsonl), on pairs whose task rewards differ by less than
+    MARGIN and by at least MARGIN: does it miss fine distinctions or whole levels? (Ties in score count as wrong.)"""
+    out = []
+    for step in sorted({p["step"] for p in pairs}):
+        fit = [p for p in pairs if p["step"] == step]
+        parts = []
+        for name, keep in (("under", lambda m: m < MARGIN), ("at least", lambda m: m >= MARGIN)):
+            mine = [p for p in fit if keep(abs(p["task_reward"][0] - p["task_reward"][1]))]
+            right = sum(p["score"][0] > p["score"][1] for p in mine)
+            parts.append(f"{right / len(mine):.2f} of {len(mine)}" if mine else f"none {name}")
+        out.append(f"step {step}: {parts[0]} / {parts[1]}")
     return "; ".join(out)
 
 
