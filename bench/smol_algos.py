@@ -137,7 +137,8 @@ def fit(task: str, variant: str, seed: int) -> None:
     print((run_dir / "budget.json").read_text())
     if (run_dir / "rm_pairs.jsonl").exists():
         pairs = [json.loads(line) for line in open(run_dir / "rm_pairs.jsonl")]
-        print(f"held out by the task's margin (under / at least {MARGIN}):", by_margin([p for p in pairs if p["heldout"]]))
+        heldout = [p for p in pairs if p["heldout"]]
+        print(f"held out by the task's margin (under / at least {MARGIN}):", by_margin(heldout))
 
 
 def load(root: Path) -> dict[str, list[dict]]:
