@@ -13,9 +13,9 @@ decision)). The return of an episode is its final score minus `illegal_penalty` 
 advantage. `joint_mode=cross`: each deal's G first moves are each continued by G episodes (G^2 per deal); the
 first decision's return is the mean over its G continuations (with `leniency` kappa: (1 - kappa) mean + kappa max,
 the partner's best answer to the move), grouped over the G first moves (`marginal`), and a later decision's group
-is the G continuations of its first move. `advantage_mode=role`: a decision of player p
-gets R - b_p, a moving baseline per player (kit/magrpo.py), saved in checkpoints. Each adapter then updates on its own player's decisions only (Trainer.update, micro-batched by
-`micro_batch_size`), so no gradient reaches another player's adapter.
+is the G continuations of its first move. `advantage_mode=role`: a decision of player p gets R - b_p, a moving
+baseline per player (kit/magrpo.py), saved in checkpoints. Each adapter then updates on its own player's decisions
+only (Trainer.update, micro-batched by `micro_batch_size`), so no gradient reaches another player's adapter.
 
 Metrics: score mean/max/std, illegal-move rate, episode length, decisions per player; `rollouts.jsonl` holds one
 row per episode (its seed, score, `reward` = the return, advantage) with its decisions in order (player, prompt,

@@ -13,9 +13,9 @@ Logging from a reward: inside any reward function, `kit.rewards.log_metric("leng
 the joint action being scored (the last call per name wins). The values travel with the Reward (details["logged"]),
 so they work in the trainer's thread, in worker threads and in worker processes; each step's mean lands in
 metrics.jsonl as `reward_log/<name>`, in the live curve, and in the joint action's rollout row (`logged`). Outside
-a scoring call (or from a thread the reward function starts itself) log_metric does nothing. Scoring a batch runs either in the trainer's thread or in a pool of
-worker threads or processes (`reward_workers`, `reward_pool`); code-executing rewards should use threads and
-start their own sandboxed subprocesses.
+a scoring call (or from a thread the reward function starts itself) log_metric does nothing. Scoring a batch runs
+either in the trainer's thread or in a pool of worker threads or processes (`reward_workers`, `reward_pool`);
+code-executing rewards should use threads and start their own sandboxed subprocesses.
 """
 
 from __future__ import annotations

@@ -8,8 +8,9 @@ generate call (rows routed to each agent's adapter); the joint actions (aligned 
 in a worker pool when asked. With `num_turns > 1` the task's `feedback` turns each joint action into next-turn
 prompts and the tree grows one level per turn (again one generate call per level); returns flow back up the
 tree (kit/magrpo.py). Advantages are group-relative over each agent's G completions at a node (`grouping`: or
-over the item's nodes of a turn, or of every turn), or against a moving per-role baseline (`advantage_mode=role`). Then each
-adapter takes one AdamW step (`num_iterations` of them) on its own rows; the other adapters and the base never move.
+over the item's nodes of a turn, or of every turn), or against a moving per-role baseline (`advantage_mode=role`).
+Then each adapter takes one AdamW step (`num_iterations` of them) on its own rows; the other adapters and the base
+never move.
 
 Reproducibility: every sample is seeded from (seed, step, item, turn, tree path, agent, g) (kit/sampling.py),
 every step reseeds python/numpy/torch from (seed, step), and the data order is a function of (seed, epoch), so a

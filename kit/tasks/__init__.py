@@ -1,7 +1,8 @@
 """Tasks: one module per task, each exposing `make_task(num_agents, **task_args)`; the contract is `Task` below.
 
-A task needs `name`, `num_agents`, `roles`, `load(split)`, `prompts(item)` (a prompt may be a `Prompt` whose answer is started for the model) and a reward (its own
-`reward(item, completions) -> Reward | float`, or plain reward functions given to the trainer). Every other
+A task needs `name`, `num_agents`, `roles`, `load(split)`, `prompts(item)` (a prompt may be a `Prompt` whose answer
+is started for the model) and a reward (its own `reward(item, completions) -> Reward | float`, or plain reward
+functions given to the trainer). Every other
 member is an optional hook listed in `HOOKS` with what it turns on; `has(task, hook)` is the one test for them
 and `describe(task)` says which are on. `from_functions` builds a task from plain functions for a notebook cell.
 

@@ -8,8 +8,8 @@ depends on what agent 1 says, so the two must settle on a split. The reward (max
     sum    (max 0.8): when all answered with a digit, 0.8 x max(0, 1 - |sum - t| / tolerance), tolerance 6
 
 A random policy scores about 0.01; the best constant answer (ignoring the target) about 0.45, so a team
-above 0.8 reads the target and has agreed on a split. Multi-turn: `feedback` tells each agent the team's sum and its own digit, so
-the second turn can correct the first.
+above 0.8 reads the target and has agreed on a split. Multi-turn: `feedback` tells each agent the team's sum and
+its own digit, so the second turn can correct the first.
 
 Items: every target once per split; eval uses the same targets (it measures the greedy policy, not
 generalisation, which is what a toy can honestly show).
