@@ -166,7 +166,7 @@ class MARLHFTrainer(PreferencePairs, Trainer):
             if part:
                 s = self.scores([p[3] for p in part] + [p[4] for p in part])
                 stats[f"rm/{name}_accuracy"] = preference.pair_accuracy(s[:len(part)], s[len(part):])
-                record += [{"step": self.step + 1, "item": self.train_items[chosen[p[0]]]["id"], "heldout": p[0] < held,
+                record += [{"step": self.step + 1, "item": self.train_items[chosen[p[0]]]["id"], "heldout": name == "heldout",
                             "candidates": [p[1], p[2]], "task_reward": [p[5], p[6]], "score": [float(w), float(l)]}
                            for p, w, l in zip(part, s[:len(part)].tolist(), s[len(part):].tolist())]
         self._append(rundir.RM_PAIRS, record)  # what the model learnt, pair by pair (the step's metrics row)

@@ -47,7 +47,7 @@ LOCAL_ROOT = "checkpoints"
 ENVIRONMENT = "environment.json"  # versions, GPU, peak memory (kit/runinfo.py), for the report
 RM_PAIRS = "rm_pairs.jsonl"  # marlhf: each fit's pairs, their task rewards and the reward model's scores
 STEP_LOGS = (METRICS, ROLLOUTS, RM_PAIRS)  # rows by step: a resume drops those after its checkpoint
-_LOG_FILES = (CONFIG, METRICS, ROLLOUTS, RM_PAIRS, BUDGET, ENVIRONMENT)
+_LOG_FILES = (CONFIG, *STEP_LOGS, BUDGET, ENVIRONMENT)
 
 
 def read_jsonl(path: str | Path) -> list[dict]:
