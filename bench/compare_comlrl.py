@@ -9,10 +9,10 @@ and reward, G=4, temperature 0.7, top_p 0.9. `--model`:
 
     qwen2     (default) an offline random-weight Qwen2 (hidden 768, 12 layers, ~80M parameters, the kit's
               character tokenizer), the toy task, 32 new tokens, no chat template, 4 items per kit step
-    smollm2   the plain HF folder of SmolLM2-135M-Instruct (`kit.weights.resolve("smollm2-135m")`), TLDR writing
+    smollm2   the plain HF folder of SmolLM2-135M-Instruct (`kit.engine.weights.resolve("smollm2-135m")`), TLDR writing
               (agent 0 a concise summary, agent 1 a detailed one; the task's reward), 48 new tokens, 1 item per kit
               step (the smol_writing preset). The chat template on every side: CoMLRL applies none, so its
-              formatters return the templated text (`kit.rollout.format_prompt`), and every side forwards the same
+              formatters return the templated text (`kit.engine.rollout.format_prompt`), and every side forwards the same
               token ids. CoMLRL ends a prompt at its first pad token, and SmolLM2 pads with <|im_end|>, which the
               template writes after the system turn: CoMLRL would take the rest of the prompt for the completion
               (empty texts, reward 0, a loss over ~170 tokens instead of 48). Its tokenizer pads with
@@ -91,7 +91,7 @@ class Setup:
         return (train * (n // len(train) + 1))[:n]
 
     def prompt(self, tok, prompt: str) -> str:
-        from kit.rollout import format_prompt
+        from kit.engine.rollout import format_prompt
 
         return format_prompt(tok, prompt, self.smol)
 
@@ -100,7 +100,7 @@ def build_model() -> None:
     import torch
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
-    from kit.models import build_tiny_tokenizer
+    from kit.engine.models import build_tiny_tokenizer
 
     if (MODEL_DIR / "config.json").exists():
         return
@@ -139,7 +139,7 @@ def run_comlrl(s: Setup, peft: bool) -> dict:
         m = AutoModelForCausalLM.from_pretrained(s.model_dir, dtype=torch.float32)
         no_eos(m)
         if peft:
-            from kit.models import lora_config
+            from kit.engine.models import lora_config
             from peft import get_peft_model
 
             m = get_peft_model(m, lora_config(16, 32, 0.0, "all-linear"))
@@ -194,9 +194,9 @@ def train_after_first_step(trainer, sync=lambda: None, warmup: int = 1) -> float
 
 
 def run_kit(s: Setup, share: bool) -> dict:
-    from kit.config import load_config
-    from kit.rollout import encode_prompt
-    from kit.trainer import Trainer
+    from kit.run.config import load_config
+    from kit.engine.rollout import encode_prompt
+    from kit.trainers.trainer import Trainer
 
     B = s.items_per_step
     run_dir = ROOT / "bench" / "out" / f"kit_{s.model}_{s.num_agents}"
@@ -237,8 +237,8 @@ def run_floor(s: Setup) -> dict:
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from kit.models import adapter_parameters, attach_adapters, lora_config
-    from kit.rollout import position_ids
+    from kit.engine.models import adapter_parameters, attach_adapters, lora_config
+    from kit.engine.rollout import position_ids
 
     task = s.task()
     tok = AutoTokenizer.from_pretrained(s.model_dir)
@@ -295,7 +295,7 @@ def one(which: str, s: Setup, threads: int) -> dict:
 
 def model_dir(model: str) -> str:
     if model == "smollm2":
-        from kit import weights
+        from kit.engine import weights
 
         return weights.resolve("smollm2-135m", None, log=print)[0]
     build_model()

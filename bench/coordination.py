@@ -8,7 +8,7 @@
 `--base smol` runs each method on the `smol_hanabi` preset instead (SmolLM2-135M-Instruct, the full prompt that names
 cards and moves, one deal x G = 8 episodes a step, 30 steps; issue 39), with the cross-play methods at G = 3 (9
 episodes a deal) and leniency decaying over the first half of the run; rows go to bench/out/coordination_smol.jsonl.
-A 49k vocabulary cannot be enumerated in seconds (kit/coordination.py `enumerable`), so there only the greedy team's
+A 49k vocabulary cannot be enumerated in seconds (kit/tasks/coordination.py `enumerable`), so there only the greedy team's
 return is exact; the sampled column is left empty.
 
 A method is a list of overrides of the `tiny_hanabi` preset (the built-in tiny model, compact prompts, one adapter
@@ -16,7 +16,7 @@ per player; METHODS below, settings fixed before any result was seen). A method 
 in this tree (the critics of issue 31's other half, until they land) is skipped with one line. Runs go seed by
 seed (every method on seed 0, then seed 1, ...), so a run cut short leaves every method with the same seeds.
 
-Per run: the exact expected return of the greedy team every `--every` steps (kit/coordination.py: every deal, no
+Per run: the exact expected return of the greedy team every `--every` steps (kit/tasks/coordination.py: every deal, no
 sampling noise), and at the end the greedy and the sampling policies' exact returns and the training seconds
 (the evaluations are not timed). Rows are appended to bench/out/coordination.jsonl and a run already there is not
 run again. The table, per (method, game): the share of seeds whose final greedy return equals the game's
@@ -48,7 +48,7 @@ METHODS = {
     "iac_shared": ["algorithm=iac", "use_separate_critic=false"],  # value heads on the players' own adapters
     "maac_v": ["algorithm=maac", "critic_type=v"],
     "maac_q_cf": ["algorithm=maac", "critic_type=q", "baseline=counterfactual"],
-    # lenient credit (kit/magrpo.py `lenient`): each first move judged by its partner's best answer, kappa 1 falling
+    # lenient credit (kit/maths/magrpo.py `lenient`): each first move judged by its partner's best answer, kappa 1 falling
     # to 0 over the first half of the run (lenient learners decay their leniency); cross as `marginal`
     "lenient": ["joint_mode=cross", "advantage_mode=marginal", "num_generations=4", "batch_size=4", "leniency=1",
                 "leniency_decay_steps=150"],
@@ -58,7 +58,7 @@ METHODS = {
     "maac_q_cf_raw": ["algorithm=maac", "critic_type=q", "baseline=counterfactual", "advantage_normalization=false"],
     # issue 39, chosen before any run (game E on SmolLM2 first): 4 deals a step instead of smol's one, so that each
     # step's update sees player 0 with both its cards (7 steps in 8) and the first mover's V is not one number per
-    # step (kit/config.py first_mover_warning). On tiny, `magrpo_4deals` has fewer deals than the preset's 8 and
+    # step (kit/run/config.py first_mover_warning). On tiny, `magrpo_4deals` has fewer deals than the preset's 8 and
     # `lenient_4deals` is `lenient`.
     "magrpo_4deals": ["batch_size=4"],
     "lenient_4deals": ["joint_mode=cross", "advantage_mode=marginal", "num_generations=4", "batch_size=4",
@@ -81,7 +81,7 @@ def overrides(method: str, base: str, steps: int) -> list[str]:
 
 def runnable(method: str) -> str | None:
     """None if this tree can run `method`, else why not (one line)."""
-    from kit.config import ConfigError, TrainConfig, load_config
+    from kit.run.config import ConfigError, TrainConfig, load_config
 
     fields = TrainConfig.__dataclass_fields__
     missing = [o.split("=")[0] for o in METHODS[method] if o.split("=")[0] not in fields]
@@ -99,9 +99,9 @@ def run(method: str, game: str, seed: int, steps: int, every: int, base: str = "
 
     import torch
 
-    from kit.config import load_config
-    from kit.coordination import enumerable, exact_eval, greedy_moves
-    from kit.game_trainer import GameTrainer
+    from kit.run.config import load_config
+    from kit.tasks.coordination import enumerable, exact_eval, greedy_moves
+    from kit.trainers.game_trainer import GameTrainer
 
     torch.set_num_threads(1)
     preset, style = BASES[base][:2]
@@ -133,7 +133,7 @@ def run(method: str, game: str, seed: int, steps: int, every: int, base: str = "
 def table(rows: list[dict]) -> str:
     keys = sorted({(r["method"], r["game"], r["steps"]) for r in rows},
                   key=lambda k: (k[1], list(METHODS).index(k[0]) if k[0] in METHODS else 99, k[2]))
-    from kit.coordination import card_blind_moves, deterministic, payoff_table, value
+    from kit.tasks.coordination import card_blind_moves, deterministic, payoff_table, value
 
     def blind(game: str) -> float:  # the best return of a team that ignores the cards
         P = payoff_table(game)

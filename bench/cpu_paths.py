@@ -42,9 +42,9 @@ def main() -> None:
 
     from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig
 
-    from kit import weights
-    from kit.config import load_config
-    from kit.rollout import encode_prompt, left_pad, position_ids
+    from kit.engine import weights
+    from kit.run.config import load_config
+    from kit.engine.rollout import encode_prompt, left_pad, position_ids
     from kit.tasks import task_for
 
     cfg = load_config(args.preset)

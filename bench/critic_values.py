@@ -29,10 +29,10 @@ def main(argv=None) -> int:
     import torch
 
     from coordination import METHODS
-    from kit.config import load_config
-    from kit.coordination import exact_eval, observations, table_of
-    from kit.critic import joint_prompt
-    from kit.game_trainer import GameTrainer
+    from kit.run.config import load_config
+    from kit.tasks.coordination import exact_eval, observations, table_of
+    from kit.trainers.critic import joint_prompt
+    from kit.trainers.game_trainer import GameTrainer
 
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--method", default="maac_q_cf", choices=["iac", "maac_v", "maac_q_cf"])

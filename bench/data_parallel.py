@@ -5,7 +5,7 @@
 
 `kit`: `torchrun --nproc_per_node P bench/data_parallel.py --worker ...`: each process builds the team, takes its
 share of the step's items (`--items`, the global batch; 2 agents, G=4, 32 new tokens, EOS disabled as in
-compare_comlrl.py), and the adapters' gradients are summed across processes (kit/distributed.py).
+compare_comlrl.py), and the adapters' gradients are summed across processes (kit/run/distributed.py).
 `independent` (the control): P separate single-process runs started together, each with items/P items and no
 communication at all: what this machine gives two processes sharing its cores and memory bus, the ceiling for
 data parallelism here. Joint actions per second are the global batch's (items x G) per step over the wall time
@@ -36,9 +36,9 @@ def worker(args) -> None:
     torch.set_num_threads(1)
     from compare_comlrl import MODEL_DIR, no_eos
 
-    from kit.config import load_config
+    from kit.run.config import load_config
     from kit.tasks.toy import DigitSum
-    from kit.trainer import Trainer
+    from kit.trainers.trainer import Trainer
 
     model = "tiny" if args.tiny else str(MODEL_DIR)
     cfg = load_config(overrides=[f"model_name={model}", "num_agents=2", f"num_generations={G}",

@@ -46,9 +46,9 @@ def learn(seed: int, steps: int = 300, every: int = 25, stop_at: float | None = 
 
     import torch
 
-    from kit.config import load_config
-    from kit.game_trainer import GameTrainer
-    from kit.games import greedy_eval
+    from kit.run.config import load_config
+    from kit.trainers.game_trainer import GameTrainer
+    from kit.tasks.games import greedy_eval
 
     torch.set_num_threads(1)
     with tempfile.TemporaryDirectory() as tmp:

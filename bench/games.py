@@ -6,7 +6,7 @@ a naive loop that plays one episode at a time (one generate per decision, one ro
     python bench/games.py --shape 1.5b --prompt-style full       # GPU: random weights in Qwen2.5-1.5B's shape
     python bench/games.py --tiny                                 # smoke (tests/test_bench.py)
 
-Both loops go through the same `kit.games.play` and the same Sampler; the naive one calls it once per episode.
+Both loops go through the same `kit.tasks.games.play` and the same Sampler; the naive one calls it once per episode.
 Samples are seeded per (deal, episode, decision), not by batch position, so both loops play exactly the same
 games (checked: every move of every episode is compared), and the ratio is the batching alone. One untimed
 round of each loop comes first (the compiled engine compiles its shapes then). Results are appended to
@@ -28,9 +28,9 @@ OUT = ROOT / "bench" / "out"
 
 
 def build(args):
-    from kit.config import load_config
-    from kit.models import build_team
-    from kit.rollout import Sampler
+    from kit.run.config import load_config
+    from kit.engine.models import build_team
+    from kit.engine.rollout import Sampler
     from kit.tasks import task_for
 
     overrides = ["task=game", f"num_agents={args.players}", f"rollout_engine={args.engine}",
@@ -55,8 +55,8 @@ def train_row(args, overrides: list[str], like: dict) -> dict:
 
     import torch
 
-    from kit.config import load_config
-    from kit.game_trainer import GameTrainer
+    from kit.run.config import load_config
+    from kit.trainers.game_trainer import GameTrainer
 
     run_dir = OUT / "run_games"
     shutil.rmtree(run_dir, ignore_errors=True)
@@ -112,7 +112,7 @@ def main(argv=None) -> list[dict]:
     if args.tiny:
         args.episodes, args.max_decisions, args.repeats = 2, 3, 1
 
-    from kit.games import play
+    from kit.tasks.games import play
 
     task, sampler, cfg, overrides = build(args)
     seeds = list(range(args.episodes))

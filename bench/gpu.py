@@ -112,7 +112,7 @@ def gpu_memory() -> dict:
 
 
 def kit_config(args, path: Path, engine: str):
-    from kit.config import load_config
+    from kit.run.config import load_config
 
     run_dir = OUT / f"run_{engine}_{args.shape}"
     shutil.rmtree(run_dir, ignore_errors=True)
@@ -125,7 +125,7 @@ def kit_config(args, path: Path, engine: str):
 
 
 def run_kit(args, path: Path, engine: str) -> dict:
-    from kit.trainer import Trainer
+    from kit.trainers.trainer import Trainer
 
     cfg = kit_config(args, path, engine)
     cfg.save_every = 10**9  # the final save is not part of the steady-state step
@@ -147,7 +147,7 @@ def run_kit(args, path: Path, engine: str) -> dict:
 
 def prompts_of(args):
     """(the kit's prompts of one step, each G times; the config; the task)."""
-    from kit.config import load_config
+    from kit.run.config import load_config
     from kit.tasks import task_for
 
     cfg = load_config(args.preset, overrides=["task=code"] + list(args.set))
@@ -160,7 +160,7 @@ def run_floor(args, path: Path, static: bool) -> dict:
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from kit.rollout import format_prompt
+    from kit.engine.rollout import format_prompt
 
     prompts, cfg, _ = prompts_of(args)
     tok = AutoTokenizer.from_pretrained(path)
@@ -200,7 +200,7 @@ def run_comlrl(args, path: Path, peft: bool) -> dict:
             sys.modules["wandb"] = types.SimpleNamespace(run=None, init=None, log=None, finish=None)
     from comlrl.trainers.reinforce.magrpo import MAGRPOConfig, MAGRPOTrainer
 
-    from kit.models import lora_config
+    from kit.engine.models import lora_config
 
     _, cfg, task = prompts_of(args)
     tok = AutoTokenizer.from_pretrained(path)

@@ -2,7 +2,7 @@
 
     python bench/noise_exhaustive.py [--chunk 24]
 
-`kit.sampling.gumbel_from_bits` reads only bits 32..63 of a hash: so its 2^32 possible inputs are all the
+`kit.engine.sampling.gumbel_from_bits` reads only bits 32..63 of a hash: so its 2^32 possible inputs are all the
 inputs there are. This walks all of them (in chunks of 2^chunk), and reports the noise's range, how many were
 not finite, and that a token masked to -inf stays at -inf. That covers every (row, step, token) at any vocabulary
 size (151,936 for Qwen2.5 included), which 10^6 sampled row-steps would only spot-check. ~1 minute on 2 cores.
@@ -17,7 +17,7 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from kit.sampling import gumbel_from_bits  # noqa: E402
+from kit.engine.sampling import gumbel_from_bits  # noqa: E402
 
 
 def main(argv=None):

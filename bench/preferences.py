@@ -11,7 +11,7 @@ kit's defaults (CoMLRL's where it has them: 2 pairs per prompt by reward gap, dp
 once at step 0 on 32 items' pairs, a quarter held out). One JSON line per run: final greedy reward (eval_end),
 seconds of train() alone and s/step.
 
-writing: task=writing (TLDR samples and prompts) on the tiny model. The "judge" is kit/judge_pairs.py's oracle: a
+writing: task=writing (TLDR samples and prompts) on the tiny model. The "judge" is kit/judge/pairs.py's oracle: a
 Judge whose client answers by a rubric over the writing reward's structure and coordination parts (`oracle_score`:
 in characters, since the tiny model writes no words), through the real budget, ledger and cache, priced as
 claude-haiku-4-5; the task is scored by the same rubric, so "the oracle's score" is eval/reward_mean. MARLHF with
@@ -61,9 +61,9 @@ def toy(algorithm: str, seed: int, extra: tuple = ()) -> dict:
     import torch
 
     torch.set_num_threads(1)
-    from kit.config import load_config
-    from kit.game_trainer import trainer_class
-    from kit.rundir import read_jsonl
+    from kit.run.config import load_config
+    from kit.trainers.game_trainer import trainer_class
+    from kit.run.rundir import read_jsonl
 
     with tempfile.TemporaryDirectory() as tmp:
         cfg = load_config("tiny_cpu", overrides=[*TOY[algorithm], *extra, f"seed={seed}", f"run_dir={tmp}/run",
@@ -94,8 +94,8 @@ def probe(algorithm: str, seed: int) -> dict:
     import torch
 
     torch.set_num_threads(1)
-    from kit.config import load_config
-    from kit.marlhf import MARLHFTrainer, joint_text
+    from kit.run.config import load_config
+    from kit.trainers.marlhf import MARLHFTrainer, joint_text
 
     with tempfile.TemporaryDirectory() as tmp:
         cfg = load_config("tiny_cpu", overrides=[*TOY[algorithm], f"seed={seed}", f"run_dir={tmp}/run",
@@ -139,7 +139,7 @@ def oracle_score(completions) -> float:
 def oracle_task(cfg):
     """The writing task (TLDR samples and prompts) scored by the oracle's rubric, so that training logs, evaluation
     and the judge all see the same score."""
-    from kit.rewards import Reward
+    from kit.tasks.rewards import Reward
     from kit.tasks import task_for
 
     task = task_for(cfg)
@@ -151,11 +151,11 @@ def writing(steps: int, seed: int = 0) -> dict:
     import torch
 
     torch.set_num_threads(1)
-    from kit.config import load_config
-    from kit.judge_pairs import JudgePreference, oracle_judge
-    from kit.marlhf import MARLHFTrainer
-    from kit.rewards import JudgeReward
-    from kit.trainer import Trainer
+    from kit.run.config import load_config
+    from kit.judge.pairs import JudgePreference, oracle_judge
+    from kit.trainers.marlhf import MARLHFTrainer
+    from kit.tasks.rewards import JudgeReward
+    from kit.trainers.trainer import Trainer
 
     out = {"steps": steps, "seed": seed}
     with tempfile.TemporaryDirectory() as tmp:

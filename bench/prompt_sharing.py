@@ -14,7 +14,7 @@ On the preset's rows (its model, its first `--items` train items, every agent x 
   backward of the same rows through the model's own loss (HF's causal-LM cross-entropy on the completion tokens);
 - the sampler's log-probs against the update's: what a dtype (bf16) costs the importance weights (read it with
   `--set top_p=1.0`: a truncated sampler differs from the update by design);
-- the scalar models (kit/prefixes.py): a q critic's texts (a prompt, then one completion) and a reward model's
+- the scalar models (kit/engine/prefixes.py): a q critic's texts (a prompt, then one completion) and a reward model's
   joint texts, one forward + backward of their scores, off and on: times, scores' and gradient's differences
   (bench/results/prompt_sharing_scalar.md).
 
@@ -59,9 +59,9 @@ def main() -> None:
     args = ap.parse_args()
     torch.set_num_threads(torch.get_num_threads())
 
-    from kit.config import load_config
-    from kit.models import adapter_parameters, build_team
-    from kit.rollout import Sampler, completion_logprobs, prompt_groups
+    from kit.run.config import load_config
+    from kit.engine.models import adapter_parameters, build_team
+    from kit.engine.rollout import Sampler, completion_logprobs, prompt_groups
     from kit.tasks import task_for
 
     cfg = load_config(args.preset, overrides=[f"dtype={args.dtype}", *args.overrides])
@@ -184,14 +184,14 @@ def append(out: Path, header: str, line: str) -> None:
 
 def scalar_models(cfg, team, requests, texts, num_items: int, args) -> tuple[str, str]:
     """A critic's and a reward model's forward + backward on the texts they read, share_prompts off and on: IAC's
-    q critic (each prompt as the sampler formatted it, then one of its completions: kit/critic.py) and MARLHF's
-    reward model (the joint text of each aligned joint action: kit/marlhf.py; MAAC's q critic reads the same shape),
+    q critic (each prompt as the sampler formatted it, then one of its completions: kit/trainers/critic.py) and MARLHF's
+    reward model (the joint text of each aligned joint action: kit/trainers/marlhf.py; MAAC's q critic reads the same shape),
     one ScalarModel with a random adapter and head, the gradient of the sum of its scores."""
-    from kit.heads import ScalarModel
-    from kit.marlhf import joint_text
-    from kit.models import lora_config
-    from kit.prefixes import prefix_groups
-    from kit.rollout import format_prompt
+    from kit.engine.heads import ScalarModel
+    from kit.trainers.marlhf import joint_text
+    from kit.engine.models import lora_config
+    from kit.engine.prefixes import prefix_groups
+    from kit.engine.rollout import format_prompt
 
     N, G = cfg.num_agents, cfg.num_generations
     tok = team.tokenizers[0]

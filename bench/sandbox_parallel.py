@@ -2,7 +2,7 @@
 
     python bench/sandbox_parallel.py [--programs 256] [--workers 2] [--repeats 3] [--layers]
 
-Each program is a helper/main pair with 5 asserts, run by kit.sandbox.run_many (a runner and a checker process per
+Each program is a helper/main pair with 5 asserts, run by kit.sandbox.sandbox.run_many (a runner and a checker process per
 program, every isolation layer this machine allows). Prints one markdown row per worker count and the speed-up,
 and the CPU seconds per program (this process and its children: what bounds throughput on a busy machine).
 `--layers` adds rows at N workers with the namespaces, then also the separate uid, turned off, to show what each
@@ -16,8 +16,8 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from kit import sandbox, sandbox_isolation  # noqa: E402
-from kit.sandbox import run_many  # noqa: E402
+from kit.sandbox import sandbox, isolation as sandbox_isolation  # noqa: E402
+from kit.sandbox.sandbox import run_many  # noqa: E402
 
 
 def programs(n: int) -> list[dict]:

@@ -12,11 +12,11 @@ Each run is the preset with `--set seed=S` (and `--steps`, `--turns`), trained i
 baselines on the untrained base (single model, naive concatenation = the untrained team, sequential pipeline,
 one-round discussion; a game: random, rule, base) and the trained team (`magrpo`), all sampled at the preset's
 temperature. A multi-turn run evaluates the untrained and the trained team through the same feedback turns (the
-last turn's reward; kit/evaluate.py) and takes the other baselines from the one-turn runs (same base, same
+last turn's reward; kit/analysis/evaluate.py) and takes the other baselines from the one-turn runs (same base, same
 items); `--team-only` skips every baseline.
 
 `table` pools the seeds: a method's value is the mean over items of the per-item mean over seeds and samples, its
-interval a 95% percentile bootstrap over the held-out items (kit/stats.py), and MAGRPO minus the untrained team a
+interval a 95% percentile bootstrap over the held-out items (kit/analysis/stats.py), and MAGRPO minus the untrained team a
 paired bootstrap on the same items; the range over seeds is beside it. The figure is each method's held-out greedy
 reward over steps (eval/reward_mean), the mean over seeds with a band from the lowest to the highest seed, and the
 baselines' sampled means as dashed lines. The time split is the mean over training steps of the logged perf/
@@ -50,9 +50,9 @@ def label(task: str, turns: int) -> str:
 
 def train(task: str, seeds: list[int], steps: int | None, turns: int, n: int, extra: list[str],
           team_only: bool = False) -> None:
-    from kit.baselines import compare
-    from kit.config import load_config
-    from kit.game_trainer import trainer_class
+    from kit.analysis.baselines import compare
+    from kit.run.config import load_config
+    from kit.trainers.game_trainer import trainer_class
 
     for seed in seeds:
         run_dir = RUNS / f"{label(task, turns)}_s{seed}"
@@ -86,7 +86,7 @@ def load_runs() -> dict[str, list[dict]]:
 
 def pooled(rows: list[dict]) -> tuple[float, float, float, list[float], np.ndarray]:
     """(mean, low, high, per-seed means, per-item mean over seeds) of one method's rows, one row per seed."""
-    from kit import stats
+    from kit.analysis import stats
 
     items = np.mean([r["per_item"]["reward"] for r in rows], axis=0)  # (items,)
     mean, low, high = stats.bootstrap(items)
@@ -102,7 +102,7 @@ def split(metrics: list[dict]) -> dict:
 
 
 def table() -> None:
-    from kit import stats
+    from kit.analysis import stats
 
     runs = load_runs()
     lines = ["# SmolLM2-135M-Instruct on a CPU (made by `python bench/smol.py table`)", ""]

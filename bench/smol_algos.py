@@ -11,13 +11,13 @@ checkpoints/smol_algos/<task>_<variant>_s<S> (git-ignored; an interrupted run re
 sampled on the same held-out items as those rows (`kit baselines`' `magrpo` row: the run's own team, whatever its
 algorithm), so every comparison is paired on items and seeds.
 
-`marlhf` on writing takes its pairs from a rule oracle behind the judge's interface (kit/judge_pairs.py
+`marlhf` on writing takes its pairs from a rule oracle behind the judge's interface (kit/judge/pairs.py
 `oracle_judge`): a Judge whose client answers `PREFER: A|B|TIE` by the TLDR reward of each joint answer (the task's
 own level reward, which now scores words: SmolLM2 writes them), asked in both orders through the real budget,
 ledger and cache at claude-haiku-4-5's prices. No API is called. The RL stage is MAGRPO on the reward model's
 scores, evaluated with the task's reward, so its held-out row reads on the same scale as MAGRPO's.
 
-The table: per variant, the held-out reward pooled over seeds (95% bootstrap over items, kit/stats.py), the paired
+The table: per variant, the held-out reward pooled over seeds (95% bootstrap over items, kit/analysis/stats.py), the paired
 difference against MAGRPO and against the untrained team on the same seeds, the greedy held-out reward at step 0 and
 at the last step, s/step with the time split, and what the variant's own models did: the reward model's pair
 accuracy (train / held out) and the judge's calls and dollars against scoring every rollout; the critics' explained
@@ -48,7 +48,7 @@ VARIANTS = {
     "madpo": ["algorithm=madpo", "preference_num_candidates=4"],
     # MARLHF: every train item's 4 candidates (22 TLDR train items, 6 of them held out), every pair the oracle does
     # not call a tie, 3 epochs, fit once at step 0 (CoMLRL's offline MARLHF); scale_rewards=group since
-    # Bradley-Terry logits have no set scale (kit/marlhf.py); 4 texts a forward (16 joint texts of ~500 tokens at
+    # Bradley-Terry logits have no set scale (kit/trainers/marlhf.py); 4 texts a forward (16 joint texts of ~500 tokens at
     # once took the fit above 20 GB)
     "marlhf": ["algorithm=marlhf", *JUDGE, "preference_num_candidates=4", "preference_pairs_per_sample=null",
                "reward_num_items=32", "reward_num_train_epochs=3", "scale_rewards=group", "micro_batch_size=4"],
@@ -87,7 +87,7 @@ VARIANTS = {
 
 def oracle(task, run_dir: Path, budget_usd: float = 5.0):
     """(JudgePreference, judge): the writing task's own reward as the judge's rule, behind the judge's interface."""
-    from kit.judge_pairs import JudgePreference, oracle_judge
+    from kit.judge.pairs import JudgePreference, oracle_judge
 
     judge = oracle_judge(run_dir, lambda completions: task.reward(None, completions).total, budget_usd=budget_usd,
                          log=lambda *_: None, score_max=3.0)
@@ -96,8 +96,8 @@ def oracle(task, run_dir: Path, budget_usd: float = 5.0):
 
 def run(task: str, variant: str, seed: int, run_dir: Path, extra: list[str]) -> None:
     """Train one variant on one seed in run_dir (resumed if it has a config), MARLHF's judge the rule oracle."""
-    from kit.config import load_config
-    from kit.game_trainer import trainer_class
+    from kit.run.config import load_config
+    from kit.trainers.game_trainer import trainer_class
     from kit.tasks import task_for
 
     overrides = [*smol.TASK_OVERRIDES.get(task, []), *VARIANTS[variant], f"seed={seed}", f"run_dir={run_dir}",
@@ -116,7 +116,7 @@ def run(task: str, variant: str, seed: int, run_dir: Path, extra: list[str]) -> 
 
 
 def train(task: str, variants: list[str], seeds: list[int], steps: int | None, n: int, extra: list[str]) -> None:
-    from kit.baselines import compare
+    from kit.analysis.baselines import compare
 
     for seed in seeds:
         for variant in variants:
@@ -211,13 +211,13 @@ def across_steps(steps: list[dict], name: str) -> float:
     With one item a step every sample shares one prompt, so a V critic gives every row of a step the same value and
     its per-step explained variance is 0 by construction; across steps it says whether V follows the prompts' and the
     policy's changing returns."""
-    from kit.actor_critic import explained_variance
+    from kit.maths.actor_critic import explained_variance
 
     return explained_variance([m[f"critic/value_mean/{name}"] for m in steps], [m["reward/mean"] for m in steps])
 
 
 def table() -> None:
-    from kit import stats
+    from kit.analysis import stats
 
     magrpo_runs, runs = smol.load_runs(), load(RUNS)
     lines = ["# The kit's trainer families on SmolLM2-135M-Instruct (made by `python bench/smol_algos.py table`)", ""]

@@ -7,9 +7,9 @@ Each player is a table of softmax logits (player 0: per card; player 1: per card
 gradient as the kit's cross mode trains its LLM players (bench/coordination.py's `marginal` and `lenient`): per step
 8 deals, G = 8 first moves per deal, each answered G times by player 1; player 1's advantage is its reply's return
 minus the mean of the G replies to the same first move, over their std; player 0's sample k is scored by
-(1 - kappa) mean + kappa max of its G continuations (kit/magrpo.py `lenient`, `leniency_at`), minus the group mean,
+(1 - kappa) mean + kappa max of its G continuations (kit/maths/magrpo.py `lenient`, `leniency_at`), minus the group mean,
 over the group std. Plain gradient ascent on the logits at rate 0.5, 300 steps. The greedy joint policy's exact
-return (kit/coordination.py `value`) is compared with the game's optimum.
+return (kit/tasks/coordination.py `value`) is compared with the game's optimum.
 
 What it shows (2026-11-25, seeds 100-115; E was read before any LLM run of `lenient`): on game E the mean keeps
 every seed at the card-blind 8 and leniency takes every seed to 10; B and D reach their optimum on every seed
@@ -28,8 +28,8 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from kit.coordination import optimum, payoff_table, value  # noqa: E402
-from kit.magrpo import leniency_at, lenient  # noqa: E402
+from kit.tasks.coordination import optimum, payoff_table, value  # noqa: E402
+from kit.maths.magrpo import leniency_at, lenient  # noqa: E402
 
 SETTINGS = {"mean": (0.0, 0), "max": (1.0, 0), "max -> mean over 150 steps": (1.0, 150)}  # (kappa, decay steps)
 

@@ -40,9 +40,9 @@ def run(variant: str, seed: int, reward: str = "") -> dict:
     import torch
 
     torch.set_num_threads(1)
-    from kit.config import load_config
-    from kit.rundir import read_jsonl
-    from kit.trainer import Trainer
+    from kit.run.config import load_config
+    from kit.run.rundir import read_jsonl
+    from kit.trainers.trainer import Trainer
 
     overrides = [o for o in variant.split(",") if o]
     with tempfile.TemporaryDirectory() as tmp:

@@ -52,8 +52,8 @@ def steps_arg(text: str) -> str | list[int]:
 
 def methods_arg(text: str) -> list[str]:
     """--methods: checked before anything runs, so a typo does not cost a finished baseline."""
-    from kit.baselines import METHODS
-    from kit.games import METHODS as GAME_METHODS
+    from kit.analysis.baselines import METHODS
+    from kit.tasks.games import METHODS as GAME_METHODS
 
     methods = [m.strip() for m in text.split(",") if m.strip()]
     unknown = [m for m in methods if m not in METHODS + GAME_METHODS]
@@ -70,7 +70,7 @@ def step_arg(text: str) -> str | int:
 def say_resume(run_dir, from_scratch: bool = False) -> None:
     """The resume line 01_train prints (kit/colab.py), for the CLI: the checkpoint and the logged steps redone
     (printed by the first process only under torchrun / accelerate)."""
-    from kit.rundir import dropped, newest_step
+    from kit.run.rundir import dropped, newest_step
 
     if from_scratch or os.environ.get("RANK", "0") != "0":
         return
@@ -125,10 +125,10 @@ def main(argv: list[str] | None = None) -> int:
 
     from pathlib import Path
 
-    from kit.checkpoint import DamagedCheckpoints
-    from kit.config import ConfigError, load_config, load_file
+    from kit.run.checkpoint import DamagedCheckpoints
+    from kit.run.config import ConfigError, load_config, load_file
     from kit.env import GPUNeeded, require_gpu
-    from kit.game_trainer import trainer_class
+    from kit.trainers.game_trainer import trainer_class
     from kit.tasks import TaskArgError
 
     overrides = list(args.overrides) + ([f"run_dir={args.run_dir}"] if args.run_dir else [])
@@ -174,26 +174,26 @@ def _analyse(args) -> int:
     from pathlib import Path
 
     if args.command in ("report", "compare"):  # they read files only: no model, no eval/ folder of their own
-        from kit.compare import compare_runs
-        from kit.report import write_report
+        from kit.analysis.compare import compare_runs
+        from kit.analysis.report import write_report
 
         path = write_report(args.run_dir, args.out) if args.command == "report" else \
             compare_runs(args.run_dirs, args.labels, args.out)
         if args.command == "compare":
             print(path.read_text())  # short: the table is the point
         return 0
-    from kit import plots
-    from kit.evaluate import format_table
+    from kit.analysis import plots
+    from kit.analysis.evaluate import format_table
 
     out = Path(args.run_dir) / "eval"
     if args.command == "eval":
-        from kit.evaluate import evaluate_run
+        from kit.analysis.evaluate import evaluate_run
 
         rows = evaluate_run(args.run_dir, args.steps, n=args.n, num_items=args.items)
         print(format_table(rows))
         plots.eval_curves(rows, path=out / "eval_curves.png")
     elif args.command == "baselines":
-        from kit.baselines import compare
+        from kit.analysis.baselines import compare
 
         rows = compare(args.run_dir, args.methods, n=args.n, num_items=args.items, step=args.step)
         print(format_table(rows, first="method"))
@@ -201,7 +201,7 @@ def _analyse(args) -> int:
     else:
         import json
 
-        from kit.schemes import SCHEMES, scheme_shares
+        from kit.analysis.schemes import SCHEMES, scheme_shares
 
         shares = scheme_shares(args.run_dir, turn=args.turn)
         out.mkdir(parents=True, exist_ok=True)

@@ -14,7 +14,7 @@
 Smoke mode never touches a real run's folders: its run lives in $KIT_SMOKE_DIR (default checkpoints/smoke) and is
 mirrored, and its report copied, only under `<DRIVE_FOLDER>/_smoke/` on Drive.
 The environment helpers the cells use (smoke, gpu_summary, mount_drive, flush_drive, secret) come from
-kit/env.py; the Drive mirror and restore from kit/rundir.py.
+kit/env.py; the Drive mirror and restore from kit/run/rundir.py.
 """
 
 from __future__ import annotations
@@ -26,14 +26,14 @@ from pathlib import Path
 
 from kit.env import (GPUNeeded, cpu_advice, drive_mounted, flush_drive, gpu_summary, in_colab,  # noqa: F401
                      mount_drive, require_gpu, secret, secret_status, smoke, unmounted_drive)
-from kit.rundir import DRIVE_FOLDER, LOCAL_ROOT, dropped, restore
+from kit.run.rundir import DRIVE_FOLDER, LOCAL_ROOT, dropped, restore
 
 
 def start_or_resume(cfg, log=print, **trainer_kwargs):
     """A new run, or the existing one continued from its newest complete checkpoint (restored from
     `cfg.mirror_dir` first when the local copy is gone or behind). What "Run all" and the resume cell call."""
-    from kit.config import check_resume
-    from kit.game_trainer import trainer_class
+    from kit.run.config import check_resume
+    from kit.trainers.game_trainer import trainer_class
 
     for saved in (Path(cfg.run_dir) / "config.json", Path(cfg.mirror_dir or cfg.run_dir) / "config.json"):
         if saved.exists():  # a changed setting is refused before copying from Drive and loading the model
@@ -42,7 +42,7 @@ def start_or_resume(cfg, log=print, **trainer_kwargs):
         restore(cfg.mirror_dir, cfg.run_dir, log=log)
     resume = (Path(cfg.run_dir) / "config.json").exists()
     if resume:
-        from kit.rundir import newest_step
+        from kit.run.rundir import newest_step
 
         step = newest_step(cfg.run_dir)
         log(f"[kit] continuing the run in {cfg.run_dir} from its checkpoint at step {step}{dropped(cfg.run_dir, step)}"
@@ -57,7 +57,7 @@ def train_to_end(trainer, every: int = 5) -> dict:
     eval/learning_curves.png, then close the trainer, whose last Drive copy takes the figure along. The summary
     says where the last good Drive backup is (a failed one is warned about, never raised). Run again after the
     end, it only says that the run is complete."""
-    from kit import plots
+    from kit.analysis import plots
 
     summary = trainer.train(on_step=plots.LiveCurve(every, run_dir=trainer.run_dir))
     try:
@@ -73,7 +73,7 @@ def run_to_analyse(run_name: str, drive: Path | None = None, drive_folder: str =
                    run_dir: str | Path | None = None, log=print) -> Path:
     """The run that 02-05 look at: `run_dir` when given; in smoke mode the tiny smoke run; otherwise the run
     01_train made under the same RUN_NAME, on this disk or on Drive (a new runtime only has the Drive copy)."""
-    from kit.rundir import find_run
+    from kit.run.rundir import find_run
 
     if run_dir:
         found = Path(run_dir)
@@ -103,8 +103,8 @@ def preset_smoke_test(preset: str, log=print) -> str:
     traceback); when training fails, raises after a FAIL line, since the traceback is then the diagnosis."""
     import tempfile
 
-    from kit.config import load_config
-    from kit.game_trainer import trainer_class
+    from kit.run.config import load_config
+    from kit.trainers.game_trainer import trainer_class
 
     try:
         require_gpu(preset)
@@ -142,7 +142,7 @@ def smoke_run(run_name: str = "magrpo_code", drive: Path | None = None, drive_fo
     """The run 01_train makes in smoke mode (notebook_config(..., smoke=True)), which 02-05 and 07 analyse in smoke
     mode. When 01 has not made it (or not to its end), it is trained here once, the same way (continued from
     its Drive copy under _smoke/ when there is one)."""
-    from kit.rundir import newest_step
+    from kit.run.rundir import newest_step
 
     cfg = notebook_config("tiny_cpu", "code", {"dataset": "coop"}, run_name, drive, drive_folder, smoke=True, log=log)
     if cfg.mirror_dir and newest_step(cfg.run_dir) < cfg.num_steps:  # a new runtime: Drive may hold it whole
@@ -162,15 +162,15 @@ def evaluate_missing(run_dir: str | Path, n: int, steps: str = "all", log=print)
     `steps` checkpoints, the baselines (Table 1), and the code task's schemes on fresh samples. Table 1 samples as
     many completions per item as the held-out evaluation did, so its magrpo row is the same sampling as that
     section's row of the same checkpoint and the two tables agree."""
-    from kit.evaluate import evaluate_run, load_eval_rows
-    from kit.report import save_fresh_shares
-    from kit.runinfo import read_run
+    from kit.analysis.evaluate import evaluate_run, load_eval_rows
+    from kit.analysis.report import save_fresh_shares
+    from kit.analysis.runinfo import read_run
 
     eval_dir = Path(run_dir) / "eval"
     if not list(eval_dir.glob("step_*.json")):
         evaluate_run(run_dir, steps, n=n, log=log)
     if not (eval_dir / "baselines.json").exists():
-        from kit.baselines import compare
+        from kit.analysis.baselines import compare
 
         rows = load_eval_rows(run_dir)
         same_n = rows[-1].get("num_samples", n) if rows else n
@@ -215,7 +215,7 @@ def notebook_config(preset: str, task: str, task_args: dict, run_name: str, driv
     `smoke` (KIT_SMOKE=1) swaps in the tiny CPU preset and a few steps of the code task (a game task: the same
     game, 6 decisions per episode), mirrored (if at all) to its own Drive folder `<drive_folder>/_smoke/<run_name>`,
     never the real run's. Full mode needs a GPU."""
-    from kit.config import from_dict, load_config, validate
+    from kit.run.config import from_dict, load_config, validate
 
     folder = Path(drive) / drive_folder if drive else None
     values = {"task": task, "task_args": dict(task_args), "run_dir": f"{LOCAL_ROOT}/{run_name}",

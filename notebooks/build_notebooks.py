@@ -11,7 +11,7 @@ import nbformat
 
 REPO = "https://github.com/magrpo-kit/magrpo-kit"  # the one place the repository URL is set (badges, install)
 BRANCH = "main"
-DRIVE_FOLDER = "magrpo-kit/runs"  # kit.rundir.DRIVE_FOLDER
+DRIVE_FOLDER = "magrpo-kit/runs"  # kit.run.rundir.DRIVE_FOLDER
 HERE = Path(__file__).resolve().parent
 
 
@@ -172,7 +172,7 @@ print(f"run: {cfg.run_dir}  mirror: {cfg.mirror_dir}  model: {cfg.model_name}  t
                              "eval/learning_curves.png,\n# then closes the trainer, which waits for the last copy to "
                              "Drive."),
                  code("""
-from kit import plots
+from kit.analysis import plots
 
 plots.learning_curves(cfg.run_dir)
 """),
@@ -189,8 +189,8 @@ colab.flush_drive()  # make sure Drive has every file before the runtime goes aw
                  code("""
 N = 3 if SMOKE else 10  # samples per agent per item (pass@k for k <= N)
 from IPython.display import Markdown, display
-from kit.evaluate import evaluate_run, format_table
-from kit import plots
+from kit.analysis.evaluate import evaluate_run, format_table
+from kit.analysis import plots
 
 rows = evaluate_run(RUN_DIR, "all", n=N)
 display(Markdown(format_table(rows)))
@@ -211,9 +211,9 @@ plots.learning_curves(RUN_DIR)
                  code("""
 N = 2 if SMOKE else 10
 from IPython.display import Markdown, display
-from kit.baselines import compare
-from kit.evaluate import format_table
-from kit import plots
+from kit.analysis.baselines import compare
+from kit.analysis.evaluate import format_table
+from kit.analysis import plots
 
 rows = compare(RUN_DIR, n=N)
 display(Markdown(format_table(rows, first="method")))
@@ -231,8 +231,8 @@ plots.baseline_bars(rows, path=f"{RUN_DIR}/eval/baselines.png")
                  *run_cells(),
                  code("""
 from IPython.display import Markdown, display
-from kit import plots, schemes
-from kit.evaluate import format_table
+from kit.analysis import plots, schemes
+from kit.analysis.evaluate import format_table
 
 shares = schemes.scheme_shares(RUN_DIR)
 display(Markdown(format_table(shares, ["step", "count", *schemes.SCHEMES])))
@@ -255,7 +255,7 @@ display(Markdown(schemes.examples_markdown(RUN_DIR)))  # one example program per
              "the run's files, so they work after a reconnect and on a finished run.", [
                  *run_cells(),
                  code("""
-from kit import explore
+from kit.analysis import explore
 
 explore.browser(RUN_DIR)
 """),
@@ -294,7 +294,7 @@ print(f"run: {cfg.run_dir}  mirror: {cfg.mirror_dir}  model: {cfg.model_name}  g
                              "# eval/learning_curves.png. Decisions per player and the return are in metrics.jsonl."),
                  code("""
 # Training: the score (sampled, and greedy on held-out deals), the illegal-move rate, the episode length
-from kit import plots
+from kit.analysis import plots
 
 plots.learning_curves(cfg.run_dir)
 """),
@@ -302,8 +302,8 @@ plots.learning_curves(cfg.run_dir)
 # Held-out deals, every checkpoint: sampled and greedy score, illegal-move rate, episode length
 N = 2 if SMOKE else 8  # sampled episodes per deal
 from IPython.display import Markdown, display
-from kit.evaluate import evaluate_run, format_table
-from kit import plots
+from kit.analysis.evaluate import evaluate_run, format_table
+from kit.analysis import plots
 
 rows = evaluate_run(cfg.run_dir, "all", n=N)
 display(Markdown(format_table(rows)))
@@ -311,7 +311,7 @@ plots.eval_curves(rows, path=f"{cfg.run_dir}/eval/eval_curves.png")
 """),
                  code("""
 # The same held-out deals: random legal moves, the rule-based player, the untrained team, the trained team
-from kit.baselines import compare
+from kit.analysis.baselines import compare
 
 table = compare(cfg.run_dir, n=N)
 display(Markdown(format_table(table, ["method", "score/mean", "greedy/score_mean", "illegal/rate",
@@ -320,7 +320,7 @@ plots.baseline_bars(table, path=f"{cfg.run_dir}/eval/baselines.png")
 """),
                  code("""
 # Step through the logged games move by move: the whole table before each decision, who acted, the move
-from kit import explore
+from kit.analysis import explore
 
 explore.browser(cfg.run_dir)
 """),
@@ -347,7 +347,7 @@ LABELS = None  # one label per run (this one first), or None for the folder name
 """, tags=["parameters"]),
                  code("""
 from pathlib import Path
-from kit import report
+from kit.analysis import report
 
 if EVALUATE_MISSING:  # Table 1 at the held-out evaluation's samples per item, so the two tables agree
     colab.evaluate_missing(RUN_DIR, N, steps="newest" if SMOKE else "all")
@@ -367,7 +367,7 @@ seed); the table gives each run's newest held-out numbers with intervals, and th
 first run where both were scored on the same items.
 """),
                  code("""
-from kit.compare import compare_runs
+from kit.analysis.compare import compare_runs
 
 compared = compare_runs([RUN_DIR, *RUNS_TO_COMPARE], LABELS, out_dir=Path(RUN_DIR) / "report" / "compare")
 report.show(compared)

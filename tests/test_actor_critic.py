@@ -1,4 +1,4 @@
-"""Actor-critic maths (kit/actor_critic.py), every number worked out by hand in the comments.
+"""Actor-critic maths (kit/maths/actor_critic.py), every number worked out by hand in the comments.
 
 Run: python -m pytest tests/test_actor_critic.py      (instant)
 """
@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 
-from kit import actor_critic as ac
+from kit.maths import actor_critic as ac
 
 
 def test_lambda_returns_by_hand():

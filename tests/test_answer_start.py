@@ -6,9 +6,9 @@ import pickle
 import pytest
 import torch
 
-from kit.baselines import discussion_prompt, sequential_prompt
-from kit.models import Team, attach_adapters, build_tiny_model, lora_config
-from kit.rollout import encode_prompt, format_prompt, generate
+from kit.analysis.baselines import discussion_prompt, sequential_prompt
+from kit.engine.models import Team, attach_adapters, build_tiny_model, lora_config
+from kit.engine.rollout import encode_prompt, format_prompt, generate
 from kit.tasks import Prompt, TaskArgError, answer_start
 from kit.tasks.code import HELPER_START, make_task
 

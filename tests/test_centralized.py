@@ -1,4 +1,4 @@
-"""algorithm=centralized (kit/centralized.py): one policy writes every part; the task's reward scores the parts.
+"""algorithm=centralized (kit/engine/centralized.py): one policy writes every part; the task's reward scores the parts.
 
 Run: python -m pytest tests/test_centralized.py      (seconds, the tiny model)
 """
@@ -7,10 +7,10 @@ import json
 
 import pytest
 
-from kit.centralized import Centralized
-from kit.config import ConfigError, load_config
+from kit.engine.centralized import Centralized
+from kit.run.config import ConfigError, load_config
 from kit.tasks.toy import DigitSum
-from kit.trainer import Trainer
+from kit.trainers.trainer import Trainer
 
 QUIET = dict(log=lambda *_: None)
 

@@ -7,7 +7,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from kit.codeparse import aux_use, drop_function, extract_code, function_info
+from kit.tasks.codeparse import aux_use, drop_function, extract_code, function_info
 from kit.tasks import get_task
 from kit.tasks.code import CodeTask, coop_problems, humaneval_problems, split_check
 
@@ -255,8 +255,8 @@ def test_tiny_model_trains_on_the_code_task_for_two_turns(tmp_path):
     """
     import json
 
-    from kit.config import load_config
-    from kit.trainer import Trainer
+    from kit.run.config import load_config
+    from kit.trainers.trainer import Trainer
 
     def shorter_is_better(item, completions):
         return -0.01 * sum(len(c) for c in completions)
@@ -279,7 +279,7 @@ def test_tiny_model_trains_on_the_code_task_for_two_turns(tmp_path):
     second = [r for r in rollouts if r["turn"] == 1][0]
     assert all("Your previous code:" in p and "What happened when the team's program ran" in p
                for p in second["prompts"])
-    from kit.schemes import scheme_shares
+    from kit.analysis.schemes import scheme_shares
 
     shares = scheme_shares(tmp_path / "code")  # entry points read from the run's own task
     assert [s["step"] for s in shares] == [1, 2]
@@ -361,10 +361,10 @@ def test_a_violation_reaches_the_rollout_log_and_the_metrics(tmp_path):
     # what a sandbox refusal looks like downstream, with a task whose reward reports one for agent 1's odd digits
     import json
 
-    from kit.config import load_config
-    from kit.rewards import Reward
+    from kit.run.config import load_config
+    from kit.tasks.rewards import Reward
     from kit.tasks.toy import DigitSum
-    from kit.trainer import Trainer
+    from kit.trainers.trainer import Trainer
 
     class Tries(DigitSum):
         def reward(self, item, completions):

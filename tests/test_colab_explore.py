@@ -8,10 +8,12 @@ import shutil
 
 import pytest
 
-from kit import colab, explore, rundir
-from kit.checkpoint import complete_checkpoints
-from kit.config import load_config
-from kit.trainer import Trainer
+from kit import colab
+from kit.analysis import explore
+from kit.run import rundir
+from kit.run.checkpoint import complete_checkpoints
+from kit.run.config import load_config
+from kit.trainers.trainer import Trainer
 
 
 def cfg_for(tmp_path, *overrides):
@@ -182,7 +184,7 @@ def test_restore_never_replaces_a_local_run_that_is_ahead_of_the_mirror(tmp_path
 def test_notebook_config_mirrors_to_drive_and_smoke_swaps_in_the_tiny_preset(tmp_path, monkeypatch):
     import torch
 
-    from kit.config import ConfigError
+    from kit.run.config import ConfigError
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)  # full mode needs a GPU (refused without)
     cfg = colab.notebook_config("colab_a100", "writing", {"kind": "arxiv"}, "mine", drive=tmp_path, num_steps=7,

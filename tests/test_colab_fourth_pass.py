@@ -10,10 +10,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from kit import rundir
-from kit.config import load_config
-from kit.game_trainer import trainer_class
-from kit.trainer import Trainer
+from kit.run import rundir
+from kit.run.config import load_config
+from kit.trainers.game_trainer import trainer_class
+from kit.trainers.trainer import Trainer
 
 QUIET = dict(log=lambda *_: None)
 
@@ -187,7 +187,7 @@ def test_drive_never_holds_a_checkpoint_its_logs_do_not_reach(tmp_path, monkeypa
     import time
 
     from kit import colab
-    from kit.rundir import Mirror
+    from kit.run.rundir import Mirror
 
     run, drive = tmp_path / "run", tmp_path / "drive"
     real_copy, real_copy_all = shutil.copyfile, Mirror._copy_all
@@ -240,7 +240,8 @@ def test_a_checkpoint_that_got_through_a_failing_copy_counts_and_the_mirror_stil
     import os
     import shutil
 
-    from kit import checkpoint, colab
+    from kit import colab
+    from kit.run import checkpoint
 
     run, drive = tmp_path / "run", tmp_path / "drive"
     real_copy = shutil.copyfile
@@ -330,7 +331,8 @@ def test_the_cli_on_a_cpu_says_which_preset_to_pass(tmp_path, capsys, monkeypatc
 # low: going back to a checkpoint names the dropped steps, and the live curve drops them --------------------------
 
 def test_going_back_to_a_checkpoint_names_the_dropped_steps_and_the_live_curve_drops_them(tmp_path, monkeypatch):
-    from kit import colab, plots
+    from kit import colab
+    from kit.analysis import plots
 
     said, curves = [], []
     trainer = Trainer(cfg_for(tmp_path / "run"), log=said.append)  # checkpoints at steps 2 and 4
@@ -399,7 +401,7 @@ def test_the_analysis_notebooks_say_when_a_real_model_will_run_on_a_cpu(tmp_path
 
 
 def test_04_on_a_run_of_another_task_says_the_same_clear_error_in_every_cell(tmp_path):
-    from kit import schemes
+    from kit.analysis import schemes
 
     trainer = Trainer(cfg_for(tmp_path / "run", "num_steps=1"), **QUIET)  # the toy task
     trainer.train()
@@ -410,7 +412,7 @@ def test_04_on_a_run_of_another_task_says_the_same_clear_error_in_every_cell(tmp
 
 
 def test_05_without_widgets_shows_the_breakdown_as_a_table():
-    from kit import explore
+    from kit.analysis import explore
 
     row = {"step": 3, "item": "HumanEval/0", "parts": {"tests": 1.0}, "reward": 1.0, "advantages": [0.25, -0.5]}
     table = explore.breakdown_table(row)

@@ -12,9 +12,10 @@ from pathlib import Path
 
 import pytest
 
-from kit import checkpoint, colab, rundir
-from kit.config import load_config
-from kit.trainer import Trainer
+from kit import colab
+from kit.run import checkpoint, rundir
+from kit.run.config import load_config
+from kit.trainers.trainer import Trainer
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -79,7 +80,7 @@ def test_a_partial_copy_left_by_an_earlier_runtime_is_removed_by_the_next_copy(t
                                        (errno.EROFS, "Drive is read-only (Read-only file system)"),
                                        (errno.EACCES, "no permission to write to Drive (Permission denied)")])
 def test_a_failed_copy_says_why_in_words(code, why):
-    from kit.rundir import reason
+    from kit.run.rundir import reason
 
     assert reason(OSError(code, os.strerror(code), "/content/drive/MyDrive/x")) == why
     listed = shutil.Error([("/a", "/b", f"[Errno {code}] {os.strerror(code)}: '/b'")])  # copytree's list of tuples
@@ -137,7 +138,7 @@ def fake_run(path: Path, seed: int = 0, steps: int = 60, held_out: dict | None =
     1..`steps`; the held-out rows and baselines given."""
     import json
 
-    from kit.config import to_dict
+    from kit.run.config import to_dict
 
     path.mkdir(parents=True)
     cfg = to_dict(load_config("tiny_cpu", overrides=[f"run_dir={path}", f"seed={seed}", f"num_steps={steps}"]))
@@ -161,7 +162,7 @@ def section(text: str, title: str) -> str:
 
 
 def test_table_1_states_its_samples_per_item_and_says_why_it_differs_from_the_held_out_section(tmp_path):
-    from kit.report import write_report
+    from kit.analysis.report import write_report
 
     team = {**held_row(n=10, pass1=0.111), "method": "magrpo"}
     run = fake_run(tmp_path / "run", held_out=held_row(n=4), baselines=[{**held_row(n=10, pass1=0.05),
@@ -174,8 +175,8 @@ def test_table_1_states_its_samples_per_item_and_says_why_it_differs_from_the_he
 
 
 def test_the_report_and_compare_give_the_same_final_train_reward(tmp_path):
-    from kit.compare import compare_runs
-    from kit.report import write_report
+    from kit.analysis.compare import compare_runs
+    from kit.analysis.report import write_report
 
     run = fake_run(tmp_path / "run")
     # 60 steps: the last 6 (a tenth), steps 55..60, rewards 0.55..0.60: mean 0.575
@@ -185,7 +186,7 @@ def test_the_report_and_compare_give_the_same_final_train_reward(tmp_path):
 
 
 def test_compare_names_a_seed_group_by_its_label_or_config_fills_its_held_out_cells_and_counts_one_run(tmp_path):
-    from kit.compare import compare_runs
+    from kit.analysis.compare import compare_runs
 
     runs = [fake_run(tmp_path / f"seed{s}", seed=s, held_out=held_row(pass1=0.1 * (s + 1), reward=0.5 + s / 10))
             for s in range(3)]
@@ -201,7 +202,7 @@ def test_compare_names_a_seed_group_by_its_label_or_config_fills_its_held_out_ce
 
 
 def test_every_report_and_compare_figure_labels_its_y_axis(tmp_path, monkeypatch):
-    from kit import compare, report, runinfo
+    from kit.analysis import compare, report, runinfo
 
     figures = []
 
@@ -220,7 +221,7 @@ def test_every_report_and_compare_figure_labels_its_y_axis(tmp_path, monkeypatch
 
 
 def test_a_scheme_example_without_code_shows_no_empty_code_block(tmp_path, monkeypatch):
-    from kit import report, schemes
+    from kit.analysis import report, schemes
 
     shares = [{"step": 1, "count": 1, **{k: 0.0 for k in schemes.SCHEMES}}]
     shares[0][schemes.SCHEMES[0]] = 1.0
@@ -232,7 +233,7 @@ def test_a_scheme_example_without_code_shows_no_empty_code_block(tmp_path, monke
 
 
 def test_the_curves_title_states_the_window_it_really_averages(tmp_path):
-    from kit import plots
+    from kit.analysis import plots
 
     fig = plots.learning_curves(fake_run(tmp_path / "run", steps=3))
     assert "mean over the last 3 steps" in fig.axes[0].get_title()
@@ -307,7 +308,7 @@ def test_the_cli_resume_says_the_same_line_as_the_notebook(tmp_path, capsys):
 
 
 def test_07_scores_table_1_at_the_held_out_evaluations_samples_per_item(tmp_path, monkeypatch):
-    from kit import baselines
+    from kit.analysis import baselines
 
     run = fake_run(tmp_path / "run", held_out=held_row(n=4))
     asked = []

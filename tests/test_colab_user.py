@@ -15,11 +15,13 @@ import nbformat
 import pytest
 import torch
 
-from kit import checkpoint, colab, explore, plots, rundir
+from kit import colab
+from kit.run import checkpoint, rundir
+from kit.analysis import explore, plots
 from kit.__main__ import main as cli
-from kit.config import load_config
-from kit.evaluate import RunContext, evaluate_run
-from kit.trainer import Trainer
+from kit.run.config import load_config
+from kit.analysis.evaluate import RunContext, evaluate_run
+from kit.trainers.trainer import Trainer
 
 ROOT = Path(__file__).resolve().parent.parent
 QUIET = dict(log=lambda *_: None)
@@ -155,7 +157,7 @@ def test_the_newer_of_the_local_run_and_its_drive_copy_is_analysed(toy_run, tmp_
 BROWSE = """
 import sys
 import ipywidgets as w
-from kit import explore
+from kit.analysis import explore
 
 def walk(box):
     for child in getattr(box, "children", ()):
@@ -285,12 +287,12 @@ def test_smoke_mode_mirrors_to_its_own_drive_folder(tmp_path, monkeypatch):
 # 8. a changed setting is refused before the model loads ----------------------------------------------------------
 
 def test_a_changed_setting_is_refused_before_the_model_loads(toy_run, tmp_path, monkeypatch):
-    import kit.models
+    import kit.engine.models
 
     def no_loading(*a, **k):
         raise AssertionError("the model was loaded before the config was checked")
 
-    monkeypatch.setattr(kit.models, "build_team", no_loading)
+    monkeypatch.setattr(kit.engine.models, "build_team", no_loading)
     changed = cfg_for(toy_run, "learning_rate=0.5")
     with pytest.raises(ValueError, match=r"learning_rate: 0.003 -> 0.5"):
         Trainer(changed, resume=True, **QUIET)
@@ -364,7 +366,7 @@ def test_eval_and_baselines_without_checkpoints_say_the_team_is_missing(tmp_path
     run = tmp_path / "run"
     Trainer(cfg_for(run), **QUIET)  # config.json only: stopped before the first checkpoint
     said = []
-    from kit.baselines import compare
+    from kit.analysis.baselines import compare
 
     ctx = RunContext(run, num_items=2, **QUIET)
     rows = compare(run, ["naive"], n=1, ctx=ctx, log=said.append)

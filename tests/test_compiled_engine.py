@@ -9,10 +9,10 @@ import dataclasses
 import pytest
 import torch
 
-from kit.compiled import CompiledEngine, bucket_len, bucket_rows
-from kit.models import Team, adapter_parameters, attach_adapters, build_tiny_model, load_base, lora_config, \
+from kit.engine.compiled import CompiledEngine, bucket_len, bucket_rows
+from kit.engine.models import Team, adapter_parameters, attach_adapters, build_tiny_model, load_base, lora_config, \
     save_tiny_model
-from kit.rollout import generate
+from kit.engine.rollout import generate
 
 REQUESTS = [(0, "a0 sum 7"), (1, "a1 sum 7"), (0, "a much longer prompt for agent zero"), (1, "x")]
 
@@ -297,7 +297,7 @@ def test_4bit_generation_weights_decode_and_cache_in_the_compute_dtype(tmp_path)
     from peft import prepare_model_for_kbit_training
     from transformers import AutoModelForCausalLM, BitsAndBytesConfig
 
-    from kit.rollout import sampling_config
+    from kit.engine.rollout import sampling_config
 
     quant = BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type="nf4", bnb_4bit_compute_dtype=torch.bfloat16)
     model = AutoModelForCausalLM.from_pretrained(save_tiny_model(str(tmp_path / "tiny")), quantization_config=quant,
@@ -326,7 +326,7 @@ def test_buckets():
 def test_unsupported_adapters_fall_back_to_hf_on_auto_and_fail_clearly_on_compiled(monkeypatch):
     from peft import LoraConfig, get_peft_model
 
-    import kit.rollout as rollout
+    import kit.engine.rollout as rollout
 
     model, tok = build_tiny_model(0)
     pm = get_peft_model(model, LoraConfig(r=4, target_modules="all-linear", use_dora=True), adapter_name="agent_0")
@@ -344,7 +344,7 @@ def test_grouping_is_required():
     team = make_team(2)
     engine = CompiledEngine(team.models[0], team.adapters)
     ids = torch.ones(2, 3, dtype=torch.long)
-    from kit.rollout import sampling_config
+    from kit.engine.rollout import sampling_config
 
     with pytest.raises(ValueError, match="grouped by adapter"):
         engine.generate(ids, torch.ones_like(ids), ["agent_1", "agent_0"], sampling_config(2, 0, 1, 0, [1], 0))

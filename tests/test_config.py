@@ -7,11 +7,11 @@ import json
 
 import pytest
 
-from kit.config import ConfigError, TrainConfig, load_config, preset, training_diff, to_dict
+from kit.run.config import ConfigError, TrainConfig, load_config, preset, training_diff, to_dict
 
 
 def test_presets_exist_and_validate():
-    from kit.presets import PRESETS
+    from kit.run.presets import PRESETS
 
     assert {"tiny_cpu", "colab_t4", "colab_a100", "smol_writing", "smol_code", "smol_hanabi"} <= set(PRESETS)
     for name in PRESETS:
@@ -19,7 +19,7 @@ def test_presets_exist_and_validate():
 
 
 def test_a_preset_is_a_fresh_config_each_time():
-    """Presets are plain data (kit/presets.py): changing one run's task_args must not change the next run's."""
+    """Presets are plain data (kit/run/presets.py): changing one run's task_args must not change the next run's."""
     first = preset("smol_code")
     first.task_args["dataset"] = "humaneval"
     first.lora_r = 4
@@ -29,7 +29,7 @@ def test_a_preset_is_a_fresh_config_each_time():
 
 
 def test_a_preset_names_only_fields_of_the_config():
-    from kit.presets import PRESETS
+    from kit.run.presets import PRESETS
 
     fields = set(TrainConfig.__dataclass_fields__)
     assert {name: sorted(set(values) - fields) for name, values in PRESETS.items()
@@ -155,7 +155,7 @@ def test_a_json_error_in_a_runs_config_names_the_file(tmp_path, capsys):
     assert cli(["train", "--run-dir", str(tmp_path / "run"), "--resume"]) == 2
     said = capsys.readouterr().err
     assert str(tmp_path / "run" / "config.json") in said and "not valid JSON" in said
-    from kit.config import check_resume
+    from kit.run.config import check_resume
 
     with pytest.raises(ConfigError, match="config.json' is not valid JSON"):  # what 01_train's resume calls
         check_resume(tmp_path / "run" / "config.json", preset("tiny_cpu"))

@@ -30,13 +30,13 @@ import numpy as np
 import pytest
 import torch
 
-from kit.checkpoint import seed_everything, step_seed
-from kit.config import load_config
-from kit.models import build_team
-from kit.rollout import Rollout, completion_logprobs, engine_for
-from kit.sampling import SeededSampling, row_seed
+from kit.run.checkpoint import seed_everything, step_seed
+from kit.run.config import load_config
+from kit.engine.models import build_team
+from kit.engine.rollout import Rollout, completion_logprobs, engine_for
+from kit.engine.sampling import SeededSampling, row_seed
 from kit.tasks import from_functions
-from kit.trainer import Trainer, lr_schedule
+from kit.trainers.trainer import Trainer, lr_schedule
 
 QUIET = dict(log=lambda *_: None)
 
@@ -360,10 +360,10 @@ def test_the_row_seeds_come_from_the_runs_seed_the_step_and_the_items_place_in_t
 
 def test_every_step_reseeds_the_global_rngs_from_the_seed_and_the_step(tmp_path, monkeypatch):
     # what does not sample per row (LoRA dropout, a reward function's own draws) gets new noise at every step
-    import kit.trainer
+    import kit.trainers.trainer
 
     seen = []
-    monkeypatch.setattr(kit.trainer, "seed_everything", seen.append)
+    monkeypatch.setattr(kit.trainers.trainer, "seed_everything", seen.append)
     Trainer(config(tmp_path, "seed=5", "num_steps=2", "batch_size=1", "num_generations=2", "max_new_tokens=1"),
             **QUIET).train()
     assert seen == [step_seed(5, 0), step_seed(5, 1)] and len(set(seen)) == 2
@@ -401,7 +401,7 @@ OLD_SHIFT = torch.tensor([0.4, -0.4, 0.1])  # per completion position: the first
 def old_policy_shifted(monkeypatch):
     """Make the update's old log-probs OLD_SHIFT below the current ones at each position (the trainer's own are
     the current ones at the first iteration), so the ratio's forms differ from their values at 1."""
-    from kit import losses
+    from kit.maths import losses
 
     real = losses.policy_loss
 
@@ -552,7 +552,7 @@ def test_normalize_then_sum_normalises_each_reward_before_the_weighted_sum(tmp_p
 
 
 def test_normalize_then_sum_carries_each_reward_through_the_turns(tmp_path):
-    from kit.rewards import Reward
+    from kit.tasks.rewards import Reward
 
     task = from_functions([{"id": "a"}], lambda it: ["x", "y"], joint_reward,
                           feedback_fn=lambda it, comps, reward: [f"again {c}" for c in comps])
@@ -656,7 +656,7 @@ def test_role_baseline_is_per_turn_in_multi_turn(tmp_path):
 
 
 def test_local_reward_weight_mixes_each_agents_own_part(tmp_path):
-    from kit.rewards import Reward
+    from kit.tasks.rewards import Reward
 
     def reward(item, completions):  # the team's R = V[a] + 2 V[b]; agent 0's own part V[a], agent 1's 0
         a, b = (VALUE[int(c[-1])] for c in completions)

@@ -1,4 +1,4 @@
-"""The coordination suite (kit/coordination.py): the Tiny Hanabi Suite's tables and optima, the exact evaluator,
+"""The coordination suite (kit/tasks/coordination.py): the Tiny Hanabi Suite's tables and optima, the exact evaluator,
 and the game trainer's credit options (cross branching, the role baseline: resumed exactly, 2 processes = 1).
 
 Run: python -m pytest tests/test_coordination.py      (about 20 s; the 2-process run is marked slow)
@@ -11,11 +11,11 @@ import pytest
 
 pyspiel = pytest.importorskip("pyspiel")
 
-from kit import coordination  # noqa: E402
-from kit.config import load_config  # noqa: E402
-from kit.coordination import deterministic, optimum, payoff_table, pure_equilibria, value  # noqa: E402
-from kit.game_trainer import GameTrainer  # noqa: E402
-from kit.rollout import Rollout  # noqa: E402
+from kit.tasks import coordination  # noqa: E402
+from kit.run.config import load_config  # noqa: E402
+from kit.tasks.coordination import deterministic, optimum, payoff_table, pure_equilibria, value  # noqa: E402
+from kit.trainers.game_trainer import GameTrainer  # noqa: E402
+from kit.engine.rollout import Rollout  # noqa: E402
 from kit.tasks.game import OpenSpielGame  # noqa: E402
 
 QUIET = dict(log=lambda *_: None)
@@ -217,9 +217,9 @@ def test_a_game_decision_gets_its_return_minus_its_players_baseline(tmp_path):
 def test_the_bench_skips_methods_this_tree_cannot_run_and_counts_seeds_at_the_optimum():
     import importlib.util
 
-    from kit.coordination import __file__ as kit_file
+    from kit.tasks.coordination import __file__ as kit_file
 
-    path = kit_file.replace("kit/coordination.py", "bench/coordination.py")
+    path = kit_file.replace("kit/tasks/coordination.py", "bench/coordination.py")
     spec = importlib.util.spec_from_file_location("coordination_bench", path)
     bench = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(bench)

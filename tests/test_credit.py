@@ -1,4 +1,4 @@
-"""Credit assignment without a critic (kit/magrpo.py, issue 31): the marginal advantage, groups over nodes, the
+"""Credit assignment without a critic (kit/maths/magrpo.py, issue 31): the marginal advantage, groups over nodes, the
 moving role baseline and the team/local reward mix, each against numbers worked out by hand.
 
 Run: python -m pytest tests/test_credit.py      (well under a second: numpy only)
@@ -7,8 +7,8 @@ Run: python -m pytest tests/test_credit.py      (well under a second: numpy only
 import numpy as np
 import pytest
 
-from kit import magrpo
-from kit.config import load_config, training_diff, to_dict
+from kit.maths import magrpo
+from kit.run.config import load_config, training_diff, to_dict
 
 CROSS = magrpo.joint_actions(2, 3, "cross")  # (a, b) for a, b in 0..2
 
@@ -110,7 +110,7 @@ def test_comlrl_names_are_presets_of_advantage_mode_and_resume_as_the_kits(comlr
     (["leniency_decay_steps=-1"], "leniency_decay_steps"),
 ])
 def test_bad_credit_settings_fail_in_validation_naming_the_field(overrides, field):
-    from kit.config import ConfigError
+    from kit.run.config import ConfigError
 
     with pytest.raises(ConfigError, match=field):
         load_config("tiny_cpu", overrides=overrides)

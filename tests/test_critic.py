@@ -1,4 +1,4 @@
-"""IAC and MAAC in the loop (kit/critic.py): every critic field reaches the advantages, the fit or the optimizer,
+"""IAC and MAAC in the loop (kit/trainers/critic.py): every critic field reaches the advantages, the fit or the optimizer,
 with numbers worked out by hand; resume is exact with critics; games train with critics, and a game critic's
 advantages and fit targets are worked out by hand (its q baseline over every process too, threads as processes).
 with numbers worked out by hand; resume is exact with critics; games train with critics. use_separate_critic=false
@@ -20,10 +20,10 @@ import numpy as np
 import pytest
 import torch
 
-from kit.config import ConfigError, load_config
-from kit.rollout import Rollout
+from kit.run.config import ConfigError, load_config
+from kit.engine.rollout import Rollout
 from kit.tasks import from_functions
-from kit.trainer import Trainer
+from kit.trainers.trainer import Trainer
 from tests.test_config_reaches_maths import Scripted, joint_reward
 
 QUIET = dict(log=lambda *_: None)
@@ -234,7 +234,7 @@ def test_critic_learning_rate_makes_the_first_adamw_step(tmp_path, lr):
 
 
 def test_value_clip_range_reaches_the_value_loss(tmp_path, monkeypatch):
-    from kit import actor_critic
+    from kit.maths import actor_critic
 
     seen = []
     real = actor_critic.value_loss
@@ -302,7 +302,7 @@ def test_bad_critic_settings_fail_before_any_model_loads(overrides, field):
 def test_marlhf_picks_its_rl_stage_by_marlhf_rl_algorithm():
     """marlhf's RL stage is magrpo unless marlhf_rl_algorithm says iac or maac; the critic rules then read that
     stage (COMA's counterfactual baseline is allowed for maac-q on the learnt reward)."""
-    from kit.config import rl_algorithm
+    from kit.run.config import rl_algorithm
 
     assert rl_algorithm(load_config("tiny_cpu", overrides=["algorithm=marlhf"])) == "magrpo"
     cfg = load_config("tiny_cpu", overrides=["algorithm=marlhf", "marlhf_rl_algorithm=maac", "critic_type=q",
@@ -362,7 +362,7 @@ def test_a_damaged_critic_head_falls_back_to_the_older_checkpoint(tmp_path, algo
                                                marks=pytest.mark.slow)],
                          ids=["iac", "iac-shared-heads", "maac-q-cf"])
 def test_a_game_trains_with_critics(tmp_path, algo):
-    from kit.game_trainer import GameTrainer
+    from kit.trainers.game_trainer import GameTrainer
 
     pytest.importorskip("pyspiel")
     cfg = load_config("tiny_hanabi", overrides=[f"run_dir={tmp_path / 'g'}", "progress=false", "num_steps=2",
@@ -413,9 +413,9 @@ class _AlternatingGame:
 
 def played(moves: list[str]):
     """The task, its episodes (moves[e][t]: episode e's move at decision t, one seed) and their decisions as
-    kit.games.play returns them: one round per decision index over every episode."""
-    from kit.games import Decisions
-    from kit.rollout import Rollout
+    kit.tasks.games.play returns them: one round per decision index over every episode."""
+    from kit.tasks.games import Decisions
+    from kit.engine.rollout import Rollout
 
     task = _AlternatingGame()
     episodes = [task.reset(7) for _ in moves]
@@ -443,7 +443,7 @@ def hand_critic(algo, critic_type="v", discount=1.0, lam=0.0, values=game_values
     """An ActorCritic without models: the critics' values are the lookup `values`."""
     from types import SimpleNamespace
 
-    from kit.critic import ActorCritic
+    from kit.trainers.critic import ActorCritic
 
     algorithm = ActorCritic.__new__(ActorCritic)
     algorithm.name = algo

@@ -8,9 +8,9 @@ import shutil
 import pytest
 
 from kit.__main__ import main as cli
-from kit.checkpoint import DamagedCheckpoints
-from kit.config import load_config
-from kit.trainer import Trainer
+from kit.run.checkpoint import DamagedCheckpoints
+from kit.run.config import load_config
+from kit.trainers.trainer import Trainer
 
 STEPS = ["num_steps=2", "save_every=1", "keep_last=2", "keep_history=0", "eval_every=0", "batch_size=2",
          "num_generations=2", "progress=false"]
@@ -47,7 +47,7 @@ def test_all_checkpoints_unreadable_stops_naming_them_and_leaves_every_file_as_i
     def no_model(*args, **kwargs):
         raise AssertionError("a model was loaded for a run that cannot resume")
 
-    monkeypatch.setattr("kit.models.build_team", no_model)
+    monkeypatch.setattr("kit.engine.models.build_team", no_model)
     with pytest.raises(DamagedCheckpoints) as err:
         Trainer(cfg, resume=True, log=lambda *_: None)
     message = str(err.value)

@@ -1,4 +1,4 @@
-"""Data parallelism over items (kit/distributed.py): 2 CPU processes (gloo, launched by torchrun) against 1.
+"""Data parallelism over items (kit/run/distributed.py): 2 CPU processes (gloo, launched by torchrun) against 1.
 
 Run: python -m pytest tests/test_distributed.py      (each 2-process run starts two interpreters: ~10 s)
 
@@ -15,8 +15,8 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from kit.config import load_config
-from kit.trainer import Trainer
+from kit.run.config import load_config
+from kit.trainers.trainer import Trainer
 
 # top_p=1: under top-p the sampler's log-prob of a token is its share of the nucleus, a step function of the logits
 # at the nucleus's edge, so float rounding can move the rollout weights by a jump. Measured on tiny_cpu: one process,
@@ -176,7 +176,7 @@ def test_a_game_on_two_processes_equals_one_process(tmp_path):
     """tiny_hanabi self-play: the same episodes, logged in the same order (by place in the batch, not by deal
     seed), the same metrics and adapters on 2 processes as on 1."""
     one, two = tmp_path / "one", tmp_path / "two"
-    from kit.game_trainer import GameTrainer
+    from kit.trainers.game_trainer import GameTrainer
 
     overrides = [a for a in GAME if a != "--set"] + [f"run_dir={one}"]
     GameTrainer(load_config("tiny_hanabi", overrides=overrides), **QUIET).train()
@@ -208,7 +208,7 @@ def test_a_game_with_critics_on_two_processes_equals_one_process(tmp_path, algor
     other deals (on the other process) reach too: per process it was another baseline (tests/test_critic.py
     test_game_q_baseline_is_over_every_process is the fast check)."""
     one, two = tmp_path / "one", tmp_path / "two"
-    from kit.game_trainer import GameTrainer
+    from kit.trainers.game_trainer import GameTrainer
 
     critic = ["--set", f"algorithm={algorithm}", "--set", f"critic_type={critic_type}", "--set", "gae_lambda=0.5",
               "--set", "discount=0.9"]
@@ -350,7 +350,7 @@ class AloneOfTwo:
 def test_an_adapter_with_no_rows_on_any_process_does_not_move(tmp_path):
     # max_decisions=1: only player 0 acts, anywhere; AdamW with weight decay would still move player 1's adapter
     # if it took a step on zero gradients (one process never steps it)
-    from kit.game_trainer import GameTrainer
+    from kit.trainers.game_trainer import GameTrainer
 
     cfg = load_config("tiny_hanabi", overrides=[
         f"run_dir={tmp_path / 'r'}", "weight_decay=0.1", "batch_size=2", "num_generations=4",
@@ -364,7 +364,7 @@ def test_an_adapter_with_no_rows_on_any_process_does_not_move(tmp_path):
 
 
 def test_agent_devices_must_match_the_team(tmp_path):
-    from kit.config import ConfigError
+    from kit.run.config import ConfigError
 
     with pytest.raises(ConfigError, match=r"agent_devices.*a list of 2 devices"):
         load_config("tiny_cpu", overrides=["agent_devices=[cpu]"])
@@ -375,7 +375,7 @@ def test_agent_devices_must_match_the_team(tmp_path):
 
 
 def test_each_base_of_a_heterogeneous_team_loads_on_its_own_device(monkeypatch):
-    import kit.models as models
+    import kit.engine.models as models
 
     placed = {}
     real = models.load_base
@@ -392,7 +392,7 @@ def test_each_base_of_a_heterogeneous_team_loads_on_its_own_device(monkeypatch):
 
 
 def test_agent_devices_with_several_processes_is_refused(tmp_path, monkeypatch):
-    import kit.trainer as trainer
+    import kit.trainers.trainer as trainer
 
     class TwoProcesses(trainer.Dist):
         def __init__(self):

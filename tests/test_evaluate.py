@@ -8,12 +8,12 @@ import math
 
 import pytest
 
-from kit import baselines, plots
-from kit.config import load_config
-from kit.evaluate import RunContext, evaluate_run, format_table, pass_at_k, summarize
-from kit.rewards import Reward
+from kit.analysis import baselines, plots
+from kit.run.config import load_config
+from kit.analysis.evaluate import RunContext, evaluate_run, format_table, pass_at_k, summarize
+from kit.tasks.rewards import Reward
 from kit.tasks.toy import DigitSum
-from kit.trainer import Trainer
+from kit.trainers.trainer import Trainer
 
 
 @pytest.mark.parametrize("n, c, k, expected", [
@@ -122,7 +122,7 @@ class ScriptedSampler:
         self.calls = []
 
     def sample(self, requests, n, params=None, keys=None):
-        from kit.rollout import Rollout
+        from kit.engine.rollout import Rollout
 
         self.calls.append((requests, keys, params))
         return Rollout(requests, [[f"{len(self.calls)}-{k}-{g}" for g in range(n)] for k in range(len(requests))])
@@ -154,7 +154,7 @@ class TurnScorer:
 
 
 def test_feedback_turns_answer_each_joint_action_and_report_the_last_turn():
-    from kit.evaluate import sample_turns, summarize_turns
+    from kit.analysis.evaluate import sample_turns, summarize_turns
 
     sampler, items, n, N = ScriptedSampler(), [{"id": "x"}, {"id": "y"}], 3, 2
     joints, per_turn, _, _ = sample_turns(sampler, FeedbackTask(), items, n, TurnScorer(), turns=3)
@@ -199,7 +199,7 @@ def test_feedback_turns_answer_each_joint_action_and_report_the_last_turn():
 
 
 def test_greedy_eval_with_turns_samples_every_turn_greedily():
-    from kit.evaluate import greedy_eval
+    from kit.analysis.evaluate import greedy_eval
 
     class Greedy(ScriptedSampler):
         greedy = "GREEDY"

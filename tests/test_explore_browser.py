@@ -10,8 +10,8 @@ import json
 
 import pytest
 
-from kit import explore
-from kit.config import load_config, save
+from kit.analysis import explore
+from kit.run.config import load_config, save
 from kit.tasks import task_for
 
 w = pytest.importorskip("ipywidgets")
@@ -125,7 +125,7 @@ def test_the_whole_problem_prompt_is_shown_in_a_scrolling_box(code_log):
 
 
 def test_a_game_browser_shows_the_illegal_answer_apart_from_the_move_played_for_it():
-    from kit.games import replay
+    from kit.tasks.games import replay
     from kit.tasks.game import OpenSpielGame
 
     task = OpenSpielGame(2, "tiny_hanabi")

@@ -9,8 +9,8 @@ import textwrap
 
 import pytest
 
-from kit import codeparse
-from kit.codeparse import extract_code
+from kit.tasks import codeparse
+from kit.tasks.codeparse import extract_code
 from kit.tasks.code import coop_problems, humaneval_problems
 
 # (id, completion, what must be kept, prose that must be gone)

@@ -1,4 +1,4 @@
-"""Game tasks (kit/tasks/game.py) and episode rollouts (kit/games.py) on OpenSpiel's tiny_hanabi and hanabi."""
+"""Game tasks (kit/tasks/game.py) and episode rollouts (kit/tasks/games.py) on OpenSpiel's tiny_hanabi and hanabi."""
 
 import importlib.util
 import itertools
@@ -10,10 +10,10 @@ import torch
 
 pyspiel = pytest.importorskip("pyspiel")
 
-from kit.config import load_config  # noqa: E402
-from kit.game_trainer import GameTrainer  # noqa: E402
-from kit.games import play  # noqa: E402
-from kit.rollout import Rollout  # noqa: E402
+from kit.run.config import load_config  # noqa: E402
+from kit.trainers.game_trainer import GameTrainer  # noqa: E402
+from kit.tasks.games import play  # noqa: E402
+from kit.engine.rollout import Rollout  # noqa: E402
 from kit.tasks.game import OpenSpielGame  # noqa: E402
 
 QUIET = dict(log=lambda *_: None)
@@ -212,7 +212,7 @@ def test_full_hanabi_runs_end_to_end_on_the_tiny_model(tmp_path):
     assert len(episodes) == 2 * 2 * 4 and all(1 <= len(e["decisions"]) == e["length"] <= 6 for e in episodes)
     assert {"player", "prompt", "completion", "move", "legal"} <= set(episodes[0]["decisions"][0])
     # the explorer replays a logged game move by move, from its seed and its completions
-    from kit import explore
+    from kit.analysis import explore
 
     log = explore.RunLog(tmp_path / "run")
     row = max(log.rows(step=2), key=lambda r: r["length"])
@@ -239,7 +239,7 @@ def test_full_hanabi_runs_end_to_end_on_the_tiny_model(tmp_path):
 
 
 def test_random_and_rule_players_on_the_same_deals():
-    from kit.games import POLICIES, episode_metrics, play_policy
+    from kit.tasks.games import POLICIES, episode_metrics, play_policy
     from kit.tasks.game import hanabi_rule
 
     tiny = OpenSpielGame(2, "tiny_hanabi")
@@ -266,8 +266,8 @@ XX || XX|RYGWB12345\nXX || Y2|Y2\n-----\nW1 || XX|RYGWB12345\nR3 || XX|RYGWB1234
 
 def test_a_game_run_is_evaluated_over_checkpoints_and_against_its_baselines(tmp_path, capsys):
     from kit.__main__ import main
-    from kit.baselines import compare
-    from kit.evaluate import RunContext, evaluate_run
+    from kit.analysis.baselines import compare
+    from kit.analysis.evaluate import RunContext, evaluate_run
 
     cfg = game_config(tmp_path, "task_args={game: tiny_hanabi, prompt_style: compact}", "num_steps=4",
                       "save_every=2", "keep_last=1")

@@ -1,4 +1,4 @@
-"""The scalar model on the shared base (kit/heads.py): one more adapter and an fp32 head, unseen by the agents;
+"""The scalar model on the shared base (kit/engine/heads.py): one more adapter and an fp32 head, unseen by the agents;
 the value head on an agent's own adapter (use_separate_critic=false).
 
 Run: python -m pytest tests/test_heads.py      (a few seconds, the tiny model)
@@ -7,11 +7,11 @@ Run: python -m pytest tests/test_heads.py      (a few seconds, the tiny model)
 import pytest
 import torch
 
-from kit import checkpoint
-from kit.config import load_config
-from kit.heads import ScalarModel, ValueHead, last_token_index
-from kit.models import build_team, lora_config
-from kit.rollout import Sampler
+from kit.run import checkpoint
+from kit.run.config import load_config
+from kit.engine.heads import ScalarModel, ValueHead, last_token_index
+from kit.engine.models import build_team, lora_config
+from kit.engine.rollout import Sampler
 
 
 def team_and_critic(tmp_path=None):

@@ -5,9 +5,9 @@ import numpy as np
 import pytest
 import torch
 
-from kit import magrpo
-from kit.rollout import Sampler, SamplingParams, completion_logprobs, generate, position_ids
-from kit.sampling import row_seed
+from kit.maths import magrpo
+from kit.engine.rollout import Sampler, SamplingParams, completion_logprobs, generate, position_ids
+from kit.engine.sampling import row_seed
 from test_models_rollout import REQUESTS, make_team
 from test_sampling import empirical
 import test_config_reaches_maths as cfgm
@@ -28,7 +28,7 @@ def test_a_short_request_samples_the_same_alone_as_left_padded_in_a_batch():
 
 
 def test_the_logits_path_equals_the_chunked_head_path(monkeypatch):
-    import kit.rollout as rollout
+    import kit.engine.rollout as rollout
     team = make_team()
     model = team.models[0]
     seg = generate(team, REQUESTS, 2, max_new_tokens=6, temperature=1.0).segments[0]

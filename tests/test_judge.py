@@ -14,8 +14,8 @@ import pytest
 
 pytest.importorskip("anthropic")
 
-from kit.judge import PRICES, SCORE_SYSTEM, Budget, Judge, parse_score, price_of  # noqa: E402
-from kit.rewards import JudgeReward  # noqa: E402
+from kit.judge.judge import PRICES, SCORE_SYSTEM, Budget, Judge, parse_score, price_of  # noqa: E402
+from kit.tasks.rewards import JudgeReward  # noqa: E402
 
 KEY = "test-key-" + secrets.token_hex(16)  # made per run: no key-shaped literal in the repository
 MODEL = "claude-haiku-4-5"  # $1 / $5 per million tokens
@@ -178,8 +178,8 @@ def test_prices_live_in_one_table_and_unknown_models_are_refused():
 
 def test_the_key_never_reaches_any_file_of_a_training_run(tmp_path, server, monkeypatch):
     """A tiny run with the judge as a reward and code-task expert feedback: grep every file it wrote."""
-    from kit.config import load_config
-    from kit.trainer import Trainer
+    from kit.run.config import load_config
+    from kit.trainers.trainer import Trainer
 
     monkeypatch.setenv("ANTHROPIC_API_KEY", KEY)
     monkeypatch.setenv("ANTHROPIC_BASE_URL", server.url)
@@ -279,7 +279,7 @@ def test_a_process_killed_with_a_call_in_flight_is_charged_its_worst_case(tmp_pa
 def test_a_reservation_of_a_reused_pid_on_another_boot_is_not_mistaken_for_a_live_one(tmp_path):
     import os
 
-    from kit.judge import _me
+    from kit.judge.judge import _me
 
     (tmp_path / "budget.json").write_text(json.dumps({"spent_usd": 0.0, "reserved_usd": {
         _me(): 0.001, f"{os.getpid()}:deadbeef:1": 0.002}}))
@@ -288,8 +288,8 @@ def test_a_reservation_of_a_reused_pid_on_another_boot_is_not_mistaken_for_a_liv
 
 
 def test_the_failure_policy_config_fields_reach_the_judge(tmp_path, monkeypatch):
-    from kit.config import load_config
-    from kit.rewards import reward_model_for
+    from kit.run.config import load_config
+    from kit.tasks.rewards import reward_model_for
     from kit.tasks.toy import DigitSum
 
     monkeypatch.setenv("ANTHROPIC_API_KEY", KEY)

@@ -1,4 +1,4 @@
-"""Judge pairs (kit/judge_pairs.py): both orders, ties on disagreement, the same budget, ledger and cache as the
+"""Judge pairs (kit/judge/pairs.py): both orders, ties on disagreement, the same budget, ledger and cache as the
 judge's scores; through the real anthropic client against a local Messages server, and through the rule oracle.
 
 Run: python -m pytest tests/test_judge_pairs.py      (a few seconds; no network, no key)
@@ -13,8 +13,8 @@ import pytest
 
 pytest.importorskip("anthropic")
 
-from kit.judge import Judge  # noqa: E402
-from kit.judge_pairs import (JudgePreference, both_orders, judged_pairs, oracle_judge,  # noqa: E402
+from kit.judge.judge import Judge  # noqa: E402
+from kit.judge.pairs import (JudgePreference, both_orders, judged_pairs, oracle_judge,  # noqa: E402
                              parse_preference)
 
 GOOD, BAD = ("a fine summary", "a longer and careful summary"), ("x", "y")

@@ -8,8 +8,8 @@ import json
 import numpy as np
 import pytest
 
-from kit import magrpo
-from kit.rewards import JudgeReward, Reward, RewardModel, impute_unscored
+from kit.maths import magrpo
+from kit.tasks.rewards import JudgeReward, Reward, RewardModel, impute_unscored
 from kit.tasks import from_functions
 
 
@@ -52,8 +52,8 @@ def test_a_group_with_nothing_scored_or_nothing_unscored_is_left_as_it_is():
 
 def test_the_trainer_gives_unscored_joint_actions_no_judge_advantage(tmp_path):
     """Only the judge rewards (a constant task reward): an unscored joint action's advantage is exactly 0."""
-    from kit.config import load_config
-    from kit.trainer import Trainer
+    from kit.run.config import load_config
+    from kit.trainers.trainer import Trainer
 
     class HalfJudge(FakeJudge):  # scores when agent 0 answered an even digit (about half the time)
         def score(self, rubric, text):

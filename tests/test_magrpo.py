@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 import torch
 
-from kit import losses, magrpo
+from kit.maths import losses, magrpo
 
 
 def test_aligned_joint_actions_pair_the_gth_completions():

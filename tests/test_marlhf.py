@@ -1,4 +1,4 @@
-"""MARLHF on the tiny model (kit/marlhf.py): the reward model's fields reach its Bradley-Terry fit, its score is
+"""MARLHF on the tiny model (kit/trainers/marlhf.py): the reward model's fields reach its Bradley-Terry fit, its score is
 the reward MAGRPO's advantages and the critics' targets (marlhf_rl_algorithm=iac, maac) see, judge pairs go through
 the judge's ledger, each RL stage trains on the toy task, and a run resumes exactly (critics included).
 
@@ -10,10 +10,10 @@ import json
 import pytest
 import torch
 
-from kit.config import ConfigError, load_config
-from kit.judge_pairs import JudgePreference, oracle_judge
-from kit.marlhf import NAME, MARLHFTrainer, joint_text
-from kit.rollout import encode_prompt
+from kit.run.config import ConfigError, load_config
+from kit.judge.pairs import JudgePreference, oracle_judge
+from kit.trainers.marlhf import NAME, MARLHFTrainer, joint_text
+from kit.engine.rollout import encode_prompt
 from kit.tasks import from_functions
 from test_config_reaches_maths import Scripted, joint_reward
 
@@ -108,7 +108,7 @@ def test_held_out_items_epochs_and_batch_size(tmp_path):
 
 def test_each_fit_records_its_pairs_task_rewards_and_scores(tmp_path):
     """rm_pairs.jsonl: one row per pair of the fit (train and held out), the task's rewards of winner and loser and
-    the model's scores, from which the logged accuracies follow (kit/marlhf.py; bench/smol_algos.py reads them)."""
+    the model's scores, from which the logged accuracies follow (kit/trainers/marlhf.py; bench/smol_algos.py reads them)."""
     trainer = scripted(tmp_path, "reward_num_train_epochs=1")
     with torch.no_grad():
         trainer.rm.head.weight.normal_(0.0, 0.1, generator=torch.Generator().manual_seed(2))
@@ -250,7 +250,7 @@ CRITIC_TARGETS = [  # RL stage, critic_type, the critic fitted and whether its t
 @pytest.mark.parametrize("rl, critic_type, name, per_node", CRITIC_TARGETS,
                          ids=[f"{r[0]}-{r[1]}" for r in CRITIC_TARGETS])
 def test_the_critics_fit_targets_are_the_reward_models_scores(tmp_path, rl, critic_type, name, per_node):
-    """One turn: a critic's target is the reward, y = r (kit/critic.py); under marlhf r is the reward model's score
+    """One turn: a critic's target is the reward, y = r (kit/trainers/critic.py); under marlhf r is the reward model's score
     of the joint action, never the task's [0, 3, 15]."""
     trainer = scripted(tmp_path, "batch_size=1", "num_generations=3", f"marlhf_rl_algorithm={rl}",
                        f"critic_type={critic_type}")

@@ -5,10 +5,10 @@ import warnings
 import pytest
 import torch
 
-from kit.config import TrainConfig
-from kit.models import (Team, adapter_parameters, attach_adapters, build_team, build_tiny_model, load_base,
+from kit.run.config import TrainConfig
+from kit.engine.models import (Team, adapter_parameters, attach_adapters, build_team, build_tiny_model, load_base,
                         lora_config, save_tiny_model)
-from kit.rollout import completion_logprobs, completion_mask, encode_prompt, format_prompt, generate
+from kit.engine.rollout import completion_logprobs, completion_mask, encode_prompt, format_prompt, generate
 
 
 def make_team(num_agents=2, perturb=True):
@@ -197,8 +197,8 @@ def test_4bit_nf4_loading_and_generation_run_on_cpu(tmp_path):
 
 
 def test_chunked_head_logprobs_equal_the_models_own_logits_with_and_without_adapter():
-    import kit.rollout as rollout
-    from kit.losses import token_logprobs
+    import kit.engine.rollout as rollout
+    from kit.maths.losses import token_logprobs
 
     team = make_team()
     model = team.models[0]

@@ -1,5 +1,5 @@
 """Issue 22: the sampler's log-probs, the rollout correction, clipped multi-iteration updates and the GRPO family's
-options, against hand-computed values (kit/losses.py, kit/sampling.py) and on the tiny CPU team.
+options, against hand-computed values (kit/maths/losses.py, kit/engine/sampling.py) and on the tiny CPU team.
 
 Run: python -m pytest tests/test_offpolicy.py
 """
@@ -12,9 +12,9 @@ import numpy as np
 import pytest
 import torch
 
-from kit import losses, magrpo
-from kit.config import ConfigError, TrainConfig, from_dict, load_config, saved_values, training_diff, validate
-from kit.sampling import SeededSampling
+from kit.maths import losses, magrpo
+from kit.run.config import ConfigError, TrainConfig, from_dict, load_config, saved_values, training_diff, validate
+from kit.engine.sampling import SeededSampling
 
 
 # ---- advantages
@@ -183,13 +183,13 @@ def test_seeded_sampling_records_the_log_prob_of_each_emitted_token_after_temper
 
 @pytest.fixture(scope="module")
 def tiny_team():
-    from kit.models import build_team
+    from kit.engine.models import build_team
 
     return build_team(TrainConfig(model_name="tiny", num_agents=2, lora_r=4, lora_alpha=8, seed=3), log=lambda *_: None)
 
 
 def _sampler_and_trainer(team, temperature, top_p, top_k=0, n=4):
-    from kit.rollout import completion_logprobs, generate
+    from kit.engine.rollout import completion_logprobs, generate
 
     ro = generate(team, [(0, "a0 sum 7"), (1, "a1 sum 5 and more")], n, max_new_tokens=6, temperature=temperature,
                   top_p=top_p, top_k=top_k, use_chat_template=False, keys=[("t", 0), ("t", 1)], seed=5)
@@ -213,7 +213,7 @@ def test_same_fp32_model_sampler_and_trainer_agree_to_1e5(tiny_team):
 
 
 def test_top_p_gives_the_sampler_at_least_the_trainers_mass():
-    from kit.models import build_team
+    from kit.engine.models import build_team
 
     team = build_team(TrainConfig(model_name="tiny", num_agents=2, lora_r=4, lora_alpha=8, seed=3), log=lambda *_: None)
     for rows, trainer in _sampler_and_trainer(team, 1.0, 0.5):
@@ -223,7 +223,7 @@ def test_top_p_gives_the_sampler_at_least_the_trainers_mass():
 
 
 def test_greedy_rows_have_sampler_log_prob_zero(tiny_team):
-    from kit.rollout import generate
+    from kit.engine.rollout import generate
 
     ro = generate(tiny_team, [(0, "a0 sum 7")], 1, max_new_tokens=4, temperature=0.0, use_chat_template=False)
     assert (ro.segments[0].sampler_logprobs == 0).all()
@@ -237,8 +237,8 @@ def test_a_4bit_base_with_a_dequantized_copy_engine_shows_a_mismatch(tmp_path):
     from peft import prepare_model_for_kbit_training
     from transformers import AutoModelForCausalLM, BitsAndBytesConfig
 
-    from kit.models import Team, attach_adapters, save_tiny_model
-    from kit.rollout import rollout_correction
+    from kit.engine.models import Team, attach_adapters, save_tiny_model
+    from kit.engine.rollout import rollout_correction
     from transformers import AutoTokenizer
 
     path = save_tiny_model(str(tmp_path / "tiny"))
@@ -246,7 +246,7 @@ def test_a_4bit_base_with_a_dequantized_copy_engine_shows_a_mismatch(tmp_path):
     model = AutoModelForCausalLM.from_pretrained(path, quantization_config=quant, dtype=torch.bfloat16,
                                                  device_map={"": "cpu"})
     model = prepare_model_for_kbit_training(model, use_gradient_checkpointing=False)
-    from kit.models import lora_config
+    from kit.engine.models import lora_config
 
     pm = attach_adapters(model, ["agent_0", "agent_1"], lora_config(4, 8, 0.0, "all-linear"))
     team = Team([pm], [AutoTokenizer.from_pretrained(path)], [0, 0], ["agent_0", "agent_1"],
@@ -268,7 +268,7 @@ def test_a_4bit_base_with_a_dequantized_copy_engine_shows_a_mismatch(tmp_path):
 
 def _trainer(tmp_path, **fields):
     """tiny_cpu without top-p (so that the hf engine's sampler is the trainer), then `fields`."""
-    from kit.trainer import Trainer
+    from kit.trainers.trainer import Trainer
 
     cfg = load_config("tiny_cpu", overrides=[f"run_dir={tmp_path / 'run'}", "num_steps=2", "eval_every=0",
                                              "save_every=0", "progress=false", "log_rollouts=false", "top_p=1.0"])
@@ -286,7 +286,7 @@ def test_every_step_logs_the_mismatch_per_adapter(tmp_path):
             assert row[f"mismatch/ratio_max/{adapter}"] == pytest.approx(1.0, abs=1e-5)
             assert 0 <= row[f"mismatch/kl/{adapter}"] < 1e-8
             assert row[f"mismatch/past_cap/{adapter}"] == row[f"mismatch/rows_past_cap/{adapter}"] == 0
-    from kit import plots
+    from kit.analysis import plots
 
     fig = plots.LiveCurve(every=1, run_dir=tmp_path / "run").figure()  # the live curve draws it per adapter
     (panel,) = [ax for ax in fig.axes if ax.get_ylabel() == "KL(sampler || trainer)"]
@@ -295,7 +295,7 @@ def test_every_step_logs_the_mismatch_per_adapter(tmp_path):
 
 def test_a_resume_on_another_engine_says_from_which_step_the_correction_changes(tmp_path):
     """rollout_engine may change on resume (CPU to GPU); under auto the correction follows it, and says so."""
-    from kit.trainer import Trainer
+    from kit.trainers.trainer import Trainer
 
     trainer = _trainer(tmp_path, save_every=1)
     trainer.train()
@@ -327,7 +327,7 @@ def test_num_iterations_steps_the_optimizer_that_many_times_and_reports_clipping
 
 
 def test_mask_truncated_completions_drops_rows_without_eos(tmp_path):
-    from kit.rollout import Segment
+    from kit.engine.rollout import Segment
 
     trainer = _trainer(tmp_path, mask_truncated_completions=True)
     seg = Segment(0, torch.zeros(2, 4, dtype=torch.long), torch.ones(2, 4, dtype=torch.long),

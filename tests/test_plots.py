@@ -9,7 +9,7 @@ import json
 import pytest
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 
-from kit import plots
+from kit.analysis import plots
 
 
 def write_metrics(run, rows):

@@ -1,4 +1,4 @@
-"""Preference maths (kit/preference.py) against numbers worked out by hand: pair selection, the MADPO loss and its
+"""Preference maths (kit/maths/preference.py) against numbers worked out by hand: pair selection, the MADPO loss and its
 per-agent gradient (the others' Delta detached), with and without the reference, the Bradley-Terry loss.
 
 Run: python -m pytest tests/test_preference.py      (under a second)
@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 import torch
 
-from kit.preference import (agent_dpo_loss, bradley_terry_loss, dpo_delta, dpo_losses, dpo_stats, pair_accuracy,
+from kit.maths.preference import (agent_dpo_loss, bradley_terry_loss, dpo_delta, dpo_losses, dpo_stats, pair_accuracy,
                             select_pairs, sequence_logprobs)
 
 REWARDS = [0.2, 1.0, 0.5, 1.0]  # answers 1 and 3 tie: never a pair

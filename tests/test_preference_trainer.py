@@ -1,4 +1,4 @@
-"""MADPO on the tiny model (kit/preference_trainer.py): the preference fields reach the pairs and the loss (checked
+"""MADPO on the tiny model (kit/trainers/preference_trainer.py): the preference fields reach the pairs and the loss (checked
 against an independent computation from the model's full logits), the pair buffer is reused between refreshes and
 resumes exactly, and the CLI trains it.
 
@@ -12,9 +12,9 @@ import pytest
 import torch
 
 from kit.__main__ import main as cli
-from kit.checkpoint import seed_everything
-from kit.config import ConfigError, load_config
-from kit.preference_trainer import MADPOTrainer
+from kit.run.checkpoint import seed_everything
+from kit.run.config import ConfigError, load_config
+from kit.trainers.preference_trainer import MADPOTrainer
 from kit.tasks import from_functions
 from test_config_reaches_maths import Scripted, joint_reward, model_logprobs
 
@@ -88,7 +88,7 @@ def hand_deltas(trainer, reference: bool, live: str | None = None) -> torch.Tens
 
 
 # temperature 0.5: the candidates are sampled at it, but DPO's log-probs (policy and reference) are the model's own,
-# at temperature 1 (kit/preference_trainer.py), whatever score_at_sampling_temperature says (MAGRPO's field)
+# at temperature 1 (kit/trainers/preference_trainer.py), whatever score_at_sampling_temperature says (MAGRPO's field)
 @pytest.mark.parametrize("beta, reference, temperature", [(0.1, "base", 1.0), (1.0, "base", 1.0), (1.0, "none", 1.0),
                                                           (1.0, "base", 0.5)])
 def test_the_dpo_loss_and_its_fields(tmp_path, beta, reference, temperature):
@@ -182,7 +182,7 @@ def test_cli_trains_madpo(tmp_path, capsys):
 def test_two_processes_train_as_one(tmp_path, algorithm):
     """2 CPU processes (torchrun, gloo) against 1: the same candidates and rollouts, metrics and adapters to the
     tolerances tests/test_distributed.py explains (float rounding on step 1, Adam on ~1e-8 gradients after it)."""
-    from kit.game_trainer import trainer_class
+    from kit.trainers.game_trainer import trainer_class
     from test_distributed import adapters, assert_close_weights, assert_same_metrics, launch
 
     common = ["batch_size=4", "num_generations=2", "preference_num_candidates=3", "eval_every=0", "save_every=2",
@@ -205,8 +205,8 @@ def test_two_processes_train_as_one(tmp_path, algorithm):
 
 def test_the_notebook_picks_the_algorithm_from_its_overrides(tmp_path, monkeypatch):
     from kit import colab
-    from kit.game_trainer import trainer_class
-    from kit.marlhf import MARLHFTrainer
+    from kit.trainers.game_trainer import trainer_class
+    from kit.trainers.marlhf import MARLHFTrainer
 
     monkeypatch.setenv("KIT_SMOKE_DIR", str(tmp_path / "smoke"))
     cfg = colab.notebook_config("colab_a100", "toy", {}, "x", smoke=True, algorithm="marlhf", log=lambda *_: None)

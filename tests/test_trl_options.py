@@ -12,9 +12,9 @@ import numpy as np
 import pytest
 import torch
 
-from kit import losses, magrpo
-from kit.config import ConfigError, load_config
-from kit.rewards import Reward, RewardModel, Scorer, log_metric
+from kit.maths import losses, magrpo
+from kit.run.config import ConfigError, load_config
+from kit.tasks.rewards import Reward, RewardModel, Scorer, log_metric
 
 # Two rows: row 0 has 2 completion tokens and one padding position, row 1 has 3.
 MASK = torch.tensor([[1.0, 1.0, 0.0], [1.0, 1.0, 1.0]])
@@ -345,7 +345,7 @@ def test_source_values_follow_the_reward_names():
 
 
 def test_logged_values_and_zero_advantage_groups_reach_metrics_and_rollouts(tmp_path):
-    from kit.trainer import Trainer
+    from kit.trainers.trainer import Trainer
 
     cfg = load_config("tiny_cpu", overrides=[f"run_dir={tmp_path / 'run'}", "progress=false", "eval_every=0",
                                              "num_steps=1", "batch_size=2", "num_generations=2", "reward_workers=2",

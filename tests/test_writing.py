@@ -168,8 +168,8 @@ def test_hub_loader_reads_the_named_dataset(monkeypatch):
 
 
 def test_tiny_model_trains_a_step_on_a_writing_task(tmp_path):
-    from kit.config import load_config
-    from kit.trainer import Trainer
+    from kit.run.config import load_config
+    from kit.trainers.trainer import Trainer
 
     cfg = load_config("tiny_cpu", overrides=[f"run_dir={tmp_path / 'w'}", "progress=false", "task=writing",
                                              "task_args={kind: tldr}", "num_steps=1", "batch_size=2",

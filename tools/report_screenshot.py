@@ -17,10 +17,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 
 def make_run(run_dir: Path) -> None:
-    from kit.baselines import compare
-    from kit.config import load_config
-    from kit.evaluate import RunContext, evaluate_run
-    from kit.trainer import Trainer
+    from kit.analysis.baselines import compare
+    from kit.run.config import load_config
+    from kit.analysis.evaluate import RunContext, evaluate_run
+    from kit.trainers.trainer import Trainer
 
     cfg = load_config("tiny_cpu", overrides=[f"run_dir={run_dir}", "num_steps=60", "save_every=20",
                                              "eval_every=10", "progress=false"])
@@ -72,7 +72,7 @@ def main() -> None:
     parser.add_argument("--run-dir", default="checkpoints/report_demo")
     parser.add_argument("--out", default="docs/report_first_screen.png")
     args = parser.parse_args()
-    from kit.report import write_report
+    from kit.analysis.report import write_report
 
     run_dir = Path(args.run_dir)
     if not (run_dir / "eval" / "baselines.json").exists():

@@ -9,6 +9,11 @@ and `describe(task)` says which are on. `from_functions` builds a task from plai
 Bad input is refused the way config fields are: `check_arg` for task arguments (`task_args.name=value is not
 allowed; allowed: ...`, a TaskArgError), `read_items` for data files (the file, the item's index and id, the
 field, and what was expected, a DataError).
+
+Beside the tasks (code, writing, toy, game) this package holds what they share: rewards.py (Reward, reward
+functions, batched scoring), codeparse.py (reading generated code), games.py and coordination.py (turn-based games,
+the Tiny Hanabi suite). May import: kit.engine, kit.judge, kit.sandbox, kit.maths, kit.env; not runs, analysis or
+trainers.
 """
 
 from __future__ import annotations
@@ -19,7 +24,7 @@ from pathlib import Path
 from dataclasses import dataclass, field
 from typing import Callable, Protocol, runtime_checkable
 
-from kit.prompts import Prompt, answer_start  # noqa: F401  (the tasks' prompts; re-exported)
+from kit.engine.prompts import Prompt, answer_start  # noqa: F401  (the tasks' prompts; re-exported)
 
 
 @runtime_checkable
@@ -64,7 +69,7 @@ def describe(task) -> str:
     from kit.tasks.game import is_game
 
     roles = ", ".join(getattr(task, "roles", []) or [])
-    if is_game(task):  # played in episodes (kit/games.py): the one-shot hooks below do not apply
+    if is_game(task):  # played in episodes (kit/tasks/games.py): the one-shot hooks below do not apply
         return f"game {getattr(task, 'name', type(task).__name__)!r} ({roles}): turn-based episodes, return = score"
     on = [h for h in HOOKS if has(task, h)]
     off = [h for h in HOOKS if h not in on]
@@ -85,7 +90,7 @@ def get_task(name: str, num_agents: int, **task_args):
 
 def task_for(cfg):
     """The task a TrainConfig names, built with its task_args (algorithm=centralized: its one-policy form)."""
-    from kit.centralized import wrap
+    from kit.engine.centralized import wrap
 
     return wrap(cfg, get_task(cfg.task, cfg.num_agents, **cfg.task_args))
 
@@ -104,7 +109,7 @@ def check_task(task, num_agents: int) -> None:
 
 
 class TaskArgError(ValueError):
-    """A bad task argument; the message names it, its value and what is allowed (as kit.config.ConfigError)."""
+    """A bad task argument; the message names it, its value and what is allowed (as kit.run.config.ConfigError)."""
 
 
 def check_arg(ok: bool, name: str, value, allowed: str) -> None:

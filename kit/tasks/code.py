@@ -3,7 +3,7 @@
 Two agents write one program. The helper (agent_0) writes `aux(...)`; the main agent (agent_1) writes the
 problem's function and may call `aux`. Their code is joined after the problem's own imports and helper
 definitions, with main's copy of `aux` (if any) and helper's copy of the entry point (if any) dropped, and run
-against the problem's asserts in `kit.sandbox`.
+against the problem's asserts in `kit.sandbox.sandbox`.
 
 Reward (max 4.0; the paper normalises by 4, e.g. `reward_processor="scale(0.25)"`), each level gated by the last:
     structure   (1.0)  +0.4 aux is defined and returns a value; +0.6 the entry point is defined (stop if not)
@@ -41,9 +41,9 @@ import os
 import threading
 from collections import OrderedDict
 
-from kit import sandbox
-from kit.codeparse import AUX, aux_use, drop_function, extract_code, function_info
-from kit.rewards import Reward
+from kit.sandbox import sandbox
+from kit.tasks.codeparse import AUX, aux_use, drop_function, extract_code, function_info
+from kit.tasks.rewards import Reward
 from kit.tasks import Prompt, check_arg, is_id, is_int, is_number, is_text, is_text_list, read_items
 
 DATA_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "data")  # kit/data: in the package
@@ -332,7 +332,7 @@ class CodeTask:
         """A joint action passes (for pass@k) when every assert passes."""
         return reward.parts.get("tests", 0.0) >= 1.0
 
-    # --- baselines (kit/baselines.py)
+    # --- baselines (kit/analysis/baselines.py)
 
     def single_prompt(self, item: dict) -> str:
         """The fixed single-model baseline: one model writes both functions."""

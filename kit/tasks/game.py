@@ -1,7 +1,7 @@
 """Turn-based games: the environment contract, and OpenSpiel games through it (cooperative Hanabi, tiny_hanabi).
 
     task = make_task(2, game="tiny_hanabi")        # or python -m kit train --set task=game --set 'task_args={game: hanabi}'
-    task = make_task(2, game="tiny_hanabi", suite="A")   # a Tiny Hanabi Suite game A-F (kit/coordination.py; E = default)
+    task = make_task(2, game="tiny_hanabi", suite="A")   # a Tiny Hanabi Suite game A-F (kit/tasks/coordination.py; E = default)
     ep = task.reset(seed)                          # chance outcomes (the deal, later draws) from the seed
     while not task.terminal(ep):
         p = task.player(ep)                        # whose turn
@@ -11,7 +11,7 @@
 
 A game task differs from a one-shot Task (kit/tasks/__init__.py): players act in turn, an episode has tens of
 decisions, and every decision must be a legal move. Anything with the members of `Game` below plugs into the
-trainer's episode rollouts (kit/games.py); `OpenSpielGame` wraps any OpenSpiel game whose states give a text
+trainer's episode rollouts (kit/tasks/games.py); `OpenSpielGame` wraps any OpenSpiel game whose states give a text
 observation per player.
 
 Illegal output is data, not a crash: a completion that names no legal move (by its number, or by the move's
@@ -102,8 +102,8 @@ class OpenSpielGame:
         if prompt_style not in ("full", "compact"):
             raise ValueError(f"prompt_style={prompt_style!r}: use 'full' or 'compact'")
         params = dict(params or {})
-        if suite is not None:  # a Tiny Hanabi Suite game (kit/coordination.py): tiny_hanabi with its payoff table
-            from kit.coordination import openspiel_params
+        if suite is not None:  # a Tiny Hanabi Suite game (kit/tasks/coordination.py): tiny_hanabi with its payoff table
+            from kit.tasks.coordination import openspiel_params
 
             if game != "tiny_hanabi" or params:
                 raise ValueError(f"suite={suite!r} picks a tiny_hanabi payoff table: use it with game=tiny_hanabi and "
@@ -186,7 +186,7 @@ class OpenSpielGame:
 
     def settled(self, ep: Episode, text: str, chars_left: int) -> bool:
         """Whether every continuation of `text` by at most `chars_left` characters parses as `text` does: no move
-        name can still appear, and a name is already there or the first number has ended (kit/coordination.py
+        name can still appear, and a name is already there or the first number has ended (kit/tasks/coordination.py
         enumerates completions and stops at a settled prefix)."""
         moves = self.moves(ep)
         could_appear = any(text.endswith(m[:k]) and len(m) - k <= chars_left
@@ -222,7 +222,7 @@ class OpenSpielGame:
         game has none. tiny_hanabi: the best convention that ignores the cards (player 0's move fixed, player 1's
         a function of it; game E: the middle move twice, 8 of 10). hanabi: `hanabi_rule`."""
         if self.name == "tiny_hanabi":
-            from kit.coordination import card_blind_moves, table_of
+            from kit.tasks.coordination import card_blind_moves, table_of
 
             first, reply = card_blind_moves(table_of(self.game))
             seen = [a for a in ep.state.history()[2:]]  # after the two deals: the moves made so far

@@ -17,7 +17,7 @@ generalisation, which is what a toy can honestly show).
 
 from __future__ import annotations
 
-from kit.rewards import Reward
+from kit.tasks.rewards import Reward
 from kit.tasks import check_arg, is_int, is_number
 
 

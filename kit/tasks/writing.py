@@ -33,7 +33,7 @@ import os
 import re
 from dataclasses import dataclass
 
-from kit.rewards import Reward
+from kit.tasks.rewards import Reward
 from kit.tasks import check_arg, is_id, is_int, is_number, is_text, read_items
 
 DATA_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "data")  # kit/data: in the package

@@ -1,0 +1,100 @@
+"""Uncertainty for the numbers a report compares: percentile bootstrap over held-out items.
+
+    bootstrap(values)                  (mean, low, high): 95% percentile interval of the mean over items
+    paired_bootstrap(a, b)             (mean(a - b), low, high): the same items resampled for both methods
+    per_item(row, metric)              one value per item from an evaluation row's `per_item` lists (pass@k via
+                                       the unbiased estimator of each item's c correct of n), or None
+    method_line(num_items, ...)        the one line a report prints under a table
+
+Why items and not samples: the n samples of one item are not independent draws from the population of problems
+a researcher cares about; the held-out items are. Resampling items (with replacement, B times, the mean of each
+resample) gives the spread a different draw of equally hard items would show. For two methods scored on the same
+items, resampling the per-item differences keeps the pairing, so an item that is hard for both does not widen the
+interval of the difference. Every resampling uses a fixed seed, so a report is reproducible to the digit.
+Not covered: the noise of the n samples within an item (it is averaged inside each item's value), and intervals
+across seeds of training (kit.analysis.compare shows seeds as a band instead).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+NUM_RESAMPLES = 2000
+CONFIDENCE = 0.95
+SEED = 0
+
+
+def resample_means(values, indices: np.ndarray) -> np.ndarray:
+    """The mean of each resample: `indices` (B, n) picks items of `values` (n,)."""
+    return np.asarray(values, dtype=float)[indices].mean(axis=1)  # (B,)
+
+
+def percentile_interval(stats, confidence: float = CONFIDENCE) -> tuple[float, float]:
+    """The central `confidence` share of the resampled statistics (linear interpolation between order stats)."""
+    tail = (1.0 - confidence) / 2
+    low, high = np.quantile(np.asarray(stats, dtype=float), [tail, 1.0 - tail])
+    return float(low), float(high)
+
+
+def _indices(n: int, num_resamples: int, seed: int) -> np.ndarray:
+    return np.random.default_rng(seed).integers(0, n, size=(num_resamples, n))  # (B, n)
+
+
+def bootstrap(values, num_resamples: int = NUM_RESAMPLES, confidence: float = CONFIDENCE,
+              seed: int = SEED) -> tuple[float, float, float]:
+    """(mean, low, high) of per-item `values`; a single item gives a zero-width interval."""
+    values = np.asarray(values, dtype=float)
+    if values.ndim != 1 or not len(values):
+        raise ValueError(f"bootstrap needs a non-empty list of per-item values; got shape {values.shape}")
+    low, high = percentile_interval(resample_means(values, _indices(len(values), num_resamples, seed)), confidence)
+    return float(values.mean()), low, high
+
+
+def paired_bootstrap(a, b, num_resamples: int = NUM_RESAMPLES, confidence: float = CONFIDENCE,
+                     seed: int = SEED) -> tuple[float, float, float]:
+    """(mean(a - b), low, high) with one resample of item indices shared by both methods."""
+    a, b = np.asarray(a, dtype=float), np.asarray(b, dtype=float)
+    if a.shape != b.shape:
+        raise ValueError(f"a paired bootstrap needs the same items for both methods; got {len(a)} and {len(b)} "
+                         "items (evaluate both with the same --items)")
+    return bootstrap(a - b, num_resamples, confidence, seed)
+
+
+def per_item(row: dict, metric: str) -> list[float] | None:
+    """Per-item values of `metric` ("pass@k", "reward/mean", "score/mean") from an evaluation row, or None when
+    the row has no per-item data (written by an older kit) or cannot give this metric."""
+    from kit.analysis.evaluate import pass_at_k
+
+    items = row.get("per_item")
+    if not items:
+        return None
+    if metric.startswith("pass@") and "correct" in items:
+        k, n = int(metric[5:]), int(row["num_samples"])
+        return [pass_at_k(n, c, k) for c in items["correct"]] if k <= n else None
+    key = {"reward/mean": "reward", "score/mean": "score"}.get(metric)
+    return list(items[key]) if key in items else None
+
+
+def interval(row: dict, metric: str, **kw) -> tuple[float, float, float] | None:
+    """`bootstrap` of a row's per-item values of `metric`; None without per-item data."""
+    values = per_item(row, metric)
+    return bootstrap(values, **kw) if values else None
+
+
+def fmt(point: float, low: float | None = None, high: float | None = None, digits: int = 3) -> str:
+    """'0.412 [0.310, 0.520]', or the point alone when there is no interval."""
+    if point is None:
+        return "n/a"
+    if low is None:
+        return f"{point:.{digits}f}"
+    return f"{point:.{digits}f} [{low:.{digits}f}, {high:.{digits}f}]"
+
+
+def method_line(num_items: int | None = None, paired: bool = False, unit: str = "held-out items") -> str:
+    """The line under a table that says how its intervals were made."""
+    what = f"the {num_items} {unit}" if num_items else unit
+    line = (f"Intervals: {CONFIDENCE:.0%} percentile bootstrap of the mean over {what} ({NUM_RESAMPLES} resamples, "
+            f"seed {SEED}).")
+    if paired:
+        line += " Δ: paired bootstrap of the per-item difference (the same resampled items for both methods)."
+    return line

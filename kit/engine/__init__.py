@@ -1,0 +1,14 @@
+"""The model side: weights, the team of adapters on one base, and batched generation.
+
+    weights.py      short model names (smollm2-135m, qwen2.5-coder-0.5b): the hub, else a hash-pinned package
+    models.py       the base (4-bit on CUDA), one LoRA adapter per agent, the tiny model (start here)
+    rollout.py      the Sampler: one batched generate for every agent and sample; rollout records
+    sampling.py     per-row seeded sampling (the same sample whatever the batch)
+    compiled.py     the compiled engine: stacked LoRA, static cache, CUDA graphs
+    prefixes.py     shared prompt prefixes computed once (generation and every forward of the update)
+    prompts.py      Prompt: a prompt whose answer is started for the model (`answer_start`)
+    heads.py        a scalar model on the shared base: one more adapter + an fp32 head (critics, reward models)
+    centralized.py  one policy writing every agent's part (algorithm=centralized)
+
+May import: kit.maths, torch, transformers, peft, bitsandbytes; not tasks, runs or trainers.
+"""

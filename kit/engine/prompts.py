@@ -1,0 +1,28 @@
+"""A prompt whose answer is started for the model: what a task returns and the sampler reads (kit/engine/rollout.py).
+
+Its own module (no imports) so that tasks and the sampler both read it without importing each other.
+"""
+
+
+class Prompt(str):
+    """A prompt whose answer is started for the model: `Prompt(text, answer_start="```python\\ndef aux(")`.
+
+    The sampler puts `answer_start` after the chat template's assistant header (a prefilled answer, as
+    `continue_final_message` does in transformers' chat templates) and returns it in front of each completion, so
+    the reward, schemes and logs read the whole answer; the update scores only the tokens that were sampled. It
+    is a str everywhere else (logs, critics, judges read the prompt as it is)."""
+
+    answer_start: str = ""
+
+    def __new__(cls, text: str, answer_start: str = ""):
+        self = super().__new__(cls, text)
+        self.answer_start = answer_start
+        return self
+
+    def __reduce__(self):  # pickled (a process pool, the distributed run) with its start
+        return Prompt, (str(self), self.answer_start)
+
+
+def answer_start(prompt: str) -> str:
+    """The text a prompt's answer is started with ("" for a plain str)."""
+    return getattr(prompt, "answer_start", "")

@@ -1,0 +1,82 @@
+"""The presets: named sets of TrainConfig fields, as plain data (kit/run/config.py `preset(name)` makes the TrainConfig).
+
+A preset names only the fields it changes from TrainConfig's defaults; the comment above each says what it is for
+and why its less obvious values are what they are. This module imports no kit module.
+"""
+
+# The built-in tiny model on the toy task: learns on a laptop CPU in about 30 s.
+# No chat template: the random 2-layer model reads the target best when it is the last thing in the prompt.
+# beta = 0.02 (KL to the base, whose digits are uniform): without it each agent's policy collapses within ~75 steps
+# onto a coarse split (two answers per agent), every group's samples agree, the advantages vanish and the team stops
+# at 0.64-0.84. top_p = 0.9 (as the Colab presets; `auto` weighs it with truncated importance sampling) drops the
+# low-probability tail of stray characters. Every seed 0-15 ends at >= 0.85 in 200 steps (bench/README.md).
+TINY_CPU = dict(model_name="tiny", task="toy", num_generations=8, max_new_tokens=3, temperature=1.0,
+                use_chat_template=False, top_p=0.9, beta=0.02,
+                lora_r=8, lora_alpha=16, learning_rate=3e-3, batch_size=8, num_steps=200,
+                eval_every=50, save_every=100, num_eval_items=19, run_dir="checkpoints/tiny_cpu")
+
+# A free-tier Colab T4 (16 GB, no bf16): the 1.5B coder in 4-bit, fp16 compute, on the code task.
+COLAB_T4 = dict(model_name="Qwen/Qwen2.5-Coder-1.5B-Instruct", dtype="float16", task="code",
+                reward_workers=2, num_generations=4,
+                max_new_tokens=256, temperature=0.7, top_p=0.9, lora_r=16, lora_alpha=32,
+                learning_rate=5e-5, batch_size=1, num_steps=500, gradient_checkpointing=True,
+                eval_every=50, save_every=25, run_dir="checkpoints/colab_t4")
+
+# The paper's recipe adapted to 4-bit LoRA on one A100: Qwen2.5-Coder-3B, 2 agents, G=4, code task (HumanEval
+# train split, sandboxed tests in 8 threads).
+COLAB_A100 = dict(model_name="Qwen/Qwen2.5-Coder-3B-Instruct", task="code", reward_workers=8,
+                  num_agents=2, num_generations=4,
+                  max_new_tokens=256, temperature=0.7, top_p=0.9, lora_r=16, lora_alpha=32,
+                  learning_rate=5e-5, batch_size=2, num_steps=1000, eval_every=50, save_every=25,
+                  gradient_checkpointing=True,  # without it the update peaks at ~54 GiB (3B, 16 rows x ~700)
+                  run_dir="checkpoints/colab_a100")
+
+# Self-play on OpenSpiel's tiny_hanabi with the built-in tiny model, one adapter per player: reaches the game's
+# 8-of-10 convention within 150 steps on a laptop CPU (about 45 s for 300 steps; bench/game_learning.py).
+# save_every 25: tiny_cpu's 100 would leave a stop or a disconnect up to 100 steps to redo.
+TINY_HANABI = {**TINY_CPU, "task": "game", "task_args": {"game": "tiny_hanabi", "prompt_style": "compact"},
+               "learning_rate": 1e-3, "temperature": 1.5, "num_steps": 300, "top_p": 1.0, "beta": 0.0,
+               "eval_every": 25, "num_eval_items": 16, "run_dir": "checkpoints/tiny_hanabi", "save_every": 25}
+
+# Two-player Hanabi self-play on one A100: Qwen2.5-3B-Instruct in 4-bit, one LoRA adapter per player, 2 deals x G=4
+# episodes per step, up to 80 decisions per episode, a short numbered answer per move.
+COLAB_HANABI = dict(model_name="Qwen/Qwen2.5-3B-Instruct", task="game",
+                    task_args={"game": "hanabi", "prompt_style": "full", "max_decisions": 80,
+                               "illegal": "random", "illegal_penalty": 1.0},
+                    num_agents=2, num_generations=4, batch_size=2, max_new_tokens=8, temperature=1.0,
+                    top_p=1.0, lora_r=16, lora_alpha=32, learning_rate=2e-5, num_steps=300, micro_batch_size=64,
+                    gradient_checkpointing=True, eval_every=25, save_every=25, num_eval_items=16,
+                    run_dir="checkpoints/colab_hanabi")
+
+# What the three smol presets share: SmolLM2-135M-Instruct (`smollm2-135m`: the hub's weights where it answers, else
+# the packaged GGUF; kit/engine/weights.py), full precision on a CPU, 2 agents x G=4 on one item a step, rank-16 LoRA.
+SMOL = dict(model_name="smollm2-135m", num_generations=4, batch_size=1, temperature=0.7, top_p=0.9,
+            lora_r=16, lora_alpha=32, learning_rate=3e-4, num_steps=30, eval_every=10, save_every=10)
+
+# A real pretrained team on a laptop CPU: SmolLM2-135M-Instruct on TLDR (a concise and a detailed summary), 48 new
+# tokens each; a step is about 15 s on 2 cores, and the held-out reward rises within 20 steps (bench/README.md,
+# "SmolLM2-135M on a CPU").
+SMOL_WRITING = {**SMOL, "task": "writing", "task_args": {"kind": "tldr"}, "max_new_tokens": 48,
+                "num_eval_items": 8, "run_dir": "checkpoints/smol_writing"}
+
+# SmolLM2-135M-Instruct on the cooperative coding problems (helper writes aux, main the entry point), 96 new tokens
+# (the untrained model's first code block fits; what it rambles after is cut), sandboxed tests in 2 threads, 8 of the
+# 12 held-out problems. The helper's answer is started with `def aux(` (`prefill=helper`): told to write `aux`, the
+# 135M model writes the entry point instead in 63 of 64 samples. At 135M few tests pass: the signal is mostly the
+# structure and syntax levels (bench/README.md). `--set num_turns=2` adds the task's feedback turn (its update
+# reached 15 GB of RAM with every row of an agent in one pass: add `micro_batch_size=4` on a smaller machine);
+# HumanEval instead of the cooperative problems: `--set 'task_args={dataset: humaneval, prefill: helper}'`.
+SMOL_CODE = {**SMOL, "task": "code", "task_args": {"dataset": "coop", "prefill": "helper"}, "max_new_tokens": 96,
+             "reward_workers": 2, "num_eval_items": 8, "run_dir": "checkpoints/smol_code"}
+
+# SmolLM2-135M-Instruct in self-play on OpenSpiel's tiny_hanabi with the full prompt (cards and moves named), one
+# adapter per player, a short numbered answer per move, one deal x G=8 episodes a step. Sampled at temperature 1 the
+# untrained players name no legal move about 60% of the time (each costs the illegal penalty): the first thing they
+# learn is to answer.
+SMOL_HANABI = {**SMOL, "task": "game", "task_args": {"game": "tiny_hanabi", "prompt_style": "full"},
+               "max_new_tokens": 4, "temperature": 1.0, "top_p": 1.0, "num_generations": 8, "num_eval_items": 16,
+               "run_dir": "checkpoints/smol_hanabi"}
+
+PRESETS = {"tiny_cpu": TINY_CPU, "colab_t4": COLAB_T4, "colab_a100": COLAB_A100, "tiny_hanabi": TINY_HANABI,
+           "colab_hanabi": COLAB_HANABI, "smol_writing": SMOL_WRITING, "smol_code": SMOL_CODE,
+           "smol_hanabi": SMOL_HANABI}

@@ -1,0 +1,10 @@
+"""Running untrusted generated code: a separate, limited process that cannot change its own verdict.
+
+    sandbox.py    the parent side: run / run_many, the checker pool, verdicts, test rewriting (start here)
+    isolation.py  the runner's layers found once (uid, namespaces, rlimits), cleanup and kills after a run
+    wire.py       the plain-data protocol between the parent, the runner and the checker
+    runner.py     the child that runs the program and answers calls (read as source, never imported by the kit)
+    checker.py    the child that runs the tests in its own namespace (read as source, never imported)
+
+May import: the standard library only (runner, checker and wire: nothing else at all, they run in the child).
+"""
