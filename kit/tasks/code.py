@@ -22,6 +22,9 @@ Data (`dataset=`):
                 naturally into a helper and a main function (a reference pair is included); eval is the first 12.
                 `data_file=my.yaml` reads your own problems in the same format instead (id, prompt, entry_point,
                 tests: a list of assert lines; helper and main, the reference pair, optional)
+    mbpp        397 MBPP problems (the sanitized subset; Austin et al. 2021, CC-BY-4.0) in MultiPL-E's Python
+                translation (a typed signature and docstring per problem, 3-7 asserts), bundled as
+                kit/data/mbpp-py-reworded.json (see kit/data/SOURCES.md); eval is the first 32, train the rest
     hub:<name>  a hub dataset by name in HumanEval format (task_id, prompt, entry_point, test), e.g.
                 hub:OpenMLRL/CoopHumanEval (Colab; needs `datasets` and network); `hub_split` picks the hub
                 split, eval is its first 16 problems
@@ -51,6 +54,8 @@ COOP_FILE = os.path.join(DATA_DIR, "coop_problems.yaml")
 HUMANEVAL_SPLITS = {"train": (33, 133), "eval": (0, 32)}  # as in the paper's code
 COOP_SPLITS = {"train": (12, None), "eval": (0, 12)}
 HUB_SPLITS = {"train": (16, None), "eval": (0, 16)}
+MBPP_FILE = os.path.join(DATA_DIR, "mbpp-py-reworded.json")
+MBPP_SPLITS = {"train": (32, None), "eval": (0, 32)}
 
 HELPER_PROMPT = """Write a helper function for this coding problem.
 
@@ -74,6 +79,7 @@ Instructions:
 """
 
 
+DATASETS = ("humaneval", "coop", "mbpp")  # bundled or offline; hub:<name> besides
 PREFILLS = ("none", "helper", "both")  # whose answers the sampler starts (CodeTask.started)
 HELPER_START = "```python\ndef aux("
 MAIN_START = "```python\ndef {entry}("
@@ -145,6 +151,29 @@ def prompt_context(prompt: str, entry: str) -> str:
     return drop_function(prompt, entry).strip() + "\n"
 
 
+@functools.lru_cache(maxsize=1)
+def mbpp_problems() -> tuple[dict, ...]:
+    """The 397 bundled MBPP problems (MultiPL-E's Python format) as kit items."""
+    with open(MBPP_FILE, encoding="utf-8") as f:
+        return tuple(from_multipl_e(row) for row in json.load(f))
+
+
+def from_multipl_e(row: dict) -> dict:
+    """A MultiPL-E Python row (name, prompt: signature and docstring, tests: `def check(candidate)`, then a
+    `test_check()` that calls it with the function) as a kit item; the entry point is the function that
+    `test_check` passes to `check`, and only `check` (with the module's imports) becomes the tests."""
+    tree = ast.parse(row["tests"])
+    calls = [n for n in ast.walk(tree) if isinstance(n, ast.Call) and getattr(n.func, "id", "") == "check"]
+    if len(calls) != 1 or not isinstance(calls[0].args[0], ast.Name):
+        raise ValueError(f"MultiPL-E row {row.get('name')!r}: expected one check(<function>) call in its tests")
+    entry = calls[0].args[0].id
+    kept = [n for n in tree.body if isinstance(n, (ast.Import, ast.ImportFrom)) or
+            (isinstance(n, ast.FunctionDef) and n.name == "check")]
+    setup, tests = split_check("\n".join(ast.unparse(n) for n in kept))
+    return {"id": row["name"], "prompt": row["prompt"], "entry_point": entry,
+            "context": prompt_context(row["prompt"], entry), "setup": setup, "tests": tests}
+
+
 COOP_FIELDS = {"id": (is_id, "a name or number, unique in the file"),
                "prompt": (is_text, "the problem statement: the function's signature and docstring, as text"),
                "entry_point": (lambda v: is_text(v) and v.isidentifier(), "the name of main's function"),
@@ -199,8 +228,8 @@ class CodeTask:
                  data_file: str | None = None, prefill: str = "none"):
         if num_agents != 2:
             raise ValueError(f"the code task has two agents (helper, main); got num_agents={num_agents}")
-        check_arg(isinstance(dataset, str) and (dataset in ("humaneval", "coop") or dataset.startswith("hub:")),
-                  "dataset", dataset, "humaneval, coop, hub:<name> (e.g. hub:OpenMLRL/CoopHumanEval)")
+        check_arg(isinstance(dataset, str) and (dataset in DATASETS or dataset.startswith("hub:")),
+                  "dataset", dataset, f"{', '.join(DATASETS)}, hub:<name> (e.g. hub:OpenMLRL/CoopHumanEval)")
         check_arg(is_number(test_timeout) and test_timeout > 0, "test_timeout", test_timeout,
                   "a number of seconds > 0 (each test's time limit)")
         check_arg(is_int(memory_mb) and memory_mb >= 64, "memory_mb", memory_mb,
@@ -219,7 +248,7 @@ class CodeTask:
         self.prefill = prefill
         self.num_agents = num_agents
         self.dataset = dataset
-        defaults = {"humaneval": HUMANEVAL_SPLITS, "coop": COOP_SPLITS}.get(dataset, HUB_SPLITS)
+        defaults = {"humaneval": HUMANEVAL_SPLITS, "coop": COOP_SPLITS, "mbpp": MBPP_SPLITS}.get(dataset, HUB_SPLITS)
         self.hub_split = hub_split
         self.ranges = {"train": tuple(train_range or defaults["train"]), "eval": tuple(eval_range or defaults["eval"])}
         self.limits = sandbox.Limits(test_timeout=test_timeout, memory_mb=memory_mb)
@@ -247,6 +276,8 @@ class CodeTask:
             return list(humaneval_problems())
         if self.dataset == "coop":
             return list(coop_problems(self.data_file))
+        if self.dataset == "mbpp":
+            return list(mbpp_problems())
         if self._hub is None:  # downloaded once per task
             self._hub = hub_problems(self.dataset[len("hub:"):], self.hub_split)
         return self._hub
