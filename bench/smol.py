@@ -38,9 +38,13 @@ sys.path.insert(0, str(ROOT))
 
 RUNS = ROOT / "checkpoints" / "smol_bench"
 OUT = ROOT / "bench" / "results"
-PRESET = {"writing": "smol_writing", "code": "smol_code", "humaneval": "smol_code", "hanabi": "smol_hanabi"}
+PRESET = {"writing": "smol_writing", "code": "smol_code", "humaneval": "smol_code", "hanabi": "smol_hanabi",
+          "coder": "coder_code", "coder-humaneval": "coder_code", "coder-mbpp": "coder_code"}
 # a task of this script that is a preset with other task_args: HumanEval's train/eval splits instead of coop's
-TASK_OVERRIDES = {"humaneval": ["task_args={dataset: humaneval, prefill: helper}"]}
+TASK_OVERRIDES = {"humaneval": ["task_args={dataset: humaneval, prefill: helper}"],
+                  "coder-humaneval": ["task_args={dataset: humaneval, prefill: helper}"],
+                  "coder-mbpp": ["task_args={dataset: mbpp, prefill: helper}"]}
+MODEL = {"coder": "Qwen2.5-Coder-0.5B-Instruct"}  # by the task's prefix; SmolLM2-135M-Instruct otherwise
 BASELINE_ORDER = ["single", "naive", "sequential", "discussion", "random", "rule", "base"]
 
 
@@ -93,6 +97,17 @@ def pooled(rows: list[dict]) -> tuple[float, float, float, list[float], np.ndarr
     return mean, low, high, [r["reward/mean"] for r in rows], items
 
 
+def pass_at_1(rows: list[dict]) -> str:
+    """pass@1 pooled like the reward (per item over seeds and samples), with its bootstrap interval, and per seed."""
+    from kit.analysis import stats
+
+    if not all("correct" in r.get("per_item", {}) for r in rows):
+        return "| "
+    items = np.mean([np.array(r["per_item"]["correct"]) / r["num_samples"] for r in rows], axis=0)
+    mean, low, high = stats.bootstrap(items)
+    return f"{mean:.3f} [{low:.3f}, {high:.3f}] | " + ", ".join(f"{r['pass@1']:.2f}" for r in rows)
+
+
 def split(metrics: list[dict]) -> dict:
     steps = [m for m in metrics if "perf/step_s" in m]
     gen = np.mean([m["perf/generate_s"] for m in steps])
@@ -106,12 +121,14 @@ def table() -> None:
 
     runs = load_runs()
     lines = ["# SmolLM2-135M-Instruct on a CPU (made by `python bench/smol.py table`)", ""]
-    for task in ("writing", "code", "humaneval", "hanabi"):
-        names = [k for k in runs if k == task or k.startswith(f"{task}_")]
+    for task in ("writing", "code", "humaneval", "hanabi", "coder", "coder-humaneval", "coder-mbpp"):
+        names = [k for k in runs if k == task or (k.startswith(f"{task}_") and k.endswith("turns"))]
         if not names:
             continue
-        lines += [f"## {task}", "", "| method | seeds | held-out reward (95% CI over items) | per seed | "
-                  "MAGRPO minus it, paired (95% CI) |", "|---|---|---|---|---|"]
+        lines += [f"## {task} ({MODEL.get(task.split('-')[0], 'SmolLM2-135M-Instruct')})", "",
+                  "| method | seeds | held-out reward (95% CI over items) | per seed | "
+                  "MAGRPO minus it, paired (95% CI) | pass@1 (95% CI over items) | per seed |",
+                  "|---|---|---|---|---|---|---|"]
         base_runs = runs.get(task, [])
         methods = [m for m in BASELINE_ORDER if any(r["method"] == m for s in base_runs for r in s["baselines"])]
         rows_of = {m: [r for s in base_runs for r in s["baselines"] if r["method"] == m] for m in methods}
@@ -132,8 +149,9 @@ def table() -> None:
             if method.startswith("magrpo") and reference:
                 d, dl, dh = stats.paired_bootstrap(items, pooled(rows_of[reference])[4])
                 diff = f"{d:+.3f} [{dl:+.3f}, {dh:+.3f}] vs {reference}"
+            passes = pass_at_1(rows)
             lines.append(f"| {method} | {len(rows)} | {mean:.3f} [{low:.3f}, {high:.3f}] | "
-                         f"{', '.join(f'{v:.2f}' for v in per_seed)} | {diff} |")
+                         f"{', '.join(f'{v:.2f}' for v in per_seed)} | {diff} | {passes} |")
         n = rows_of[next(iter(rows_of))][0]["num_samples"] if rows_of else 0
         lines += ["", f"Sampled at the preset's temperature, {n} joint actions per held-out item per seed.", "",
                   "| run | steps | s/step | generate | reward | update | greedy held-out, step 0 -> last (per seed) |",
@@ -175,7 +193,7 @@ def figure_of(task: str, groups: dict[str, list[dict]], baselines: dict[str, lis
             ax.axhline(mean, ls=next(styles), lw=1, color="grey", label=f"{method}, untrained, sampled")
     ax.set_xlabel("training step")
     ax.set_ylabel("held-out reward")
-    ax.set_title(f"SmolLM2-135M, {task}: held-out reward\n(line: greedy, mean over seeds, band: lowest to highest "
+    ax.set_title(f"{MODEL.get(task.split('-')[0], 'SmolLM2-135M')}, {task}: held-out reward\n(line: greedy, mean over seeds, band: lowest to highest "
                  "seed)", fontsize=9)
     ax.legend(fontsize=7)
     fig.tight_layout()
