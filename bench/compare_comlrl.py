@@ -238,7 +238,7 @@ def run_floor(s: Setup) -> dict:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from kit.engine.models import adapter_parameters, attach_adapters, lora_config
-    from kit.engine.rollout import position_ids
+    from kit.engine.forward import position_ids
 
     task = s.task()
     tok = AutoTokenizer.from_pretrained(s.model_dir)

@@ -44,7 +44,8 @@ def main() -> None:
 
     from kit.engine import weights
     from kit.run.config import load_config
-    from kit.engine.rollout import encode_prompt, left_pad, position_ids
+    from kit.engine.rollout import encode_prompt, left_pad
+    from kit.engine.forward import position_ids
     from kit.tasks import task_for
 
     cfg = load_config(args.preset)

@@ -2,7 +2,7 @@
 
 The layers, bottom to top (a module imports only its own layer and those below; tests/test_structure.py checks):
     kit.env, kit.maths -> kit.sandbox, kit.judge -> kit.engine -> kit.tasks -> kit.run -> kit.analysis
-    -> kit.trainers -> kit.build, kit.colab, kit.__main__
+    -> kit.trainers -> kit.colab, kit.__main__
 
 What a notebook cell usually needs is here, imported on first use (so `import kit` stays light):
     from kit import load_config, preset, TrainConfig, Trainer, from_functions

@@ -14,7 +14,7 @@
 Smoke mode never touches a real run's folders: its run lives in $KIT_SMOKE_DIR (default checkpoints/smoke) and is
 mirrored, and its report copied, only under `<DRIVE_FOLDER>/_smoke/` on Drive.
 The environment helpers the cells use (smoke, gpu_summary, mount_drive, flush_drive, secret) come from
-kit/env.py; the Drive mirror and restore from kit/run/rundir.py.
+kit/env.py; the Drive mirror and restore from kit/run/mirror.py.
 """
 
 from __future__ import annotations
@@ -26,7 +26,8 @@ from pathlib import Path
 
 from kit.env import (GPUNeeded, cpu_advice, drive_mounted, flush_drive, gpu_summary, in_colab,  # noqa: F401
                      mount_drive, require_gpu, secret, secret_status, smoke, unmounted_drive)
-from kit.run.rundir import DRIVE_FOLDER, LOCAL_ROOT, dropped, restore
+from kit.run.mirror import restore
+from kit.run.rundir import DRIVE_FOLDER, LOCAL_ROOT, dropped
 
 
 def start_or_resume(cfg, log=print, **trainer_kwargs):

@@ -10,7 +10,7 @@ import pytest
 
 from kit import colab
 from kit.analysis import explore
-from kit.run import rundir
+from kit.run import mirror, rundir
 from kit.run.checkpoint import complete_checkpoints
 from kit.run.config import load_config
 from kit.trainers.trainer import Trainer
@@ -49,7 +49,7 @@ def test_a_half_copied_checkpoint_on_drive_is_never_taken_as_complete(tmp_path):
     shutil.copyfile = dies_midway
     try:
         with pytest.raises(OSError):
-            rundir._copy_tree(src, dst)
+            mirror._copy_tree(src, dst)
     finally:
         shutil.copyfile = real_copyfile
     assert complete_checkpoints(tmp_path / "drive") == [] and not dst.exists()
@@ -177,7 +177,7 @@ def test_restore_never_replaces_a_local_run_that_is_ahead_of_the_mirror(tmp_path
     trainer.mirror = None  # the mirror stops at step 2 (Drive unreachable)
     trainer.train()
     metrics = (tmp_path / "local" / "metrics.jsonl").read_text()
-    assert rundir.restore(tmp_path / "drive", tmp_path / "local", log=lambda *_: None) == 4
+    assert mirror.restore(tmp_path / "drive", tmp_path / "local", log=lambda *_: None) == 4
     assert (tmp_path / "local" / "metrics.jsonl").read_text() == metrics
 
 

@@ -187,7 +187,7 @@ def test_drive_never_holds_a_checkpoint_its_logs_do_not_reach(tmp_path, monkeypa
     import time
 
     from kit import colab
-    from kit.run.rundir import Mirror
+    from kit.run.mirror import Mirror
 
     run, drive = tmp_path / "run", tmp_path / "drive"
     real_copy, real_copy_all = shutil.copyfile, Mirror._copy_all

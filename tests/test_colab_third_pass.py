@@ -80,7 +80,7 @@ def test_a_partial_copy_left_by_an_earlier_runtime_is_removed_by_the_next_copy(t
                                        (errno.EROFS, "Drive is read-only (Read-only file system)"),
                                        (errno.EACCES, "no permission to write to Drive (Permission denied)")])
 def test_a_failed_copy_says_why_in_words(code, why):
-    from kit.run.rundir import reason
+    from kit.run.mirror import reason
 
     assert reason(OSError(code, os.strerror(code), "/content/drive/MyDrive/x")) == why
     listed = shutil.Error([("/a", "/b", f"[Errno {code}] {os.strerror(code)}: '/b'")])  # copytree's list of tuples

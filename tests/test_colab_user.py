@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from kit import colab
-from kit.run import checkpoint, rundir
+from kit.run import checkpoint, mirror, rundir
 from kit.analysis import explore, plots
 from kit.__main__ import main as cli
 from kit.run.config import load_config
@@ -131,7 +131,7 @@ def test_analysis_notebooks_find_the_run_on_drive_in_a_new_runtime(toy_run, tmp_
     monkeypatch.chdir(tmp_path)  # a new runtime: no checkpoints/ folder on this disk
     monkeypatch.delenv("KIT_SMOKE", raising=False)
     drive = tmp_path / "MyDrive"
-    rundir.Mirror(toy_run, drive / rundir.DRIVE_FOLDER / "magrpo_code").push().result()
+    mirror.Mirror(toy_run, drive / rundir.DRIVE_FOLDER / "magrpo_code").push().result()
     assert colab.run_to_analyse("magrpo_code", drive, **QUIET) == drive / rundir.DRIVE_FOLDER / "magrpo_code"
     with pytest.raises(FileNotFoundError, match="Google Drive is not mounted"):
         colab.run_to_analyse("magrpo_code", None, **QUIET)
@@ -145,8 +145,8 @@ def test_the_newer_of_the_local_run_and_its_drive_copy_is_analysed(toy_run, tmp_
     local = tmp_path / "checkpoints" / "r"
     drive = tmp_path / "MyDrive"
     remote = drive / rundir.DRIVE_FOLDER / "r"
-    rundir.Mirror(toy_run, remote).push().result()
-    rundir.Mirror(toy_run, local).push().result()
+    mirror.Mirror(toy_run, remote).push().result()
+    mirror.Mirror(toy_run, local).push().result()
     assert rundir.find_run("r", drive, local_root=tmp_path / "checkpoints") == local  # a tie: this disk
     (remote / "ckpt" / "step_000002").rename(remote / "ckpt" / "step_000009")
     assert rundir.find_run("r", drive, local_root=tmp_path / "checkpoints") == remote
@@ -559,3 +559,12 @@ def test_01_sets_save_every(monkeypatch):
     params = next(c.source for c in nb.cells if "parameters" in c.metadata.get("tags", []))
     assert re.search(r"^SAVE_EVERY = None", params, flags=re.M)
     assert any("save_every=SAVE_EVERY" in c.source for c in nb.cells)
+
+
+def test_a_sibling_of_the_drive_mount_is_not_taken_for_the_mount(monkeypatch):
+    """/content/drive2 is a folder of this disk next to the mount point, not under it (review 6)."""
+    from kit import env
+
+    monkeypatch.setattr(env, "drive_mounted", lambda root=None: False)
+    assert env.unmounted_drive("/content/drive/MyDrive/runs") and env.unmounted_drive("/content/drive")
+    assert not env.unmounted_drive("/content/drive2/runs") and not env.unmounted_drive("/content/drive_backup")

@@ -33,7 +33,8 @@ import torch
 from kit.run.checkpoint import seed_everything, step_seed
 from kit.run.config import load_config
 from kit.engine.models import build_team
-from kit.engine.rollout import Rollout, completion_logprobs, engine_for
+from kit.engine.rollout import Rollout, engine_for
+from kit.engine.forward import completion_logprobs
 from kit.engine.sampling import SeededSampling, row_seed
 from kit.tasks import from_functions
 from kit.trainers.trainer import Trainer, lr_schedule

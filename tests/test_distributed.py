@@ -392,16 +392,16 @@ def test_each_base_of_a_heterogeneous_team_loads_on_its_own_device(monkeypatch):
 
 
 def test_agent_devices_with_several_processes_is_refused(tmp_path, monkeypatch):
-    import kit.trainers.trainer as trainer
+    import kit.trainers.assemble as assemble
 
-    class TwoProcesses(trainer.Dist):
+    class TwoProcesses(assemble.Dist):
         def __init__(self):
             self.world, self.rank, self.local_rank = 2, 0, 0
 
         def barrier(self):
             pass
 
-    monkeypatch.setattr(trainer, "Dist", TwoProcesses)
+    monkeypatch.setattr(assemble, "Dist", TwoProcesses)
     cfg = load_config("tiny_cpu", overrides=[f"run_dir={tmp_path / 'r'}", "agent_models=[tiny, other]",
                                              "agent_devices=[cpu, cpu]"])
     with pytest.raises(ValueError, match="agent_devices places each base on its own GPU within ONE process"):

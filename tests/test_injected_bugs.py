@@ -6,7 +6,8 @@ import pytest
 import torch
 
 from kit.maths import magrpo
-from kit.engine.rollout import Sampler, SamplingParams, completion_logprobs, generate, position_ids
+from kit.engine.rollout import Sampler, SamplingParams, generate
+from kit.engine.forward import completion_logprobs, position_ids
 from kit.engine.sampling import row_seed
 from test_models_rollout import REQUESTS, make_team
 from test_sampling import empirical
@@ -28,13 +29,13 @@ def test_a_short_request_samples_the_same_alone_as_left_padded_in_a_batch():
 
 
 def test_the_logits_path_equals_the_chunked_head_path(monkeypatch):
-    import kit.engine.rollout as rollout
+    import kit.engine.forward as forward
     team = make_team()
     model = team.models[0]
     seg = generate(team, REQUESTS, 2, max_new_tokens=6, temperature=1.0).segments[0]
     model.set_adapter("agent_1")
     fast = completion_logprobs(model, seg)
-    monkeypatch.setattr(rollout, "_decoder_and_head", lambda m: None)
+    monkeypatch.setattr(forward, "_decoder_and_head", lambda m: None)
     torch.testing.assert_close(completion_logprobs(model, seg), fast, atol=1e-5, rtol=1e-5)
 
 

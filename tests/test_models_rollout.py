@@ -8,7 +8,8 @@ import torch
 from kit.run.config import TrainConfig
 from kit.engine.models import (Team, adapter_parameters, attach_adapters, build_team, build_tiny_model, load_base,
                         lora_config, save_tiny_model)
-from kit.engine.rollout import completion_logprobs, completion_mask, encode_prompt, format_prompt, generate
+from kit.engine.rollout import completion_mask, encode_prompt, format_prompt, generate
+from kit.engine.forward import completion_logprobs
 
 
 def make_team(num_agents=2, perturb=True):
@@ -197,19 +198,19 @@ def test_4bit_nf4_loading_and_generation_run_on_cpu(tmp_path):
 
 
 def test_chunked_head_logprobs_equal_the_models_own_logits_with_and_without_adapter():
-    import kit.engine.rollout as rollout
+    import kit.engine.forward as forward
     from kit.maths.losses import token_logprobs
 
     team = make_team()
     model = team.models[0]
     seg = generate(team, REQUESTS, 2, max_new_tokens=6, temperature=1.0).segments[0]
     model.set_adapter("agent_1")
-    assert rollout._decoder_and_head(model) is not None  # the tiny model takes the chunked path
+    assert forward._decoder_and_head(model) is not None  # the tiny model takes the chunked path
     T = seg.completion_mask.shape[1]
 
     def from_logits():
         logits = model(input_ids=seg.input_ids, attention_mask=seg.attention_mask,
-                       position_ids=rollout.position_ids(seg.attention_mask), logits_to_keep=T + 1).logits
+                       position_ids=forward.position_ids(seg.attention_mask), logits_to_keep=T + 1).logits
         return token_logprobs(logits[:, :-1], seg.input_ids[:, -T:])
 
     with model.disable_adapter():  # the KL reference pass

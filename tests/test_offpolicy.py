@@ -189,7 +189,8 @@ def tiny_team():
 
 
 def _sampler_and_trainer(team, temperature, top_p, top_k=0, n=4):
-    from kit.engine.rollout import completion_logprobs, generate
+    from kit.engine.rollout import generate
+    from kit.engine.forward import completion_logprobs
 
     ro = generate(team, [(0, "a0 sum 7"), (1, "a1 sum 5 and more")], n, max_new_tokens=6, temperature=temperature,
                   top_p=top_p, top_k=top_k, use_chat_template=False, keys=[("t", 0), ("t", 1)], seed=5)

@@ -6,7 +6,8 @@ import torch
 
 from kit.run.config import load_config
 from kit.engine.models import Team, adapter_parameters, attach_adapters, build_tiny_model, lora_config
-from kit.engine.rollout import HFEngine, completion_logprobs, generate, prompt_groups
+from kit.engine.rollout import HFEngine, generate
+from kit.engine.forward import completion_logprobs, prompt_groups
 from kit.trainers.trainer import Trainer
 
 # two agents, prompts of three lengths (left padding), one prompt given to both agents (one group per adapter)
@@ -120,9 +121,9 @@ def test_gradient_checkpointing_forwards_every_prompt(monkeypatch):
     seg = sample(team, True).segments[0].rows([0])
     model = team.models[0]
     model.get_base_model().gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-    import kit.engine.rollout as rollout
+    import kit.engine.forward as forward
 
-    monkeypatch.setattr(rollout, "shared_prompt_forward", lambda *a: pytest.fail("shared under checkpointing"))
+    monkeypatch.setattr(forward, "shared_prompt_forward", lambda *a: pytest.fail("shared under checkpointing"))
     logprobs_and_grads(team, seg, "agent_0", share=True)
 
 

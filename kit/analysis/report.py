@@ -19,6 +19,8 @@ under each table says how it was made.
 The paper's Table 1 numbers (arXiv 2508.04652) are not bundled: the kit has no verified copy of them, and a
 number typed from memory is worse than none. When the run's setting matches the paper's (HumanEval or
 CoopHumanEval with a 3B coder), the report says so and points to the paper's table instead of inventing a row.
+
+Past 400 lines on purpose: one report, one section per function in the order RESULTS.md prints them.
 """
 
 from __future__ import annotations

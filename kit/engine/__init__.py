@@ -3,6 +3,7 @@
     weights.py      short model names (smollm2-135m, qwen2.5-coder-0.5b): the hub, else a hash-pinned package
     models.py       the base (4-bit on CUDA), one LoRA adapter per agent, the tiny model (start here)
     rollout.py      the Sampler: one batched generate for every agent and sample; rollout records
+    forward.py      the update's forward: log-probs of the sampled tokens, shared prompts forwarded once
     sampling.py     per-row seeded sampling (the same sample whatever the batch)
     compiled.py     the compiled engine: stacked LoRA, static cache, CUDA graphs
     prefixes.py     shared prompt prefixes computed once (generation and every forward of the update)

@@ -49,7 +49,8 @@ import torch
 
 from kit.engine.models import adapter_parameters
 from kit.engine.prefixes import shared_prefix_hidden
-from kit.engine.rollout import checkpointed, encode_prompt, left_pad, position_ids
+from kit.engine.rollout import encode_prompt, left_pad
+from kit.engine.forward import checkpointed, position_ids
 
 HEAD_FILE = "head.safetensors"
 POOLINGS = ("last", "mean", "sum")  # what the head reads: the last real token, or the mean / sum over real tokens

@@ -33,7 +33,8 @@ from __future__ import annotations
 
 import torch
 
-from kit.engine.rollout import left_pad, position_ids
+from kit.engine.rollout import left_pad
+from kit.engine.forward import position_ids
 
 
 def _common(a: list[int], b: list[int]) -> int:

@@ -44,7 +44,7 @@ logs the form's value, e.g. SAPO's -2A / tau); the masks, the entropy terms and 
 
 Sampler vs trainer. The engine returns the log-prob of every sampled token under the distribution it sampled from
 (temperature, then top-k/top-p, renormalised; kit/engine/sampling.py), and the update scores the same tokens with the
-trainer's forward at the sampling temperature (rollout.completion_logprobs). Exact: the temperature. Corrected:
+trainer's forward at the sampling temperature (kit/engine/forward.py: completion_logprobs). Exact: the temperature. Corrected:
 everything else that separates the two, i.e. top-k/top-p truncation (the trainer's full softmax gives a sampled
 token less mass than the truncated one did) and numerics (a bf16 copy or another kernel for the 4-bit base, the
 KV cache against a full forward). With rho_t = pi_old(a_t) / pi_sampler(a_t):

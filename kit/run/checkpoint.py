@@ -149,7 +149,7 @@ def prune(run_dir: str | Path, keep_last: int, keep_history: int = 0) -> None:
     Every change is one rename seen from outside: a checkpoint leaves ckpt/ whole (to a hidden name, where its
     optimizer state is dropped) and enters history/ whole, and a deleted one is renamed away before its files go.
     The Drive mirror reads these folders from another thread: it sees a folder whole or not at all, so a folder
-    that vanished under it was superseded, never half-deleted (kit/run/rundir.py)."""
+    that vanished under it was superseded, never half-deleted (kit/run/mirror.py)."""
     for p in complete_checkpoints(run_dir)[keep_last:]:
         if keep_history > 0:
             history = Path(run_dir) / HISTORY

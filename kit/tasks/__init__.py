@@ -11,9 +11,9 @@ allowed; allowed: ...`, a TaskArgError), `read_items` for data files (the file, 
 field, and what was expected, a DataError).
 
 Beside the tasks (code, writing, toy, game) this package holds what they share: rewards.py (Reward, reward
-functions, batched scoring), codeparse.py (reading generated code), games.py and coordination.py (turn-based games,
-the Tiny Hanabi suite). May import: kit.engine, kit.judge, kit.sandbox, kit.maths, kit.env; not runs, analysis or
-trainers.
+functions, batched scoring), codeparse.py (reading generated code), code_data.py (the code task's datasets),
+games.py and coordination.py (turn-based games, the Tiny Hanabi suite). May import: kit.engine, kit.judge,
+kit.sandbox, kit.maths, kit.env; not runs, analysis or trainers.
 """
 
 from __future__ import annotations

@@ -177,7 +177,8 @@ def move_probabilities(team, params, task, episodes: list, player: int, min_prob
     mass goes to `unresolved` in one sum instead of being decoded one by one (eval/exact_unresolved reports it)."""
     from transformers import TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper
 
-    from kit.engine.rollout import encode_prompt, eos_ids, left_pad, position_ids
+    from kit.engine.rollout import encode_prompt, eos_ids, left_pad
+    from kit.engine.forward import position_ids
 
     model, tok = team.model_of(player), team.tokenizer_of(player)
     model.set_adapter(team.adapter_of[player])

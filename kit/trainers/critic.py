@@ -57,6 +57,10 @@ model's score of each joint action in place of the task's reward (separate criti
 
 Not covered: target networks; MAAC with use_separate_critic=false (refused: its critic reads every agent).
 Run its tests: python -m pytest tests/test_critic.py
+
+Past 400 lines on purpose: the seam and the two critic families behind it are one concept (what replaces
+MAGRPO's advantages), kept beside each other so the three can be read against each other; the maths is
+kit/maths/actor_critic.py.
 """
 
 from __future__ import annotations

@@ -41,7 +41,8 @@ import torch
 from kit.run import checkpoint
 from kit.maths import magrpo, preference
 from kit.tasks.rewards import impute_unscored
-from kit.engine.rollout import Rollout, Segment, completion_logprobs
+from kit.engine.rollout import Rollout, Segment
+from kit.engine.forward import completion_logprobs
 from kit.trainers.trainer import Level, Trainer
 
 PAIRS_FILE = "preferences.pt"

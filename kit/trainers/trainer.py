@@ -25,11 +25,14 @@ the advantages and fit their own models after the update (or, for value heads on
 before each actor's step), behind one object (kit/trainers/critic.py); centralized trains this loop on a one-agent form of
 the task (kit/engine/centralized.py). Not covered: early termination of tree branches
 (CoMLRL's early_termination_threshold).
+
+Past 400 lines on purpose: this is the loop, read top to bottom in one file (each box of sample -> score ->
+advantages -> update -> log -> eval -> checkpoint is a method the other trainers override); what builds its parts
+is kit/trainers/assemble.py, the maths is kit/maths/.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import math
 import time
 import warnings
@@ -41,14 +44,13 @@ import torch
 
 from kit.maths import advantages, losses, magrpo
 from kit.run import checkpoint, rundir
-from kit.trainers.critic import algorithm_for
 from kit.run.checkpoint import seed_everything, step_seed
 from kit.run import config as config_mod
-from kit.run.config import TrainConfig, validate
-from kit.run.distributed import Dist
-from kit.tasks.rewards import Reward, Scorer, impute_unscored, reward_model_for
-from kit.engine.rollout import Rollout, Sampler, completion_logprobs, rollout_correction
-from kit.tasks import describe, has
+from kit.run.config import TrainConfig
+from kit.trainers.assemble import assemble, lr_schedule  # noqa: F401  (re-exported: its home before assemble.py)
+from kit.tasks.rewards import Reward, impute_unscored, reward_model_for
+from kit.engine.rollout import Rollout
+from kit.engine.forward import completion_logprobs
 
 PERF_PREFIX = "perf/"  # metrics that measure time; the only ones that differ between identical runs
 
@@ -68,111 +70,29 @@ class Level:
     ties: np.ndarray | None = None  # (nodes, N): groups whose returns all tie (no advantage to learn from)
 
 
-def lr_schedule(optimizer, cfg: TrainConfig):
-    """The learning rate of each step: a linear warm-up over `warmup_steps` for every schedule, then constant,
-    linear decay or cosine decay to 0 at `num_steps` (transformers' schedules, stepped once per training step).
-
-        lr_k = learning_rate * k / warmup_steps          for step k < warmup_steps (k = 0, 1, ...: the first is 0)
-        lr_k = learning_rate * f((k - w) / (num_steps - w))   after it; f = 1, 1 - x, or (1 + cos(pi x)) / 2
-    """
-    from transformers import get_scheduler
-
-    # transformers' "constant" ignores num_warmup_steps; its warm-up twin is the same schedule once warm
-    name = "constant_with_warmup" if cfg.lr_scheduler == "constant" else cfg.lr_scheduler
-    return get_scheduler(name, optimizer, num_warmup_steps=cfg.warmup_steps, num_training_steps=cfg.num_steps)
-
-
 class Trainer:
     def __init__(self, cfg: TrainConfig, task=None, reward_funcs=None, team=None, resume: bool = False,
                  log=print, sampler=None, from_scratch: bool = False):
-        from kit.engine.centralized import team_config, wrap
-
-        cfg = validate(cfg)  # the run's config (config.json); self.cfg: the team's (centralized: one agent)
-        self.cfg = team_config(cfg)
-        self.dist = Dist()  # one process, or this one's place among several (accelerate launch / torchrun)
-        self.log = log if self.dist.is_main else (lambda *_: None)
-        log = self.log
-        self.run_dir = Path(cfg.run_dir)
-        saved = self.run_dir / rundir.CONFIG
-        exists = saved.exists()
-        if exists and from_scratch:  # asked to start over: the old run's files move aside, nothing is deleted
-            if self.dist.is_main:
-                for place in (self.run_dir, *([cfg.mirror_dir] if cfg.mirror_dir else [])):
-                    aside = checkpoint.set_aside(place)
-                    if aside is not None:
-                        log(f"[kit] starting over: the previous run's files in {place} moved to {aside}")
-            exists = False
-        self.dist.barrier()  # every process has looked before the main one writes config.json
-        if exists and not resume:
-            raise FileExistsError(f"run_dir {str(self.run_dir)!r} already holds a run; resume it (resume=True, "
-                                  "--resume) or choose another run_dir")
-        if exists:  # refuse a changed setting, or a run whose checkpoints are all damaged, before model loading
-            config_mod.adopt_model_sources(saved, cfg)  # a resume loads the weights the run started on
-            config_mod.check_resume(saved, cfg)
-            checkpoint.check_resumable(self.run_dir, cfg.mirror_dir)
-        elif resume:
-            log(f"[kit] nothing to resume in {self.run_dir} (no run there yet): starting a new run")
-        resume = exists
-        if self.dist.world > cfg.batch_size:
-            raise ValueError(f"{self.dist.world} processes share batch_size={cfg.batch_size} items per step: give "
-                             f"every process at least one (batch_size >= {self.dist.world})")
-        if self.dist.world > 1 and cfg.agent_devices:
-            raise ValueError("agent_devices places each base on its own GPU within ONE process; it does not combine "
-                             "with several processes: launch one process, or drop agent_devices for data "
-                             "parallelism (README: More than one GPU)")
-        if task is None:
-            from kit.tasks import task_for
-
-            task = task_for(cfg)
-        self.task = task = wrap(cfg, task)
-        self.reward_model = self.build_reward_model(cfg, task, reward_funcs or (), log)
-        if cfg.multi_objective_aggregation == "normalize_then_sum":
-            names = getattr(self.reward_model, "source_names", lambda: None)()
-            if names is None or len(set(names)) < len(names):
-                raise ValueError(f"multi_objective_aggregation=normalize_then_sum needs reward functions with distinct "
-                                 f"names (each reward is normalised on its own); got {names}")
-        log(f"[kit] {describe(task)}")
-        if cfg.num_turns > 1 and not has(task, "feedback"):
-            raise ValueError(f"num_turns={cfg.num_turns} needs a task with feedback(item, completions, reward)")
-        self.train_items = task.load("train")
-        self.eval_items = task.load("eval")[: cfg.num_eval_items]
-        if not self.train_items:
-            raise ValueError(f"task {getattr(task, 'name', task)!r} has no train items")
-        if team is None:
-            from kit.engine.models import build_team
-
-            team = build_team(dataclasses.replace(cfg, device=self.dist.device(cfg.device)), log=log)
-        cfg.model_sources = self.cfg.model_sources = {**cfg.model_sources, **team.sources}  # recorded in config.json
-        self.team = team
-        self.sampler = sampler or Sampler.from_config(team, cfg)  # anything with sample(requests, n, params)
-        self.correction = rollout_correction(cfg, team, log)  # none, token_truncate or sequence_mask
-        self.team.roles = list(getattr(task, "roles", [])) or [f"agent_{i}" for i in range(cfg.num_agents)]
-        self.optimizers, self.schedulers = {}, {}
-        for adapter in team.adapters:
-            opt = torch.optim.AdamW(team.parameters_of(adapter), lr=cfg.learning_rate,
-                                    weight_decay=cfg.weight_decay)
-            self.optimizers[adapter] = opt
-            self.schedulers[adapter] = lr_schedule(opt, cfg)
-        # the algorithm (kit/trainers/critic.py): its advantages, its own models (critics) and their fit after the update
-        self.algorithm = algorithm_for(cfg, team, log, lr_schedule)
+        run = assemble(cfg, task=task, reward_funcs=reward_funcs, team=team, resume=resume, log=log,
+                       sampler=sampler, from_scratch=from_scratch, reward_model=self.build_reward_model)
+        # the built parts (kit/trainers/assemble.py); the loop only reads them
+        self.cfg, self.dist, self.log, self.run_dir = run.cfg, run.dist, run.log, run.run_dir
+        self.task, self.reward_model, self.scorer = run.task, run.reward_model, run.scorer
+        self.train_items, self.eval_items = run.train_items, run.eval_items
+        self.team, self.sampler, self.correction = run.team, run.sampler, run.correction
+        self.optimizers, self.schedulers, self.algorithm = run.optimizers, run.schedulers, run.algorithm
+        self.mirror = run.mirror
+        # the loop's own state
         self.step = 0
         self.role_baseline = None  # advantage_mode=role: the moving baseline per (turn, agent), in checkpoints
         self._torn_step = None  # the step whose update ran but whose log lines are not written yet
         self._closed = False
-        self.scorer = Scorer(self.reward_model, cfg.reward_workers, cfg.reward_pool)
         self.wandb = None
-        self.use_wandb = cfg.use_wandb  # switched off (not the config) when wandb is missing
-        self.mirror = None
-        if self.dist.is_main:  # one writer: the other processes only compute
-            self.run_dir.mkdir(parents=True, exist_ok=True)
-        if cfg.mirror_dir and self.dist.is_main:
-            from kit.run.rundir import Mirror
-
-            self.mirror = Mirror(self.run_dir, cfg.mirror_dir, cfg.keep_last, cfg.keep_history, log=log)
-        if resume:
+        self.use_wandb = run.run_cfg.use_wandb  # switched off (not the config) when wandb is missing
+        if run.resume:
             self._resume()
         if self.dist.is_main:
-            config_mod.save(cfg, saved)
+            config_mod.save(run.run_cfg, self.run_dir / rundir.CONFIG)
 
     def build_reward_model(self, cfg, task, reward_funcs, log):
         """The run's reward model (kit.tasks.rewards.reward_model_for); a game scores episodes itself (kit/tasks/games.py)."""
