@@ -56,12 +56,14 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=2)
     ap.add_argument("--dtype", default="float32")
     ap.add_argument("--set", nargs="*", default=[], dest="overrides")
+    ap.add_argument("--skip-scalar", action="store_true", help="only the policy's rows (no critic or reward model)")
     args = ap.parse_args()
     torch.set_num_threads(torch.get_num_threads())
 
     from kit.run.config import load_config
     from kit.engine.models import adapter_parameters, build_team
-    from kit.engine.rollout import Sampler, completion_logprobs, prompt_groups
+    from kit.engine.rollout import Sampler
+    from kit.engine.forward import completion_logprobs, prompt_groups
     from kit.tasks import task_for
 
     cfg = load_config(args.preset, overrides=[f"dtype={args.dtype}", *args.overrides])
@@ -169,6 +171,8 @@ def main() -> None:
     print(line)
     append(ROOT / "bench" / "results" / "prompt_sharing.md", header, line)
 
+    if args.skip_scalar:
+        return
     scalar_header, scalar_line = scalar_models(cfg, team, requests, ro_on.texts, len(items), args)
     print(scalar_header)
     print(scalar_line)

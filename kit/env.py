@@ -131,7 +131,7 @@ def _lookup(name: str) -> tuple[str | None, str | None]:
         return None, f"{kind}: {err}"
 
 
-CPU_PRESET_PREFIXES = ("tiny", "smol")  # presets sized for a laptop CPU (the tiny model, SmolLM2-135M)
+CPU_PRESET_PREFIXES = ("tiny", "smol", "coder")  # presets sized for a laptop CPU (tiny, SmolLM2-135M, the 0.5B coder)
 
 
 class GPUNeeded(RuntimeError):
@@ -144,13 +144,15 @@ def cpu_advice(task: str | None = None, cli: bool = False) -> str:
     if cli:
         return ("To try the kit on a CPU: --preset tiny_cpu (the tiny model on its toy task, a minute) or --preset "
                 "tiny_hanabi (a small card game); a real pretrained team: --preset smol_writing, smol_code or "
-                "smol_hanabi (SmolLM2-135M, minutes).")
+                "smol_hanabi (SmolLM2-135M, minutes); a code team that passes tests: --preset coder_code "
+                "(Qwen2.5-Coder-0.5B, 2-3 minutes a step).")
     if task == "game":
         return ("To try the kit on a CPU, set PRESET = 'tiny_hanabi' and TASK_ARGS = {'game': 'tiny_hanabi', "
                 "'prompt_style': 'compact'} (the tiny model learns that small game in a minute)")
     return ("To try the kit on a CPU, set PRESET = 'tiny_cpu' and TASK = 'toy' (the tiny model learns its toy task in "
             "a minute; it cannot learn code or writing), or for a real pretrained team PRESET = 'smol_writing' and "
-            "TASK = 'writing' (SmolLM2-135M on TLDR, minutes; 'smol_code' with TASK = 'code')")
+            "TASK = 'writing' (SmolLM2-135M on TLDR, minutes), or a code team that passes tests: PRESET = 'coder_code' "
+            "and TASK = 'code' (Qwen2.5-Coder-0.5B, 2-3 minutes a step)")
 
 
 def require_gpu(preset: str, task: str | None = None, cli: bool = False) -> None:

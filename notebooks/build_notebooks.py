@@ -134,7 +134,8 @@ def build() -> None:
 print(colab.secret_status("ANTHROPIC_API_KEY"))
 """),
                  code("""
-PRESET = "colab_a100"  # colab_a100 (A100), colab_t4 (free T4), colab_hanabi (06: Hanabi, A100) or tiny_cpu (a CPU)
+PRESET = "colab_a100"  # colab_a100 (A100), colab_t4 (free T4), colab_hanabi (06: Hanabi, A100); a CPU: tiny_cpu,
+#          smol_writing (SmolLM2-135M) or coder_code (Qwen2.5-Coder-0.5B: a code team that passes tests)
 """, tags=["parameters"]),
                  code("""
 # Two training steps of the preset on its real model, in a throw-away folder: one PASS or FAIL line.
@@ -148,11 +149,12 @@ result = colab.preset_smoke_test("tiny_cpu" if SMOKE else PRESET)
              "copied to Google Drive, so a slow Drive never corrupts one; after a disconnect, the **resume cell** "
              "below continues from the newest complete checkpoint on Drive.", [
                  code("""
-PRESET = "colab_a100"  # colab_a100 (A100, the paper's recipe in 4-bit), colab_t4, tiny_cpu (a CPU: with TASK = "toy")
-TASK = "code"  # code, writing (both need a real model: a GPU preset), toy (the one the tiny model learns on a CPU)
+PRESET = "colab_a100"  # colab_a100 (A100, the paper's recipe in 4-bit), colab_t4; on a CPU: tiny_cpu (TASK = "toy"),
+#          smol_writing (TASK = "writing"), coder_code (TASK = "code": Qwen2.5-Coder-0.5B, 2-3 min a step)
+TASK = "code"  # code, writing (both need a real model: a GPU preset or smol/coder), toy (what the tiny model learns)
 ALGORITHM = "magrpo"  # magrpo, iac, maac (critics on the shared base), centralized (one policy writes every part),
 #             madpo or marlhf (learning from preferences: README)
-TASK_ARGS = {"dataset": "humaneval"}  # code: humaneval, coop, hub:OpenMLRL/CoopHumanEval; writing: {"kind": "tldr"}
+TASK_ARGS = {"dataset": "humaneval"}  # code: humaneval, coop, mbpp, hub:<name>; writing: {"kind": "tldr"}
 JUDGE_MODEL = None  # e.g. "claude-sonnet-4-5": adds the judge's score as a reward (needs ANTHROPIC_API_KEY)
 JUDGE_BUDGET_USD = 15.0  # hard cap on judge spend for this run
 RUN_NAME = "magrpo_code"  # the run's folder name, here and on Drive

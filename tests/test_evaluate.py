@@ -210,6 +210,26 @@ def test_greedy_eval_with_turns_samples_every_turn_greedily():
     assert out["eval/reward_mean"] == 2000.0 and out["eval/turn1/reward_mean"] == 1000.0
 
 
+def test_greedy_eval_with_turns_reports_each_part_of_the_last_turn_as_its_mean():
+    """Review 6: eval/<part> comes from the same turn as eval/reward_mean (the last), never the first."""
+    from kit.analysis.evaluate import greedy_eval
+
+    class Greedy(ScriptedSampler):
+        greedy = "GREEDY"
+
+    class PartScorer(TurnScorer):
+        def submit(self, jobs):
+            out = super().submit(jobs)
+            for f in out:
+                r = f.result()
+                f._result = Reward(r.total, {"turn": float(r.total // 1000), "tests": 0.25 * (r.total // 1000)})
+            return out
+
+    out = greedy_eval(Greedy(), FeedbackTask(), [{"id": "x"}, {"id": "y"}], PartScorer(), turns=3)
+    assert out["eval/turn"] == 3.0 and out["eval/tests"] == 0.75
+    assert out["eval/turn1/reward_mean"] < 2000.0 <= out["eval/reward_mean"]
+
+
 def test_a_two_turn_run_evaluates_the_team_through_its_feedback_turn(tmp_path):
     cfg = load_config("tiny_cpu", overrides=[f"run_dir={tmp_path}", "progress=false", "num_turns=2",
                                              "num_eval_items=2"])

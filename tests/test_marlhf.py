@@ -13,7 +13,7 @@ import torch
 from kit.run.config import ConfigError, load_config
 from kit.judge.pairs import JudgePreference, oracle_judge
 from kit.trainers.marlhf import NAME, MARLHFTrainer, joint_text
-from kit.engine.rollout import encode_prompt
+from kit.engine.rollout import encode_prompt, kept_prompt
 from kit.tasks import from_functions
 from test_config_reaches_maths import Scripted, joint_reward
 
@@ -94,6 +94,28 @@ def test_micro_batches_give_the_whole_batchs_step(tmp_path):
     for g, want in zip(micro["grads"], whole["grads"]):
         torch.testing.assert_close(g, want, rtol=1e-3, atol=1e-6)  # other batch shapes, as above
     assert micro_stats["rm/loss"] == pytest.approx(whole_stats["rm/loss"], rel=1e-4)  # other batch shapes
+
+
+def test_a_batch_that_is_not_a_multiple_of_the_pairs_per_forward_weighs_its_last_part_by_its_size(tmp_path):
+    """Review 6: 14 pairs (one of 8 items held out) in batches of 7, 2 pairs a forward (micro_batch_size=4): each
+    batch is 2 + 2 + 2 + 1 pairs, and the part of one pair weighs 1/7 of the batch's mean loss, as in one forward."""
+    fits = []
+    for mb in (0, 4):
+        trainer = scripted(tmp_path / f"mb{mb}", "reward_num_train_epochs=1", "reward_train_batch_size=7",
+                           "reward_heldout_fraction=0.125", "max_grad_norm=0", f"micro_batch_size={mb}")
+        with torch.no_grad():
+            trainer.rm.head.weight.normal_(0.0, 0.1, generator=torch.Generator().manual_seed(0))
+        seen, calls = spy(trainer.algorithm.optimizers[NAME]), []
+        score = trainer.rm.score_texts
+        trainer.rm.score_texts = lambda texts: calls.append(len(texts)) or score(texts)
+        stats = trainer.fit()
+        fits.append((seen, stats, calls[:8]))
+    (whole, whole_stats, whole_calls), (micro, micro_stats, micro_calls) = fits
+    assert whole_stats["rm/num_pairs"] == 14 and whole_calls[:2] == [14, 14] and micro_calls == [4, 4, 4, 2] * 2
+    assert micro["steps"] == whole["steps"] == 2
+    for g, want in zip(micro["grads"], whole["grads"]):  # the second batch's step, after one equal first step
+        torch.testing.assert_close(g, want, rtol=1e-3, atol=1e-6)
+    assert micro_stats["rm/loss"] == pytest.approx(whole_stats["rm/loss"], rel=1e-4)
 
 
 def test_held_out_items_epochs_and_batch_size(tmp_path):
@@ -222,7 +244,7 @@ def test_the_reward_model_reads_every_agents_whole_answer_with_long_prompts(tmp_
     (level,) = trainer.sample(trainer.batch_items(0))
     tok = trainer.rm.tokenizer
     prompts = level.nodes[0]["prompts"]
-    cut = [tok.decode(encode_prompt(tok, p, False, 12)) for p in prompts]
+    cut = [kept_prompt(tok, p, cfg.use_chat_template, 12) for p in prompts]  # as its agent saw it
     assert all(len(tok(c, add_special_tokens=False).input_ids) <= 12 for c in cut) and cut[0].endswith("end0")
     for g in range(3):
         text = trainer.rm_text(prompts, trainer.joint(level.rollout, 0, (g, g)))
@@ -333,3 +355,27 @@ def test_marlhf_resumes_exactly(tmp_path, rl):
     assert [("rm/heldout_accuracy" in r) for r in rows("a") if "reward/mean" in r] == [True, False, False, True]
     pairs = [open(tmp_path / run / "rm_pairs.jsonl").read() for run in ("a", "b")]
     assert pairs[0] == pairs[1] and {json.loads(line)["step"] for line in pairs[0].splitlines()} == {1, 4}
+
+
+def test_the_reward_models_text_holds_an_answer_start_once_and_the_prompt_the_agent_kept(tmp_path):
+    """Review 6: a prefilled answer start appeared twice (the cut prompt carried it, the completion begins with it),
+    and the cut ignored the chat template, so the reward model kept more of a prompt than its agent had."""
+    from kit.engine.models import build_tiny_model
+    from kit.engine.prompts import Prompt
+
+    _, tok = build_tiny_model(0)
+    tok.chat_template = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n"
+                         "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+    start = "```python\ndef aux("
+    long = " ".join(f"w{k}" for k in range(60))
+    prompts = [Prompt(f"helper task {long} end0", start), f"main task {long} end1"]
+    completions = (start + "x):\n    return x\n```", "def f(x):\n    return aux(x)")
+    for cap in (None, 150):  # a character tokenizer: the template and the start alone take 68 tokens
+        text = joint_text(prompts, completions, tok, cap)
+        assert text.count(start) == 1 and text.count("end0") == 1 and text.count("end1") == 1, text
+    kept = kept_prompt(tok, prompts[0], True, 150)
+    sampled = encode_prompt(tok, prompts[0], True, 150)
+    content = len(tok(kept, add_special_tokens=False).input_ids)
+    template_and_start = len(encode_prompt(tok, Prompt("", start), True, None))
+    assert len(sampled) == 150 and abs(content - (150 - template_and_start)) <= 2  # the agent's room, not more
+    assert kept_prompt(tok, prompts[1], True, None) == prompts[1]

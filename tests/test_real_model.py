@@ -230,3 +230,46 @@ def test_code_with_the_real_model_scores_levels_detects_schemes_and_reports(tmp_
     assert [r["method"] for r in table] == ["single", "naive", "magrpo"]
     text = write_report(tmp_path / "code", log=lambda *a: None).read_text()
     assert "smollm2-135m" in text and "Table 1" in text
+
+
+# ---- review 6: the hub's source, pinned and honoured (hub calls patched, no network)
+
+
+def test_hub_offline_set_after_the_kit_was_imported_skips_the_hub_at_once(monkeypatch):
+    import huggingface_hub
+    from huggingface_hub import constants
+
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)  # as read when the kit was imported
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")  # a later notebook cell
+    monkeypatch.setattr(huggingface_hub, "model_info", lambda *a, **k: pytest.fail("asked the hub while offline"))
+    with pytest.raises(ConnectionError, match="HF_HUB_OFFLINE"):
+        weights.hub_commit("HuggingFaceTB/SmolLM2-135M-Instruct")
+
+
+def test_a_run_that_asked_for_the_hub_never_falls_back_to_the_package(monkeypatch):
+    offline(monkeypatch)
+    monkeypatch.setattr(weights, "packaged_folder", lambda *a, **k: pytest.fail("fell back to the package"))
+    with pytest.raises(RuntimeError, match="this run uses the hub's weights \\(hub\\) and the hub did not answer"):
+        weights.resolve(SMOL, "hub", log=lambda *a: None)
+
+
+def test_the_recorded_hub_commit_is_the_revision_that_loads(monkeypatch, tmp_path):
+    """A run recording hub:...@<sha> loads that commit, never the newest: every from_pretrained gets the revision."""
+    import transformers
+
+    from kit.engine import models
+
+    monkeypatch.setattr(weights, "hub_commit", lambda hub_id, revision=None: revision or "newest")
+    loaded = []
+
+    def from_pretrained(name, **kwargs):
+        loaded.append((name, kwargs.get("revision")))
+        raise OSError("stop here: the revision is what the test reads")
+
+    monkeypatch.setattr(transformers.AutoTokenizer, "from_pretrained", from_pretrained)
+    monkeypatch.setattr(transformers.AutoModelForCausalLM, "from_pretrained", from_pretrained)
+    cfg = load_config("smol_writing", overrides=["model_sources={smollm2-135m: "
+                                                 "'hub:HuggingFaceTB/SmolLM2-135M-Instruct@abc123'}"])
+    with pytest.raises(RuntimeError, match="could not load model"):
+        models.build_team(cfg, log=lambda *a: None)
+    assert loaded == [("HuggingFaceTB/SmolLM2-135M-Instruct", "abc123")]

