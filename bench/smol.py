@@ -6,6 +6,8 @@
     python bench/smol.py train humaneval --seeds 0             # smol_code on HumanEval's train and eval splits
     python bench/smol.py train hanabi --seeds 0 1 2            # smol_hanabi (random / rule / untrained / trained)
     python bench/smol.py table                                 # bench/results/smol.md + smol_<task>.png
+    python bench/smol.py train coder --seeds 0 1 2 --n 2 --set eval_every=0   # coder_code (Qwen2.5-Coder-0.5B)
+    python bench/smol.py table --coder                         # bench/results/coder.md
 
 Each run is the preset with `--set seed=S` (and `--steps`, `--turns`), trained in checkpoints/smol_bench/<label>_s<S>
 (git-ignored). After training, `kit baselines` runs on the same held-out items at `--n` samples per item: the four
@@ -97,15 +99,26 @@ def pooled(rows: list[dict]) -> tuple[float, float, float, list[float], np.ndarr
     return mean, low, high, [r["reward/mean"] for r in rows], items
 
 
-def pass_at_1(rows: list[dict]) -> str:
-    """pass@1 pooled like the reward (per item over seeds and samples), with its bootstrap interval, and per seed."""
+def pass_items(rows: list[dict]) -> np.ndarray | None:
+    """Each held-out item's pass@1, pooled over seeds and samples like the reward (None: no pass/fail task)."""
+    if not all("correct" in r.get("per_item", {}) for r in rows):
+        return None
+    return np.mean([np.array(r["per_item"]["correct"]) / r["num_samples"] for r in rows], axis=0)
+
+
+def pass_at_1(rows: list[dict], reference: list[dict] | None = None) -> str:
+    """pass@1 with its bootstrap interval, per seed, and (for MAGRPO) minus the reference's, paired over items."""
     from kit.analysis import stats
 
-    if not all("correct" in r.get("per_item", {}) for r in rows):
-        return "| "
-    items = np.mean([np.array(r["per_item"]["correct"]) / r["num_samples"] for r in rows], axis=0)
+    items = pass_items(rows)
+    if items is None:
+        return "| | "
     mean, low, high = stats.bootstrap(items)
-    return f"{mean:.3f} [{low:.3f}, {high:.3f}] | " + ", ".join(f"{r['pass@1']:.2f}" for r in rows)
+    diff = ""
+    if reference is not None and pass_items(reference) is not None:
+        d, dl, dh = stats.paired_bootstrap(items, pass_items(reference))
+        diff = f"{d:+.3f} [{dl:+.3f}, {dh:+.3f}]"
+    return f"{mean:.3f} [{low:.3f}, {high:.3f}] | " + ", ".join(f"{r['pass@1']:.2f}" for r in rows) + f" | {diff}"
 
 
 def split(metrics: list[dict]) -> dict:
@@ -116,19 +129,24 @@ def split(metrics: list[dict]) -> dict:
             "update": np.mean([m["perf/update_s"] for m in steps]), "steps": len(steps)}
 
 
-def table() -> None:
+SMOL_TASKS = ("writing", "code", "humaneval", "hanabi")
+CODER_TASKS = ("coder", "coder-humaneval", "coder-mbpp")
+
+
+def table(tasks=SMOL_TASKS, out: str = "smol.md") -> None:
     from kit.analysis import stats
 
     runs = load_runs()
-    lines = ["# SmolLM2-135M-Instruct on a CPU (made by `python bench/smol.py table`)", ""]
-    for task in ("writing", "code", "humaneval", "hanabi", "coder", "coder-humaneval", "coder-mbpp"):
+    lines = [f"# {'SmolLM2-135M-Instruct' if out == 'smol.md' else 'Qwen2.5-Coder-0.5B-Instruct'} on a CPU "
+             f"(made by `python bench/smol.py table{'' if out == 'smol.md' else ' --coder'}`)", ""]
+    for task in tasks:
         names = [k for k in runs if k == task or (k.startswith(f"{task}_") and k.endswith("turns"))]
         if not names:
             continue
         lines += [f"## {task} ({MODEL.get(task.split('-')[0], 'SmolLM2-135M-Instruct')})", "",
                   "| method | seeds | held-out reward (95% CI over items) | per seed | "
-                  "MAGRPO minus it, paired (95% CI) | pass@1 (95% CI over items) | per seed |",
-                  "|---|---|---|---|---|---|---|"]
+                  "MAGRPO minus it, paired (95% CI) | pass@1 (95% CI over items) | per seed | MAGRPO minus it, "
+                  "pass@1 |", "|---|---|---|---|---|---|---|---|"]
         base_runs = runs.get(task, [])
         methods = [m for m in BASELINE_ORDER if any(r["method"] == m for s in base_runs for r in s["baselines"])]
         rows_of = {m: [r for s in base_runs for r in s["baselines"] if r["method"] == m] for m in methods}
@@ -149,7 +167,7 @@ def table() -> None:
             if method.startswith("magrpo") and reference:
                 d, dl, dh = stats.paired_bootstrap(items, pooled(rows_of[reference])[4])
                 diff = f"{d:+.3f} [{dl:+.3f}, {dh:+.3f}] vs {reference}"
-            passes = pass_at_1(rows)
+            passes = pass_at_1(rows, rows_of[reference] if method.startswith("magrpo") and reference else None)
             lines.append(f"| {method} | {len(rows)} | {mean:.3f} [{low:.3f}, {high:.3f}] | "
                          f"{', '.join(f'{v:.2f}' for v in per_seed)} | {diff} | {passes} |")
         n = rows_of[next(iter(rows_of))][0]["num_samples"] if rows_of else 0
@@ -160,13 +178,18 @@ def table() -> None:
             for s in runs[name]:
                 t = split(s["metrics"])
                 evals = [m["eval/reward_mean"] for m in s["metrics"] if "eval/reward_mean" in m]
+                greedy = f"{evals[0]:.3f} -> {evals[-1]:.3f}" if evals else "- (eval_every=0)"
                 lines.append(f"| {name} s{s['seed']} | {t['steps']} | {t['step']:.1f} | {t['generate']:.1f} | "
-                             f"{t['reward']:.1f} | {t['update']:.1f} | {evals[0]:.3f} -> {evals[-1]:.3f} |")
+                             f"{t['reward']:.1f} | {t['update']:.1f} | {greedy} |")
         lines.append("")
         figure_of(task, {k: runs[k] for k in names}, rows_of)
-        lines += [f"![held-out reward over steps]({'smol_' + task}.png)", ""]
-    (OUT / "smol.md").write_text("\n".join(lines))
+        lines += [f"![held-out reward over steps]({figure_name(task)})", ""]
+    (OUT / out).write_text("\n".join(lines))
     print("\n".join(lines))
+
+
+def figure_name(task: str) -> str:
+    return f"{task}.png" if task.startswith("coder") else f"smol_{task}.png"
 
 
 def figure_of(task: str, groups: dict[str, list[dict]], baselines: dict[str, list[dict]]) -> None:
@@ -178,6 +201,8 @@ def figure_of(task: str, groups: dict[str, list[dict]], baselines: dict[str, lis
     fig, ax = plt.subplots(figsize=(6.5, 4))
     for name, seeds in groups.items():
         curves = [{m["step"]: m["eval/reward_mean"] for m in s["metrics"] if "eval/reward_mean" in m} for s in seeds]
+        if not all(curves):  # trained with eval_every=0: only the sampled rows below
+            continue
         steps = sorted(set.intersection(*(set(c) for c in curves)))
         values = np.array([[c[k] for k in steps] for c in curves])  # (seeds, points)
         line, = ax.plot(steps, values.mean(0), marker="o", label=f"MAGRPO {name} (greedy, {len(seeds)} seeds)")
@@ -197,7 +222,7 @@ def figure_of(task: str, groups: dict[str, list[dict]], baselines: dict[str, lis
                  "seed)", fontsize=9)
     ax.legend(fontsize=7)
     fig.tight_layout()
-    fig.savefig(OUT / f"smol_{task}.png", dpi=120)
+    fig.savefig(OUT / figure_name(task), dpi=120)
     plt.close(fig)
 
 
@@ -215,12 +240,13 @@ def main() -> None:
                     help="only these baselines (e.g. naive: the untrained team), then the trained team")
     tr.add_argument("--team-only", action="store_true",
                     help="after training, sample only the trained team (the baselines of other seeds stand)")
-    sub.add_parser("table")
+    tb = sub.add_parser("table")
+    tb.add_argument("--coder", action="store_true", help="the Qwen2.5-Coder-0.5B tasks, into bench/results/coder.md")
     args = parser.parse_args()
     if args.cmd == "train":
         train(args.task, args.seeds, args.steps, args.turns, args.n, args.extra, args.team_only, args.methods)
     else:
-        table()
+        table(CODER_TASKS, "coder.md") if args.coder else table()
 
 
 if __name__ == "__main__":
