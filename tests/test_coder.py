@@ -207,11 +207,14 @@ def test_one_real_training_step_of_the_coder_preset_moves_both_adapters(coder_fo
     cfg = load_config("coder_code", overrides=[
         f"run_dir={tmp_path / 'run'}", "num_steps=1", "num_generations=2", "max_new_tokens=24", "eval_every=0",
         "save_every=0", "progress=false", "model_sources={qwen2.5-coder-0.5b: package}"])
-    trainer = Trainer(cfg, log=lambda *a, **k: None)
+    def helper_length(item, completions):  # joint rewards that differ, so the step's advantages are not all zero
+        return len(completions[0]) / 100  # (24 tokens rarely separate the code reward's levels)
+
+    trainer = Trainer(cfg, reward_funcs=[helper_length], log=lambda *a, **k: None)
     before = {a: [p.detach().clone() for p in trainer.team.parameters_of(a)] for a in trainer.team.adapters}
     trainer.train()
     metrics = [json.loads(line) for line in open(tmp_path / "run" / "metrics.jsonl")]
-    assert metrics[-1]["step"] == 1 and "reward/structure" in metrics[-1]
+    assert metrics[-1]["step"] == 1 and "reward/structure" in metrics[-1] and metrics[-1]["reward/std"] > 0
     for adapter, old in before.items():
         assert any(not torch.equal(o, n) for o, n in zip(old, trainer.team.parameters_of(adapter))), adapter
     assert json.loads((tmp_path / "run" / "config.json").read_text())["model_sources"][CODER].startswith(
