@@ -233,8 +233,8 @@ def test_every_cooperative_reference_earns_full_reward_and_wrong_solutions_fail(
 
 def test_get_task_builds_the_code_task_and_rejects_bad_arguments():
     assert get_task("code", 2, dataset="coop").roles == ["helper", "main"]
-    with pytest.raises(ValueError, match="dataset='mbpp'"):
-        get_task("code", 2, dataset="mbpp")
+    with pytest.raises(ValueError, match="dataset='apps'"):
+        get_task("code", 2, dataset="apps")
     with pytest.raises(ValueError, match="two agents"):
         get_task("code", 3)
 

@@ -379,3 +379,4 @@ def test_the_reward_models_text_holds_an_answer_start_once_and_the_prompt_the_ag
     template_and_start = len(encode_prompt(tok, Prompt("", start), True, None))
     assert len(sampled) == 150 and abs(content - (150 - template_and_start)) <= 2  # the agent's room, not more
     assert kept_prompt(tok, prompts[1], True, None) == prompts[1]
+    assert f"[Agent 0] {kept}\n{completions[0]}" in joint_text(prompts, completions, tok, 150)  # what the RM reads
