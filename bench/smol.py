@@ -114,9 +114,9 @@ def pass_at_1(rows: list[dict], reference: list[dict] | None = None) -> str:
     if items is None:
         return "| | "
     mean, low, high = stats.bootstrap(items)
-    diff = ""
-    if reference is not None and pass_items(reference) is not None:
-        d, dl, dh = stats.paired_bootstrap(items, pass_items(reference))
+    diff, ref_items = "", None if reference is None else pass_items(reference)
+    if ref_items is not None:
+        d, dl, dh = stats.paired_bootstrap(items, ref_items)
         diff = f"{d:+.3f} [{dl:+.3f}, {dh:+.3f}]"
     return f"{mean:.3f} [{low:.3f}, {high:.3f}] | " + ", ".join(f"{r['pass@1']:.2f}" for r in rows) + f" | {diff}"
 

@@ -151,7 +151,6 @@ def assemble(cfg: TrainConfig, task=None, reward_funcs=None, team=None, resume: 
         from kit.engine.models import build_team
 
         pin_weights(cfg, dist, log)
-        team_cfg.model_sources = cfg.model_sources
         team = build_team(dataclasses.replace(cfg, device=dist.device(cfg.device)), log=log)
     cfg.model_sources = team_cfg.model_sources = {**cfg.model_sources, **team.sources}  # recorded in config.json
     sampler = sampler or Sampler.from_config(team, cfg)  # anything with sample(requests, n, params)
