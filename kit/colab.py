@@ -13,7 +13,7 @@
 
 Smoke mode never touches a real run's folders: its run lives in $KIT_SMOKE_DIR (default checkpoints/smoke) and is
 mirrored, and its report copied, only under `<DRIVE_FOLDER>/_smoke/` on Drive.
-The environment helpers the cells use (smoke, gpu_summary, mount_drive, flush_drive, secret) come from
+The environment helpers the cells use (smoke, gpu_summary, mount_drive, secret) come from
 kit/env.py; the Drive mirror and restore from kit/run/mirror.py.
 """
 
@@ -24,10 +24,10 @@ import os
 import shutil
 from pathlib import Path
 
-from kit.env import (GPUNeeded, cpu_advice, drive_mounted, flush_drive, gpu_summary, in_colab,  # noqa: F401
+from kit.env import (GPUNeeded, cpu_advice, drive_mounted, gpu_summary, in_colab,  # noqa: F401
                      mount_drive, require_gpu, secret, secret_status, smoke, unmounted_drive)
 from kit.run.mirror import restore
-from kit.run.rundir import DRIVE_FOLDER, LOCAL_ROOT, dropped
+from kit.run.rundir import DRIVE_FOLDER, dropped, runs_root
 
 
 def start_or_resume(cfg, log=print, **trainer_kwargs):
@@ -53,6 +53,25 @@ def start_or_resume(cfg, log=print, **trainer_kwargs):
     return trainer_class(cfg.task, cfg.algorithm)(cfg, resume=resume, log=log, **trainer_kwargs)
 
 
+def flush_drive(cfg=None, root: str | None = None, log=print) -> bool:
+    """01's last cell: flush and unmount Drive (kit.env.flush_drive). With the run's `cfg` it first checks that
+    Drive's copy of the run holds this runtime's newest checkpoint and logs; when it does not (Drive dropped during
+    the run), Drive stays mounted and the line says which cell catches it up. True when Drive was flushed."""
+    from kit import env
+    from kit.run.mirror import behind
+
+    if cfg is not None and getattr(cfg, "mirror_dir", None) and env.in_colab() and env.drive_mounted(root):
+        gap = behind(cfg.run_dir, cfg.mirror_dir)
+        if gap:
+            log("!" * 100 + f"\n[kit] WARNING: Drive is NOT up to date: {gap}.\n      Run the training cell again "
+                "(it copies what Drive lacks and says how it went), then this cell. Drive stays mounted.\n"
+                + "!" * 100)
+            return False
+        return env.flush_drive(root, log, checked=f" The run's copy ({cfg.mirror_dir}) holds this runtime's "
+                                                  "newest checkpoint and logs (checked).")
+    return env.flush_drive(root, log)
+
+
 def train_to_end(trainer, every: int = 5) -> dict:
     """01_train's training cell: train with a live reward curve (the whole run, resumes included), save
     eval/learning_curves.png, then close the trainer, whose last Drive copy takes the figure along. The summary
@@ -60,7 +79,7 @@ def train_to_end(trainer, every: int = 5) -> dict:
     end, it only says that the run is complete."""
     from kit.analysis import plots
 
-    summary = trainer.train(on_step=plots.LiveCurve(every, run_dir=trainer.run_dir))
+    summary = trainer.train(on_step=plots.LiveCurve(every, run_dir=trainer.run_dir, last=trainer.cfg.num_steps))
     try:
         plots.learning_curves(trainer.run_dir, path=trainer.run_dir / "eval" / "learning_curves.png")
     finally:
@@ -87,9 +106,37 @@ def run_to_analyse(run_name: str, drive: Path | None = None, drive_folder: str =
     log(f"[kit] run: {found}")
     model = json.loads((found / "config.json").read_text()).get("model_name", "tiny")
     if model != "tiny" and not _has_gpu():  # said before a cell spends many minutes in fp32 on a CPU
-        log(f"[kit] this runtime has no GPU: {model} will run on the CPU in full precision, which is slow (minutes "
-            "per evaluation). In Colab: Runtime > Change runtime type > GPU, then Run all again")
+        if trained_on_cpu(found):  # a CPU preset's run: here is where it belongs (a GPU would load its fp32
+            log(f"[kit] {model} runs on this CPU in full precision, as it trained: each evaluation takes minutes; "
+                "the cells below say about how long before they start and show a bar")  # adapters on 4 bits)
+        else:
+            log(f"[kit] this runtime has no GPU: {model} will run on the CPU in full precision, which is slow "
+                "(minutes per evaluation). In Colab: Runtime > Change runtime type > GPU, then Run all again")
     return found
+
+
+def trained_on_cpu(run_dir: str | Path) -> bool:
+    """Whether a run trained on a CPU: its environment.json says no GPU; before one exists, its nearest preset is a
+    CPU preset (smol_*, coder_*, tiny_cpu)."""
+    from kit.analysis.runinfo import ENVIRONMENT, json_or_none, nearest_preset
+    from kit.env import CPU_PRESET_PREFIXES
+
+    env = json_or_none(Path(run_dir) / ENVIRONMENT)
+    if env is not None:
+        return not env.get("gpu")
+    config = json_or_none(Path(run_dir) / "config.json") or {}
+    return nearest_preset(config)[0].startswith(CPU_PRESET_PREFIXES)
+
+
+def samples_per_item(run_dir: str | Path, smoke_n: int = 2) -> int:
+    """The analysis notebooks' default N (samples per agent per item): smoke_n in smoke mode; 10 (pass@1..10) on a
+    GPU or for the tiny model; 4 (pass@1 and pass@3) for a real model on a CPU, where one sample of every held-out
+    item costs about a minute."""
+    if smoke():
+        return smoke_n
+    model = (json.loads((Path(run_dir) / "config.json").read_text()).get("model_name", "tiny")
+             if (Path(run_dir) / "config.json").exists() else "tiny")
+    return 10 if model == "tiny" or _has_gpu() else 4
 
 
 def _has_gpu() -> bool:
@@ -135,7 +182,7 @@ def preset_smoke_test(preset: str, log=print) -> str:
 
 def smoke_dir() -> Path:
     """Where smoke mode's run lives: $KIT_SMOKE_DIR, or checkpoints/smoke."""
-    return Path(os.environ.get("KIT_SMOKE_DIR", f"{LOCAL_ROOT}/smoke"))
+    return Path(os.environ.get("KIT_SMOKE_DIR", runs_root() / "smoke")).absolute()
 
 
 def smoke_run(run_name: str = "magrpo_code", drive: Path | None = None, drive_folder: str = DRIVE_FOLDER,
@@ -219,7 +266,7 @@ def notebook_config(preset: str, task: str, task_args: dict, run_name: str, driv
     from kit.run.config import from_dict, load_config, validate
 
     folder = Path(drive) / drive_folder if drive else None
-    values = {"task": task, "task_args": dict(task_args), "run_dir": f"{LOCAL_ROOT}/{run_name}",
+    values = {"task": task, "task_args": dict(task_args), "run_dir": str(runs_root() / run_name),
               "mirror_dir": str(folder / run_name) if folder else None,
               "algorithm": algorithm}  # magrpo, iac, maac, centralized (README: Algorithms)
     if num_steps:
@@ -242,11 +289,13 @@ def notebook_config(preset: str, task: str, task_args: dict, run_name: str, driv
         require_gpu(preset, task)
     cfg = validate(from_dict(values, load_config(preset)))
     if not smoke and not tiny_learns(cfg):  # said before training, not after 30 minutes at reward 0
-        real_presets = "'colab_hanabi'" if cfg.task == "game" else "'colab_t4' or 'colab_a100'"
+        on_cpu = {"code": "PRESET = 'coder_code' (Qwen2.5-Coder-0.5B, 2-3 min a step)",
+                  "writing": "PRESET = 'smol_writing' (SmolLM2-135M, about a minute a step)"}.get(cfg.task)
+        real = ("a GPU runtime (PRESET = 'colab_hanabi')" if cfg.task == "game" else
+                "a GPU runtime (PRESET = 'colab_t4' or 'colab_a100')" + (f", or on a CPU {on_cpu}" if on_cpu else ""))
         log("!" * 100 + f"\n[kit] WARNING: the built-in tiny model ({preset}) cannot learn task {cfg.task!r} "
             f"{cfg.task_args}: it has never read text, so its reward stays at 0 however long it trains.\n      "
-            f"{cpu_advice(cfg.task)}; this task needs a real model on a GPU runtime (PRESET = "
-            f"{real_presets}).\n" + "!" * 100)
+            f"{cpu_advice(cfg.task)}; this task needs a real model: {real}.\n" + "!" * 100)
     if cfg.mirror_dir and unmounted_drive(cfg.mirror_dir):  # e.g. 01's last cell unmounted it, then more training
         log("!" * 100 + f"\n[kit] WARNING: Google Drive is NOT MOUNTED ({Path(drive).parent} is not a mount point; "
             "01's last cell unmounts it), so nothing is backed up and the run on Drive is not read.\n      Run the "

@@ -36,7 +36,8 @@ def gpu_summary() -> str:
 
     if not torch.cuda.is_available():
         return ("no GPU: this runtime has only a CPU. In Colab choose Runtime > Change runtime type > GPU "
-                "(A100 for the paper's recipe, T4 for colab_t4); the tiny_cpu preset still runs here")
+                "(A100 for the paper's recipe, T4 for colab_t4). The CPU presets run here: smol_writing and coder_code "
+                "(real models, minutes a step), tiny_cpu (the built-in tiny model, seconds)")
     props = torch.cuda.get_device_properties(0)
     return f"{props.name}, {props.total_memory / 2**30:.1f} GiB"
 
@@ -77,16 +78,20 @@ def mount_drive(root: str | None = None, log=print) -> Path | None:
     return root / "MyDrive"
 
 
-def flush_drive(root: str | None = None, log=print) -> None:
-    """Make sure everything written to Drive is uploaded (Colab only). This unmounts Drive: said, with how to mount
-    it again (a later cell that trains or reads the run on Drive needs it)."""
+def flush_drive(root: str | None = None, log=print, checked: str = "") -> bool:
+    """Make sure everything written to Drive is uploaded (Colab only), then unmount it: said, with how to mount it
+    again (a later cell that trains or reads the run on Drive needs it). `checked`: what the caller verified on Drive
+    (kit.colab.flush_drive checks the run's copy first), added to the line. True when Drive was flushed."""
     root = root or DRIVE_ROOT
-    if in_colab() and drive_mounted(root):
-        from google.colab import drive
+    if not (in_colab() and drive_mounted(root)):
+        return False
+    from google.colab import drive
 
-        drive.flush_and_unmount()
-        log("[kit] Drive flushed and UNMOUNTED: every file is on Drive. To train longer or resume in this runtime, "
-            "run the Drive cell again (colab.mount_drive()) first; without it nothing is backed up")
+    drive.flush_and_unmount()
+    log("[kit] Drive flushed and UNMOUNTED: every file written to Drive is uploaded." + checked + " To train longer "
+        "or resume in this runtime, run the Drive cell again (colab.mount_drive()) first; without it nothing is "
+        "backed up")
+    return True
 
 
 def secret(name: str, log=print) -> str | None:

@@ -179,7 +179,7 @@ from kit.analysis import plots
 plots.learning_curves(cfg.run_dir)
 """),
                  code("""
-colab.flush_drive()  # make sure Drive has every file before the runtime goes away
+colab.flush_drive(cfg)  # checks that Drive has the run, then flushes: every file before the runtime goes away
 """, tags=["colab"]),
              ])
 
@@ -189,7 +189,7 @@ colab.flush_drive()  # make sure Drive has every file before the runtime goes aw
              "and the curves show whether training improved the team on data it did not train on.", [
                  *run_cells(),
                  code("""
-N = 3 if SMOKE else 10  # samples per agent per item (pass@k for k <= N)
+N = colab.samples_per_item(RUN_DIR, smoke_n=3)  # 10 on a GPU or the tiny model, 4 for a real model on a CPU (pass@k: k <= N)
 from IPython.display import Markdown, display
 from kit.analysis.evaluate import evaluate_run, format_table
 from kit.analysis import plots
@@ -211,7 +211,7 @@ plots.learning_curves(RUN_DIR)
              "the MAGRPO team from the run's newest checkpoint.", [
                  *run_cells(),
                  code("""
-N = 2 if SMOKE else 10
+N = colab.samples_per_item(RUN_DIR, smoke_n=2)  # 10 on a GPU or the tiny model, 4 for a real model on a CPU
 from IPython.display import Markdown, display
 from kit.analysis.baselines import compare
 from kit.analysis.evaluate import format_table
@@ -327,7 +327,7 @@ from kit.analysis import explore
 explore.browser(cfg.run_dir)
 """),
                  code("""
-colab.flush_drive()  # make sure Drive has every file before the runtime goes away
+colab.flush_drive(cfg)  # checks that Drive has the run, then flushes: every file before the runtime goes away
 """, tags=["colab"]),
              ])
 
@@ -343,7 +343,7 @@ colab.flush_drive()  # make sure Drive has every file before the runtime goes aw
 # EVALUATE_MISSING runs `kit eval` (every checkpoint), `kit baselines` and, for the code task, the schemes of fresh
 # samples first when their files are missing.
 EVALUATE_MISSING = True
-N = 2 if SMOKE else 10  # samples per agent per item
+N = colab.samples_per_item(RUN_DIR, smoke_n=2)  # samples per agent per item: 10 on a GPU, 4 for a real model on a CPU
 RUNS_TO_COMPARE = []  # other run folders to put beside this one, e.g. ["checkpoints/seed1", "checkpoints/separate"]
 LABELS = None  # one label per run (this one first), or None for the folder names
 """, tags=["parameters"]),

@@ -5,6 +5,7 @@ Run: python -m pytest tests/test_colab_explore.py
 
 import json
 import shutil
+from pathlib import Path
 
 import pytest
 
@@ -190,7 +191,8 @@ def test_notebook_config_mirrors_to_drive_and_smoke_swaps_in_the_tiny_preset(tmp
     cfg = colab.notebook_config("colab_a100", "writing", {"kind": "arxiv"}, "mine", drive=tmp_path, num_steps=7,
                                 judge_model="claude-sonnet-4-5", judge_budget_usd=3.0)
     assert cfg.model_name == "Qwen/Qwen2.5-Coder-3B-Instruct" and cfg.task_args == {"kind": "arxiv"}
-    assert cfg.run_dir == "checkpoints/mine" and cfg.mirror_dir == str(tmp_path / "magrpo-kit/runs/mine")
+    assert cfg.run_dir == str(Path("checkpoints/mine").absolute())  # absolute: the same after a chdir (issue 55)
+    assert cfg.mirror_dir == str(tmp_path / "magrpo-kit/runs/mine")
     assert cfg.num_steps == 7 and cfg.use_judge_reward and cfg.judge_budget_usd == 3.0
     assert colab.notebook_config("colab_t4", "code", {}, "x", log=lambda *_: None).mirror_dir is None
     monkeypatch.setenv("KIT_SMOKE_DIR", str(tmp_path / "smoke"))

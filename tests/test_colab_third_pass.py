@@ -235,7 +235,9 @@ def test_a_scheme_example_without_code_shows_no_empty_code_block(tmp_path, monke
 def test_the_curves_title_states_the_window_it_really_averages(tmp_path):
     from kit.analysis import plots
 
-    fig = plots.learning_curves(fake_run(tmp_path / "run", steps=3))
+    fig = plots.learning_curves(fake_run(tmp_path / "run", steps=3))  # a tenth of 3 steps: each step as it is
+    assert "each step" in fig.axes[0].get_title()
+    fig = plots.learning_curves(fake_run(tmp_path / "long", steps=30), window=3)
     assert "mean over the last 3 steps" in fig.axes[0].get_title()
 
 

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import time
 
-from kit.analysis.evaluate import parallel_joints, sample_turns, score, summarize_turns
+from kit.analysis.evaluate import parallel_joints, progress, sample_turns, say_estimate, score, summarize_turns
 from kit.tasks import Prompt, answer_start, has
 from kit.tasks.game import is_game
 
@@ -126,15 +126,15 @@ def compare(run_dir, methods=None, n: int = 10, num_items: int | None = None, st
         raise ValueError(f"unknown baseline method(s) {', '.join(map(repr, unknown))}; allowed: {', '.join(METHODS)}")
     rows = []
     ctx.use_step(0)
-    for method in methods:
+    say_estimate(ctx, len(methods) + 1, n, log)
+    for method in progress(methods, "methods"):
         if method == "single" and not has(ctx.task, "single_prompt"):
             log(f"[kit] baseline single skipped: task {ctx.cfg.task!r} has no single_prompt")
             continue
         rows.append(run_method(method, ctx.sampler, ctx.task, ctx.cfg, ctx.items, n, ctx.scorer))
         log(f"[kit] baseline {method}: " + _brief(rows[-1]))
-    chosen = ctx.team_step(step, log)
+    chosen = ctx.use_team_step(step, log)
     if chosen is not None:
-        ctx.use_step(chosen)
         row = run_method("naive", ctx.sampler, ctx.task, ctx.cfg, ctx.items, n, ctx.scorer)
         row.update(method="magrpo", step=chosen)
         rows.append(row)

@@ -111,9 +111,10 @@ def compare_runs(run_dirs: list[str | Path], labels: list[str] | None = None, ou
     for group in groups:
         draw_group(ax_train, group, lambda run: run["train"], "reward/mean", smoothed=True)
         draw_group(ax_held, group, lambda run: run["evals"], held_key, smoothed=False)
-    ax_train.set_title("training reward (sampled; band: range over seeds)", fontsize="medium")
+    band = "; band: range over seeds" if any(len(g["runs"]) > 1 for g in groups) else ""  # one run a group: none
+    ax_train.set_title(f"training reward (sampled{band})", fontsize="medium")
     ax_train.set_ylabel("training reward (mean per joint action)")
-    ax_held.set_title(f"held-out {held_key} by checkpoint (band: range over seeds)", fontsize="medium")
+    ax_held.set_title(f"held-out {held_key} by checkpoint" + (f" ({band[2:]})" if band else ""), fontsize="medium")
     ax_held.set_ylabel(f"held-out {held_key}")
     step_axes(ax_train, ax_held)
     fig.savefig(out / "compare_curves.png", dpi=110)

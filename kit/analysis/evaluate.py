@@ -27,6 +27,7 @@ import numpy as np
 from kit.tasks.rewards import Scorer, reward_model_for
 from kit.engine.rollout import Sampler
 from kit.tasks import has
+from kit.tasks import headline as task_headline
 
 KS = (1, 3, 5, 10)
 
@@ -61,6 +62,7 @@ def summarize(task, rewards: list[list], *, ks=KS, num_tokens: int = 0, seconds:
                 out[f"pass@{k}"] = float(np.mean([pass_at_k(n, c, k) for c in correct]))
     out["tokens"] = num_tokens
     out["tokens_per_s"] = num_tokens / seconds if seconds > 0 else 0.0
+    out["headline"] = task_headline(task) if n else "reward/mean"  # what reports and figures judge it by
     return out
 
 
@@ -85,9 +87,23 @@ def parallel_joints(sampler: Sampler, task, items: list[dict], n: int, params=No
     N = len(task.prompts(items[0])) if items else 0
     requests = [(a, p) for item in items for a, p in enumerate(task.prompts(item))]
     keys = [(tag, item["id"], a) for item in items for a in range(N)]
-    ro = sampler.sample(requests, n, params, keys=keys)
+    worlds = {"worlds": items} if getattr(sampler, "acts", False) else {}  # what an environment acts on
+    ro = sampler.sample(requests, n, params, keys=keys, **worlds)
     joints = [[tuple(ro.texts[k * N + a][g] for a in range(N)) for g in range(n)] for k in range(len(items))]
+    if getattr(ro, "world_rewards", None) is not None:  # the environment owns the reward: each joint action
+        # carries its world's
+        joints = [[Acted(j, ro.world_rewards[k][g]) for g, j in enumerate(per)] for k, per in enumerate(joints)]
     return joints, ro.num_tokens, ro.seconds
+
+
+class Acted(tuple):
+    """A joint action whose environment scored it (get_reward() of its world, kit/engine/tools.py): `score` takes
+    that reward instead of asking the scorer."""
+
+    def __new__(cls, completions, reward: float):
+        self = super().__new__(cls, completions)
+        self.reward = reward
+        return self
 
 
 def sample_joint(sampler: Sampler, task, items: list[dict], n: int, scorer: Scorer, params=None):
@@ -124,6 +140,10 @@ def sample_turns(sampler: Sampler, task, items: list[dict], n: int, scorer: Scor
 
 
 def score(scorer: Scorer, items: list[dict], joints: list[list[tuple]]) -> list[list]:
+    from kit.tasks.rewards import Reward
+
+    if joints and joints[0] and isinstance(joints[0][0], Acted):
+        return [[Reward(j.reward, {"environment": j.reward}) for j in per] for per in joints]
     futures = scorer.submit([(item, j) for item, per in zip(items, joints) for j in per])
     flat = [f.result() for f in futures]
     out, i = [], 0
@@ -173,6 +193,10 @@ def evaluate_team(sampler: Sampler, task, cfg, items: list[dict], n: int = 10, s
             scorer.close()
 
 
+class CheckpointGone(ValueError):
+    """A checkpoint is not (or no longer) in the run folder: a run still training pruned it."""
+
+
 class RunContext:
     """A run directory's config, task, held-out items and team, built once for many evaluations."""
 
@@ -211,7 +235,8 @@ class RunContext:
         return chosen
 
     def use_step(self, step: int) -> None:
-        """Point the team at a checkpoint's adapters; step 0 is the untrained base (fresh adapters)."""
+        """Point the team at a checkpoint's adapters; step 0 is the untrained base (fresh adapters). A checkpoint
+        that a run still training pruned (before or while it was read) raises CheckpointGone."""
         from kit.run.checkpoint import load_adapters
 
         if step == 0:
@@ -220,11 +245,43 @@ class RunContext:
                     if name in self._fresh:
                         p.data.copy_(self._fresh[name])
             return
-        path = self.checkpoints().get(step)
-        if path is None:
-            raise ValueError(f"no complete checkpoint for step {step} in {self.run_dir}; "
-                             f"have: {sorted(self.checkpoints())}")
-        load_adapters(path, self.team)
+        for _ in range(3):  # pruning moves a checkpoint to history/ in one rename: look it up again
+            path = self.checkpoints().get(step)
+            if path is None:
+                break
+            try:
+                load_adapters(path, self.team)
+                return
+            except FileNotFoundError:
+                continue
+        raise CheckpointGone(f"no complete checkpoint for step {step} in {self.run_dir} (have: "
+                             f"{sorted(self.checkpoints())}); a run still training prunes its older checkpoints "
+                             "(keep_last), so evaluate one of those, or after the training ends")
+
+    def use_team_step(self, step: str | int = "newest", log=print) -> int | None:
+        """team_step, then use_step: the newest checkpoint taken again when a run still training pruned it
+        meanwhile. Returns the step used (None: no checkpoint)."""
+        for _ in range(3):
+            chosen = self.team_step(step, log)
+            if chosen is None:
+                return None
+            try:
+                self.use_step(chosen)
+                return chosen
+            except CheckpointGone:
+                if step != "newest":
+                    raise
+                log(f"[kit] the checkpoint of step {chosen} is gone (the run is still training and pruned it): "
+                    "taking the newest again")
+        raise CheckpointGone(f"the newest checkpoint of {self.run_dir} kept vanishing while being read: the run "
+                             "is still training; try again when it has finished")
+
+    def training(self) -> str | None:
+        """'step S of N' when the run's logs stop before its num_steps (it may still be training), else None."""
+        from kit.run.mirror import logged_through
+
+        done, total = logged_through(self.run_dir) or 0, self.cfg.num_steps
+        return f"step {done} of {total}" if done < total else None
 
     def close(self):
         if self.scorer is not None:
@@ -251,18 +308,69 @@ def evaluate_run(run_dir: str | Path, steps: str | list[int] = "all", n: int = 1
     if not have:
         log(f"[kit] no saved checkpoint in {ctx.run_dir}: only the untrained base (step 0) is evaluated; train "
             "the run first")
+    if (training := ctx.training()) and have:
+        log(f"[kit] {ctx.run_dir} is not finished ({training}): it may still be training. Evaluated: the "
+            f"checkpoints it has now ({', '.join(map(str, have))}); one that it prunes meanwhile is skipped")
     out_dir = ctx.run_dir / "eval"
     out_dir.mkdir(exist_ok=True)
+    say_estimate(ctx, len(chosen), n, log)
     rows = []
-    for step in chosen:
-        ctx.use_step(step)
+    for step in progress(chosen, "checkpoints"):
+        try:
+            ctx.use_step(step)
+        except CheckpointGone:
+            log(f"[kit] step {step} skipped: its checkpoint is gone (the training pruned it)")
+            continue
         row = {"step": step, "split": split,
                **evaluate_team(ctx.sampler, ctx.task, ctx.cfg, ctx.items, n, ctx.scorer)}
+        if step and step not in ctx.checkpoints():  # pruned while it was evaluated: no result for what is gone
+            log(f"[kit] step {step} dropped: its checkpoint was pruned while it was evaluated")
+            continue
         (out_dir / f"step_{step:06d}.json").write_text(json.dumps(row, indent=1))
         log(f"[kit] eval step {step}: " + ", ".join(f"{k}={v:.3f}" for k, v in row.items()
                                                      if k.startswith(("pass@", "reward/mean", "score/mean"))))
         rows.append(row)
     return rows
+
+
+def progress(things: list, unit: str):
+    """A tqdm.auto bar over checkpoints or methods (each is minutes on a CPU; the bar's rate gives the estimate)."""
+    from tqdm.auto import tqdm
+
+    return tqdm(things, desc=unit, unit=unit.rstrip("s"), disable=len(things) < 2, leave=False)
+
+
+def generate_seconds_per_row(run_dir: str | Path) -> float | None:
+    """Seconds this run's training spent generating one joint sample (all agents' completions of one item), the
+    median over its steps: what an evaluation's estimate is built from. None without logged steps, or when the run
+    trained on another kind of device than this one (a GPU run evaluated on a CPU, or the reverse)."""
+    import torch
+
+    from kit.run.rundir import ENVIRONMENT
+
+    run = Path(run_dir)
+    env = json.loads((run / ENVIRONMENT).read_text()) if (run / ENVIRONMENT).exists() else {}
+    config = json.loads((run / "config.json").read_text()) if (run / "config.json").exists() else {}
+    if bool(env.get("gpu")) != torch.cuda.is_available():
+        return None
+    from kit.run.rundir import METRICS, read_jsonl
+
+    times = [r["perf/generate_s"] for r in read_jsonl(run / METRICS) if r.get("perf/generate_s")] \
+        if (run / METRICS).exists() else []
+    rows = config.get("batch_size", 1) * config.get("num_generations", 1) * config.get("num_turns", 1)
+    return float(np.median(times)) / max(rows, 1) if times else None
+
+
+def say_estimate(ctx: RunContext, evaluations: int, n: int, log=print) -> None:
+    """Before long work on a real model: how many rows it samples and, from this run's own training speed on the
+    same kind of device, about how long. Said only when it may take more than a minute."""
+    rows = len(ctx.items) * n * evaluations
+    per_row = generate_seconds_per_row(ctx.run_dir)
+    if ctx.cfg.model_name == "tiny" or not per_row or per_row * rows < 60:
+        return
+    log(f"[kit] {evaluations} evaluation(s) x {len(ctx.items)} items x {n} samples = {rows} joint samples of "
+        f"{ctx.cfg.max_new_tokens} tokens; at this run's training speed about {per_row * rows / 60:.0f} min "
+        "(a lower N is faster; pass@k needs k <= N)")
 
 
 def load_eval_rows(run_dir: str | Path) -> list[dict]:

@@ -361,6 +361,7 @@ def browser(run_dir: str | Path):
     except ImportError:
         raise RuntimeError("the browser needs ipywidgets: pip install ipywidgets (Colab has it)") from None
     log = RunLog(run_dir)
+    written = "code" if log.cfg.task == "code" else "text"  # what an agent writes: code, or a writing run's text
     if log.is_game:
         return game_browser(log)
     steps = log.steps() or [0]
@@ -431,5 +432,6 @@ def browser(run_dir: str | Path):
     rescore.on_click(on_rescore)
     refresh()
     return w.VBox([w.HBox([step, reload]), w.HBox([agent, reward]), w.HBox([part, part_min]), table,
-                   w.HTML("<b>One joint action</b> (edit any agent's code, then re-score)"), pick, detail, edit_box,
+                   w.HTML(f"<b>One joint action</b> (edit any agent's {written}, then re-score)"), pick, detail,
+                   edit_box,
                    rescore, result])

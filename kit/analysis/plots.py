@@ -72,14 +72,19 @@ def _band(ax, steps, values, window: int, label: str):
     ax.fill_between(steps, mean - std, mean + std, color=line.get_color(), alpha=0.2, linewidth=0)
 
 
-def learning_curves(run_dir: str | Path, parts: list[str] | None = None, window: int = 10, path=None):
+def learning_curves(run_dir: str | Path, parts: list[str] | None = None, window: int | None = None, path=None):
     """Left: total training reward (and the greedy eval reward when logged). Right: each reward part.
-    A game run (kit/tasks/games.py): `game_curves` instead."""
+    A game run (kit/tasks/games.py): `game_curves` instead. `window` (default: a tenth of the steps, 1 to 25, as
+    kit.analysis.runinfo.final_train_reward): the curve ends at the final training reward the summary and the
+    report say."""
+    from kit.analysis.stats import window_for
+
     rows = [r for r in read_metrics(run_dir) if "reward/mean" in r]
     if not rows:
         raise ValueError(f"{run_dir}/metrics.jsonl has no training steps yet")
     if any("score/mean" in r for r in rows):
-        return game_curves(run_dir, window, path)
+        return game_curves(run_dir, window or 10, path)
+    window = window or window_for(len(rows))
     steps = np.array([r["step"] for r in rows])
     skip = {"reward/mean", "reward/std"}
     parts = parts or sorted({k for r in rows for k in r if k.startswith("reward/") and k not in skip
@@ -93,7 +98,9 @@ def learning_curves(run_dir: str | Path, parts: list[str] | None = None, window:
     if evals:
         ax_total.plot([r["step"] for r in evals], [r["eval/reward_mean"] for r in evals], "o--", label="eval (greedy)")
     ax_total.set_ylabel("reward")
-    ax_total.set_title(f"reward (mean over the last {min(window, len(rows))} steps, band: +-1 std)")
+    shown = min(window, len(rows))
+    ax_total.set_title(f"reward (mean over the last {shown} steps, band: +-1 std)" if shown > 1 else
+                       "reward (each step)")
     ax_parts.set_ylabel("reward part (mean per joint action)")
     ax_parts.set_title("reward parts")
     _legend(ax_total)
@@ -183,12 +190,16 @@ def game_eval_curves(rows: list[dict], path=None):
 
 
 def baseline_bars(rows: list[dict], path=None):
-    """Grouped bars: pass@k of every method on the same items (a game: `game_bars`)."""
+    """Grouped bars: pass@k of every method on the same items; a graded task (its rows' headline is the mean
+    reward, kit.tasks.headline): the mean reward; a game: `game_bars`."""
+    from kit.analysis.stats import headline
+
     if not rows:
         raise ValueError("no baseline rows: run kit.analysis.baselines.compare first")
     if any("score/mean" in r for r in rows):
         return game_bars(rows, path)
-    ks = sorted({k for r in rows for k in r if k.startswith("pass@")}, key=lambda k: int(k[5:]))
+    graded = headline(rows) == "reward/mean"
+    ks = [] if graded else sorted({k for r in rows for k in r if k.startswith("pass@")}, key=lambda k: int(k[5:]))
     metric_keys = ks or (["score/mean"] if any("score/mean" in r for r in rows) else ["reward/mean"])
     fig, (ax,) = _figure(1, width=max(6.0, 1.2 * len(rows) * max(1, len(metric_keys)) / 2))
     x = np.arange(len(rows))
@@ -263,8 +274,11 @@ class LiveCurve:
     steps. With `run_dir`, the steps already in its metrics.jsonl are drawn too, so after a resume the curve
     shows the whole run. Outside IPython it only collects the rows."""
 
-    def __init__(self, every: int = 5, window: int = 10, run_dir: str | Path | None = None):
-        self.every, self.window = every, window
+    def __init__(self, every: int = 5, window: int | None = None, run_dir: str | Path | None = None,
+                 last: int | None = None):
+        """Drawn at each of the first `every` steps (a real model's first minutes show a curve), then every
+        `every` steps, and at step `last` (the run's num_steps). `window`: as learning_curves (None: a tenth)."""
+        self.every, self.fixed_window, self.last = every, window, last
         self.rows: list[dict] = []
         if run_dir is not None and (Path(run_dir) / "metrics.jsonl").exists():
             self.rows = [r for r in read_metrics(run_dir) if "reward/mean" in r]
@@ -292,6 +306,12 @@ class LiveCurve:
         ax.set_title(f"training reward, step {self.rows[-1]['step']}")
         _legend(ax)
         return fig
+
+    @property
+    def window(self) -> int:
+        from kit.analysis.stats import window_for
+
+        return self.fixed_window or window_for(len(self.rows))
 
     def _mismatch(self, ax, steps, keys: list[str]) -> None:
         """Per adapter, the sampler/trainer KL estimate of each step (kit/maths/losses.py: rollout_weights)."""
@@ -342,7 +362,7 @@ class LiveCurve:
     def __call__(self, row: dict) -> None:
         # a step trained again (after going back to a checkpoint) replaces the dropped ones, never drawn over them
         self.rows = [r for r in self.rows if r["step"] < row["step"]] + [row]
-        if len(self.rows) % self.every:
+        if len(self.rows) % self.every and len(self.rows) > self.every and row["step"] != self.last:
             return
         try:
             from IPython import get_ipython

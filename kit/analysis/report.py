@@ -32,8 +32,8 @@ from pathlib import Path
 import numpy as np
 
 from kit.analysis import stats
-from kit.analysis.runinfo import (ENVIRONMENT, figure, final_train_reward, is_game_config, json_or_none, nearest_preset,
-                          raw_and_smoothed, read_run, step_axes, window_for)
+from kit.analysis.runinfo import (ENVIRONMENT, figure, final_train_reward, headline, is_game_config, json_or_none,
+                                  nearest_preset, raw_and_smoothed, read_run, step_axes, window_for)
 
 REPORT_DIR = "report"
 PAPER = "arXiv 2508.04652 (Liu et al., LLM Collaboration with Multi-Agent Reinforcement Learning)"
@@ -206,7 +206,7 @@ def eval_section(run: dict, out: Path) -> str:
     text = ("## Held-out evaluation over checkpoints\n\n![held-out metrics by checkpoint](eval.png)\n\n"
             + "\n".join(table) + f"\n\n{rows[-1].get('num_samples')} samples per item. " + intervals_note(rows))
     first, last = rows[0], rows[-1]
-    key = keys[0]
+    key = headline(rows)
     a, b = stats.per_item(last, key), stats.per_item(first, key)
     if len(rows) > 1 and a and b and len(a) == len(b):
         d = stats.paired_bootstrap(a, b)
@@ -222,15 +222,15 @@ def table1_section(run: dict) -> str:
     if not rows:
         return missing(title, f"no eval/baselines.json; run `python -m kit baselines --run-dir {run['path']}`") + \
             (f"\n\n{paper}" if paper else "")
-    keys = metric_keys(rows)
+    keys, key = metric_keys(rows), headline(rows)
     team = next((r for r in rows if r["method"] == "magrpo"), None)
-    head = ["method"] + keys + ([f"Δ {keys[0]} (magrpo − method)"] if team else [])
+    head = ["method"] + keys + ([f"Δ {key} (magrpo − method)"] if team else [])
     table = ["| " + " | ".join(head) + " |", "|---|" + "---|" * (len(head) - 1)]
     for r in rows:
         name = f"magrpo (step {r.get('step')})" if r is team else r["method"]
         line = [name] + [cell(r, k) for k in keys]
         if team:
-            line.append("–" if r is team else diff_cell(team, r, keys[0]))
+            line.append("–" if r is team else diff_cell(team, r, key))
         table.append("| " + " | ".join(line) + " |")
     text = (f"## {title}\n\nThe same held-out items, sampling and scoring for every method; the baselines run on "
             "the untrained base model.\n\n" + "\n".join(table) + f"\n\n{rows[0].get('num_samples')} samples per item. "
@@ -238,7 +238,7 @@ def table1_section(run: dict) -> str:
     if not team:
         text += "\n\nThe trained team is not in this table: the run had no checkpoint when the baselines ran."
     else:
-        text += "\n\n" + same_checkpoint_note(team, run["evals"], keys[0])
+        text += "\n\n" + same_checkpoint_note(team, run["evals"], key)
     return text + (f"\n\n{paper}" if paper else "")
 
 

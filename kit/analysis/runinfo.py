@@ -18,6 +18,7 @@ from pathlib import Path
 
 import numpy as np
 
+from kit.analysis.stats import headline, window_for  # noqa: F401  (runinfo's readers use them from here)
 from kit.run.rundir import ENVIRONMENT
 
 
@@ -92,21 +93,11 @@ def is_game_config(config: dict) -> bool:
     return config.get("task") == "game"
 
 
-def headline(rows: list[dict]) -> str:
-    """The metric a run is judged by: pass@1 when the task has passes, the game score, else the mean reward."""
-    keys = {k for r in rows for k in r}
-    return "pass@1" if "pass@1" in keys else "score/mean" if "score/mean" in keys else "reward/mean"
-
-
 def smooth(values, window: int) -> np.ndarray:
     """Trailing moving mean over `window` points (fewer at the start), NaNs ignored (kit.analysis.plots.smooth's mean)."""
     from kit.analysis.plots import smooth as mean_and_std
 
     return mean_and_std(np.asarray(values, dtype=float), window)[0]
-
-
-def window_for(num_points: int) -> int:
-    return max(1, min(25, num_points // 10))
 
 
 def final_train_reward(train: list[dict]) -> tuple[float, int] | None:

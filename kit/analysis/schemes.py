@@ -351,8 +351,12 @@ def fresh_shares(run_dir: str | Path, n: int = 8, step: int | None = None, num_i
     _entry_points(Path(run_dir))  # another task: the cell above's clear error, before any model loads
     ctx = RunContext(run_dir, num_items=num_items, log=log)
     try:
-        step = max(ctx.checkpoints(), default=0) if step is None else step
-        ctx.use_step(step)
+        if step is None:  # the newest saved adapters (taken again if a run still training prunes them); the base
+            step = ctx.use_team_step("newest", log=lambda *_: None) or 0
+            if step == 0:
+                ctx.use_step(0)
+        else:
+            ctx.use_step(step)
         _, rewards, _, _ = sample_joint(ctx.sampler, ctx.task, ctx.items, n, ctx.scorer)
     finally:
         ctx.close()

@@ -5,6 +5,7 @@
     per_item(row, metric)              one value per item from an evaluation row's `per_item` lists (pass@k via
                                        the unbiased estimator of each item's c correct of n), or None
     method_line(num_items, ...)        the one line a report prints under a table
+    headline(rows), window_for(n)      the metric a run is judged by; the window its final training reward averages
 
 Why items and not samples: the n samples of one item are not independent draws from the population of problems
 a researcher cares about; the held-out items are. Resampling items (with replacement, B times, the mean of each
@@ -98,3 +99,20 @@ def method_line(num_items: int | None = None, paired: bool = False, unit: str = 
     if paired:
         line += " Δ: paired bootstrap of the per-item difference (the same resampled items for both methods)."
     return line
+
+
+# --- which metric, over which window (the report, compare and the plots agree on both)
+def headline(rows: list[dict]) -> str:
+    """The metric a run is judged by: the one its task names in the rows (kit.tasks.headline: a graded task such as
+    writing is judged by its mean reward, its pass@k being a threshold on the grade); rows without it (an older
+    kit): pass@1 when the task has passes, the game score, else the mean reward."""
+    named = {r["headline"] for r in rows if r.get("headline")}
+    keys = {k for r in rows for k in r}
+    if len(named) == 1 and named <= keys:
+        return named.pop()
+    return "pass@1" if "pass@1" in keys else "score/mean" if "score/mean" in keys else "reward/mean"
+
+
+def window_for(num_points: int) -> int:
+    """Steps a smoothed training curve averages: a tenth of them, 1 to 25 (final_train_reward's k)."""
+    return max(1, min(25, num_points // 10))

@@ -26,3 +26,19 @@ class Prompt(str):
 def answer_start(prompt: str) -> str:
     """The text a prompt's answer is started with ("" for a plain str)."""
     return getattr(prompt, "answer_start", "")
+
+
+class Chat(str):
+    """A prompt given as chat messages (`[{"role": "system" | "user" | "assistant", "content": ...}]`, a JSONL row's
+    `prompt` as TRL reads it): the sampler renders the messages with the chat template; everywhere else it is the
+    messages' text, one "role: content" line each."""
+
+    messages: list = []
+
+    def __new__(cls, messages: list):
+        self = super().__new__(cls, "\n".join(f"{m['role']}: {m['content']}" for m in messages))
+        self.messages = [dict(m) for m in messages]
+        return self
+
+    def __reduce__(self):
+        return Chat, (self.messages,)

@@ -76,7 +76,8 @@ class Segment:
         keep = torch.isin(self.agent, torch.tensor(agents, device=self.agent.device))
         ids, att, comp = self.input_ids[keep], self.attention_mask[keep], self.completion_mask[keep]
         first = int(att[:, : self.prompt_len].any(0).int().argmax()) if self.prompt_len else 0
-        length = int(comp.sum(-1).max()) if comp.numel() else 0
+        # the completion's attended length (tool turns inside it are attended but off the completion mask)
+        length = int(att[:, self.prompt_len:].sum(-1).max()) if comp.numel() else 0
         end = self.prompt_len + max(length, 1)
         return Segment(self.base, ids[:, first:end], att[:, first:end], comp[:, : end - self.prompt_len],
                        self.prompt_len - first, self.sample[keep], self.agent[keep],
@@ -94,6 +95,12 @@ class Rollout:
     num_tokens: int = 0
     seconds: float = 0.0  # wall time inside generate calls (compilation excluded)
     compile_seconds: float = 0.0  # wall time spent compiling new shapes (compiled engine, first calls only)
+    # with an environment (kit/engine/tools.py): each sample's whole transcript (tool calls and results), the
+    # calls made, the time inside tools, and get_reward() per world [group][g] when the environment owns the reward
+    transcripts: list[list[str]] | None = None
+    tool_calls: int = 0
+    tool_seconds: float = 0.0
+    world_rewards: list[list[float]] | None = None
 
     def segment(self, base: int) -> Segment | None:
         """The rows generated on `base`; None when no request of this call was for it."""
@@ -109,11 +116,12 @@ def eos_ids(model, tokenizer) -> list[int]:
 
 
 def format_prompt(tokenizer, prompt: str, use_chat_template: bool = True) -> str:
-    """The text the model sees: the chat template's user turn when the tokenizer has one."""
+    """The text the model sees: the chat template's user turn when the tokenizer has one (a `Chat` prompt: its
+    messages)."""
+    messages = getattr(prompt, "messages", None) or [{"role": "user", "content": str(prompt)}]
     if use_chat_template and getattr(tokenizer, "chat_template", None):
-        return tokenizer.apply_chat_template([{"role": "user", "content": prompt}], tokenize=False,
-                                             add_generation_prompt=True)
-    return prompt
+        return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+    return "\n\n".join(m["content"] for m in messages) if getattr(prompt, "messages", None) else prompt
 
 
 def encode_prompt(tok, prompt: str, use_chat_template: bool = True, max_tokens: int | None = None) -> list[int]:

@@ -70,6 +70,18 @@ def validate(cfg: TrainConfig) -> TrainConfig:
     need(cfg.top_k >= 0, "top_k", "an integer >= 0")
     need(cfg.max_new_tokens >= 1, "max_new_tokens", "an integer >= 1")
     need(cfg.num_turns >= 1, "num_turns", "an integer >= 1")
+    need(cfg.environment is None or (isinstance(cfg.environment, str) and cfg.environment.count(":") == 1),
+         "environment", "null or 'module.path:ClassName' (a TRL-style environment class)")
+    need(cfg.max_tool_calls >= 0, "max_tool_calls", "an integer >= 0")
+    need(cfg.tool_timeout_s > 0, "tool_timeout_s", "a number > 0")
+    if cfg.environment:
+        need(cfg.joint_mode == "aligned", "joint_mode", "aligned with an environment (the agents' g-th samples act "
+             "on one world; cross pairs samples that never met)")
+        need(cfg.num_turns == 1, "num_turns", "1 with an environment (its tool rounds are the turns; a feedback turn "
+             "on top of them is not built yet)")
+        need(cfg.algorithm in ("magrpo", "iac", "maac"), "algorithm",
+             "magrpo, iac or maac with an environment (centralized, madpo and marlhf write or compare text "
+             "without acting)")
     need(0 <= cfg.discount <= 1, "discount", "a number in [0, 1]")
     need(cfg.advantage_clip is None or cfg.advantage_clip > 0, "advantage_clip", "null or a number > 0")
     need(cfg.beta >= 0, "beta", "a number >= 0")

@@ -51,6 +51,10 @@ class TrainConfig:
     task: str = "toy"  # a module in kit/tasks (toy, code, writing, ...)
     task_args: dict = field(default_factory=dict)  # keyword arguments for the task's constructor
     num_eval_items: int = 16  # held-out items scored at each evaluation
+    # --- an environment the agents act on with tools (kit/engine/tools.py; TRL's environment classes unchanged)
+    environment: str | None = None  # "module.path:ClassName"; one instance per joint rollout (the team's world)
+    max_tool_calls: int = 4  # tool calls per agent per turn (TRL's max_tool_calling_iterations)
+    tool_timeout_s: float = 10.0  # seconds one tool call may take (past it: an error result, the world restarted)
     # --- sampling
     num_generations: int = 4  # G: samples per agent per prompt (the group)
     max_new_tokens: int = 256  # completion length cap

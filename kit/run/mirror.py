@@ -16,6 +16,11 @@ or away). Pruning renames a folder in one step (kit/run/checkpoint.py), so the c
 gone; a checkpoint gone from under the copy was superseded by a newer one, which the next copy takes, and is
 skipped, not reported as a failure. A copy's temporary `.partial` folder is removed when it fails, and any left
 behind (a runtime that died mid-copy) is removed by the next copy: they would fill the user's Drive.
+
+Two runtimes training one run into one Drive folder (a second tab, a runtime not stopped) overwrite each other's
+checkpoints. Each copy writes `runtime.json` (a random id for this process, its host, when) into the mirror; a copy
+that finds another id there after writing its own knows a second runtime is writing the folder and says so loudly,
+and `restore` says when the folder was written by another runtime minutes ago.
 """
 
 from __future__ import annotations
@@ -24,11 +29,19 @@ import contextlib
 import errno
 import os
 import shutil
+import json
+import socket
 import threading
+import time
+import uuid
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
 from kit.run.rundir import _LOG_FILES, METRICS, read_jsonl
+
+RUNTIME = "runtime.json"  # in the mirror: which runtime wrote it last, and when
+RECENT_S = 15 * 60  # a runtime that wrote the mirror this recently may still be training
+RUNTIME_ID = uuid.uuid4().hex  # this process: every mirror it makes (a resume cell run twice) is the same runtime
 
 class Mirror:
     """Copy a run directory's logs and complete checkpoints to another folder (Drive) in a background thread.
@@ -50,10 +63,17 @@ class Mirror:
         self._outcomes: list[BaseException | None] = []  # finished copies not yet reported (kept until check())
         self._warned = self._closed = False
         self._failures = 0  # failed copies in a row
+        self.runtime = {"id": RUNTIME_ID, "host": socket.gethostname(), "pid": os.getpid()}
+        self._claimed = False  # runtime.json written by this mirror at least once
+        self._others: list[dict] = []  # other runtimes found writing the mirror, to be said by check()
+        self._said_others: set[str] = set()
 
     def push(self) -> Future:
-        """Queue a copy of everything new; returns at once."""
+        """Queue a copy of everything new; returns at once. After close() too (the training cell run again once
+        Drive is back): the mirror opens again, so a Drive that missed the end of the run catches up."""
         self.check()
+        if self._closed:
+            self._pool, self._closed = ThreadPoolExecutor(1, thread_name_prefix="kit-mirror"), False
         future = self._pool.submit(self._copy)
         with self._lock:
             self._pending = [f for f in self._pending if not f.done()] + [future]
@@ -64,6 +84,14 @@ class Mirror:
         and a recovery. Never raises: a failing Drive must not cost the run."""
         with self._lock:
             outcomes, self._outcomes = self._outcomes, []
+            others, self._others = self._others, []
+        for other in others:
+            if other["id"] not in self._said_others:
+                self._said_others.add(other["id"])
+                self.log("!" * 100 + f"\n[kit] WARNING: ANOTHER RUNTIME is writing this run to {self.mirror_dir} "
+                         f"({who(other)}). Two runtimes training one run overwrite each other's checkpoints and "
+                         "logs on Drive.\n      Stop one of them (Colab: Runtime > Manage sessions), or give this "
+                         "one another RUN_NAME.\n" + "!" * 100)
         for err in outcomes:
             if err is None:
                 if self.error is not None:
@@ -159,6 +187,7 @@ class Mirror:
 
         require_mounted(self.mirror_dir)  # else the copy would make a plain folder of this disk at Drive's path
         self.mirror_dir.mkdir(parents=True, exist_ok=True)
+        self._claim()
         remove_partials(self.mirror_dir)  # one copy at a time: any .partial here is a dead copy's
         local = complete_checkpoints(self.run_dir)  # newest first: the one a slow Drive must not miss
         on_mirror = complete_checkpoints(self.mirror_dir)
@@ -178,6 +207,53 @@ class Mirror:
         finally:
             with contextlib.suppress(OSError):  # never hides the copy's own error; retried at the next copy
                 prune(self.mirror_dir, self.keep_last, self.keep_history)
+
+
+    def _claim(self) -> None:
+        """Write runtime.json; another runtime's id there after this mirror wrote its own is a second writer."""
+        found = read_runtime(self.mirror_dir)
+        if self._claimed and found and found.get("id") != self.runtime["id"]:
+            with self._lock:
+                self._others.append(found)
+        _write_json(self.mirror_dir / RUNTIME, {**self.runtime, "time": time.time()})
+        self._claimed = True
+
+
+def read_runtime(mirror_dir: str | Path) -> dict | None:
+    """The mirror's runtime.json (None: none, or unreadable)."""
+    try:
+        return json.loads((Path(mirror_dir) / RUNTIME).read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def who(runtime: dict) -> str:
+    ago = time.time() - runtime.get("time", 0)
+    return (f"host {runtime.get('host', '?')}, process {runtime.get('pid', '?')}, last copy "
+            f"{max(ago, 0) / 60:.0f} min ago")
+
+
+def _write_json(path: Path, value: dict) -> None:
+    tmp = path.with_name(f".{path.name}.partial")
+    tmp.write_text(json.dumps(value))
+    os.replace(tmp, path)
+
+
+def behind(run_dir: str | Path, mirror_dir: str | Path) -> str | None:
+    """None when the mirror holds this run's newest checkpoint and its logs reach this run's; else what it lacks,
+    in words ("Drive's copy stops at step 20; this runtime has step 40")."""
+    from kit.run.checkpoint import complete_checkpoints
+
+    local = complete_checkpoints(run_dir)
+    here = _step_of(local[0]) if local else -1
+    there = restorable(mirror_dir)
+    on_drive = _step_of(there[0]) if there else -1
+    logs_here, logs_there = logged_through(run_dir) or 0, logged_through(mirror_dir) or 0
+    if on_drive >= here and logs_there >= logs_here:
+        return None
+    have = f"checkpoint of step {on_drive}" if on_drive >= 0 else "no checkpoint"
+    return (f"Drive's copy has the {have} and logs through step {logs_there}; this runtime has "
+            + (f"the checkpoint of step {here} and " if here >= 0 else "") + f"logs through step {logs_here}")
 
 
 def _step_of(ckpt: Path) -> int:
@@ -313,6 +389,11 @@ def restore(mirror_dir: str | Path, run_dir: str | Path, log=print) -> int | Non
         return None
     if not (mirror_dir / "config.json").exists():
         return None
+    other = read_runtime(mirror_dir)
+    if other and other.get("id") != RUNTIME_ID and time.time() - other.get("time", 0) < RECENT_S:
+        log(f"[kit] NOTE: another runtime copied this run to Drive recently ({who(other)}). If it is still "
+            "training (another tab, a runtime not stopped), stop it first (Colab: Runtime > Manage sessions): two "
+            "runtimes training one run overwrite each other's checkpoints on Drive")
     run_dir.mkdir(parents=True, exist_ok=True)
 
     def newest(found):

@@ -24,6 +24,16 @@ from pathlib import Path
 CONFIG, METRICS, ROLLOUTS, BUDGET = "config.json", "metrics.jsonl", "rollouts.jsonl", "budget.json"
 DRIVE_FOLDER = "magrpo-kit/runs"  # runs under MyDrive, as 01_train mirrors them
 LOCAL_ROOT = "checkpoints"
+COLAB_ROOT = "/content/magrpo-kit/checkpoints"  # where 01's install cell (cwd: the checkout) has always put runs
+
+
+def runs_root() -> Path:
+    """Where the notebooks keep runs on this disk, as an absolute path: in Colab always COLAB_ROOT (after a kernel
+    restart with the install cell skipped the working folder is /content, and a relative `checkpoints/` would be a
+    second, empty run folder); elsewhere `checkpoints/` of the working folder, resolved now."""
+    from kit.env import in_colab
+
+    return Path(COLAB_ROOT) if in_colab() else Path(LOCAL_ROOT).absolute()
 ENVIRONMENT = "environment.json"  # versions, GPU, peak memory (kit/analysis/runinfo.py), for the report
 RM_PAIRS = "rm_pairs.jsonl"  # marlhf: each fit's pairs, their task rewards and the reward model's scores
 STEP_LOGS = (METRICS, ROLLOUTS, RM_PAIRS)  # rows by step: a resume drops those after its checkpoint
@@ -146,11 +156,11 @@ def newest_step(run_dir: str | Path) -> int:
 
 
 def find_run(run_name: str, drive: str | Path | None = None, drive_folder: str = DRIVE_FOLDER,
-             local_root: str | Path = LOCAL_ROOT) -> Path:
+             local_root: str | Path | None = None) -> Path:
     """The folder of run `run_name` as 01_train made it: `<local_root>/<run_name>` on this disk, or
     `<drive>/<drive_folder>/<run_name>` on Drive (a new runtime has only the Drive copy). When both hold the
     run, the one with the newer checkpoint wins (this disk on a tie: it is faster)."""
-    places = [Path(local_root) / run_name]
+    places = [Path(local_root or runs_root()) / run_name]
     if drive is not None:
         places.append(Path(drive) / drive_folder / run_name)
     found = [p for p in places if (p / CONFIG).exists()]

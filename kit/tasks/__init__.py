@@ -54,6 +54,9 @@ HOOKS = {  # optional members and what each one turns on
     "discussion_prompt": "the discussion baseline's prompts (default: the first answers appended)",
     "judge_rubric": "the Claude judge's rubric for this task (default: a generic one)",
     "attach_judge": "judge_feedback=true: attach_judge(judge) puts the judge's advice in next-turn prompts",
+    "headline": "the metric reports, compare and the baseline figure judge the task by (default: pass@1 with "
+                "is_pass, else the mean reward); a graded task whose pass is a threshold on its grade says "
+                "'reward/mean'",
 }
 
 
@@ -62,6 +65,11 @@ def has(task, hook: str) -> bool:
     if hook not in HOOKS:
         raise KeyError(f"{hook!r} is not a task hook; hooks: {', '.join(HOOKS)}")
     return getattr(task, hook, None) is not None
+
+
+def headline(task) -> str:
+    """The metric the task is judged by: its own `headline`, else pass@1 when it has passes, else the mean reward."""
+    return getattr(task, "headline", None) or ("pass@1" if has(task, "is_pass") else "reward/mean")
 
 
 def describe(task) -> str:

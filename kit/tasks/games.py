@@ -183,9 +183,8 @@ def compare(ctx, methods=METHODS, n: int = 10, step: str | int = "newest", log=p
             row = episode_metrics(ctx.task, play_policy(ctx.task, seeds, n, POLICIES[method]), n)
         rows.append({"method": method, **row, "wall_s": time.perf_counter() - start})
         log(f"[kit] baseline {method}: " + _brief(rows[-1]))
-    chosen = ctx.team_step(step, log)
+    chosen = ctx.use_team_step(step, log)
     if chosen is not None:
-        ctx.use_step(chosen)
         rows.append({"method": "magrpo", "step": chosen, **evaluate_team(ctx.sampler, ctx.task, ctx.items, n)})
         log("[kit] magrpo team: " + _brief(rows[-1]))
     return rows

@@ -176,6 +176,7 @@ HUB = {"tldr": "trl-lib/tldr", "arxiv": "OpenMLRL/arXiv_abstract"}
 
 class WritingTask:
     name = "writing"
+    headline = "reward/mean"  # graded 0-3: pass@k (reward >= pass_threshold) is a threshold on the grade
 
     def __init__(self, num_agents: int = 2, kind: str = "tldr", source: str = "bundled", num_eval: int = 8,
                  max_items: int | None = None, pass_threshold: float = 2.5, bands: dict | None = None,

@@ -190,9 +190,11 @@ class Trainer:
             # rollouts whatever else is in the batch
             keys = [("train", self.step, positions[node["item"]], turn, *node["path"], a)
                     for node in nodes for a in range(N)]
-            ro = self.sampler.sample(requests, G, keys=keys)
+            worlds = {"worlds": [items[node["item"]] for node in nodes]} if getattr(self.sampler, "acts", False) \
+                else {}  # an environment's sampler (kit/engine/tools.py) acts on each node's item
+            ro = self.sampler.sample(requests, G, keys=keys, **worlds)
             jobs = [(items[node["item"]], self.joint(ro, n, idx)) for n, node in enumerate(nodes) for idx in joints]
-            rewards = [f.result() for f in self.scorer.submit(jobs)]
+            rewards = self.score(ro, jobs, joints)
             # a node's joint actions are one group: an unscored judge term takes its scored peers' mean there
             per_node = [impute_unscored(rewards[n * len(joints):(n + 1) * len(joints)]) for n in range(len(nodes))]
             levels.append(Level(turn, nodes, ro, joints, per_node))
@@ -204,6 +206,14 @@ class Trainer:
                          for n, node in enumerate(nodes) for j, idx in enumerate(joints)]
         self._returns_and_advantages(levels)
         return levels
+
+    def score(self, ro: Rollout, jobs: list[tuple], joints: list[tuple[int, ...]]) -> list[Reward]:
+        """Each joint action's reward: the environment's get_reward() of its world when the environment owns the
+        reward (kit/engine/tools.py; aligned joints, so joint (g, ..., g) is world g), else the scorer's."""
+        if getattr(ro, "world_rewards", None) is None:
+            return [f.result() for f in self.scorer.submit(jobs)]
+        return [Reward(total=r, parts={"environment": r}) for node in ro.world_rewards
+                for r in (node[idx[0]] for idx in joints)]
 
     def joint(self, ro: Rollout, node: int, idx: tuple[int, ...]) -> tuple[str, ...]:
         N = self.cfg.num_agents
@@ -432,6 +442,9 @@ class Trainer:
                                  "reward": r.total, "parts": r.parts, "return": float(lv.returns[n, j]),
                                  "advantages": [float(lv.advantages[n, a, g]) for a, g in enumerate(idx)],
                                  "_order": (lv.turn, node["id"], j)})
+                    if getattr(lv.rollout, "transcripts", None) is not None:  # an environment's: calls, results
+                        rows[-1]["transcripts"] = [lv.rollout.transcripts[n * self.cfg.num_agents + a][g]
+                                                   for a, g in enumerate(idx)]
                     if (r.details or {}).get("violation"):  # what the program tried, beside the 0/1 part
                         rows[-1]["violation"] = r.details["violation"]
                     if (r.details or {}).get("logged"):  # what the reward functions logged (log_metric)
@@ -471,14 +484,15 @@ class Trainer:
         if self._torn_step is not None:
             self._back_to_checkpoint()
         if self.step >= cfg.num_steps:  # e.g. the training cell run again after the end
-            self.log(f"[kit] the run is complete ({self.step} of {cfg.num_steps} steps): nothing to train. To train "
-                     "longer, raise num_steps and resume the run")
+            self.log(complete_line(self.step, cfg.num_steps, self.mirror is not None))
             return self.summary()
         end = cfg.num_steps if max_steps is None else min(cfg.num_steps, self.step + max_steps)
-        if self.step == 0 and cfg.eval_every and self.eval_items and self.dist.is_main and not self._logged(0):
-            self._append("metrics.jsonl", [{"step": 0, **self.evaluate()}])
         bar = tqdm(total=cfg.num_steps, initial=self.step, desc=cfg.algorithm.upper(),
                    disable=not (cfg.progress and self.dist.is_main))
+        if self.step == 0 and cfg.eval_every and self.eval_items and self.dist.is_main and not self._logged(0):
+            self.log(f"[kit] step 0: the untrained team on {len(self.eval_items)} held-out items (greedy) before "
+                     "training")  # a real model on a CPU takes minutes here: said before, not after
+            self._append("metrics.jsonl", [{"step": 0, **self.evaluate()}])
         while self.step < end:
             t0 = time.perf_counter()
             items = self.batch_items(self.step)
@@ -495,10 +509,16 @@ class Trainer:
             self.step += 1
             generate_s = sum(lv.rollout.seconds for lv in levels)
             compile_s = sum(lv.rollout.compile_seconds for lv in levels)  # > 0 only when a new shape compiled
-            row = self.metrics(levels, stats, {"sample": t1 - t0, "generate": generate_s, "compile": compile_s,
-                                               "update": t2 - t1, "step": time.perf_counter() - t0})
-            if cfg.eval_every and self.step % cfg.eval_every == 0 and self.dist.is_main:
-                row.update(self.evaluate())  # held-out check on the main process (the others go on)
+            times = {"sample": t1 - t0, "generate": generate_s, "compile": compile_s}
+            if cfg.environment:  # time inside the environment's tools, apart from generation
+                times["tool"] = sum(getattr(lv.rollout, "tool_seconds", 0.0) for lv in levels)
+            row = self.metrics(levels, stats, {**times, "update": t2 - t1, "step": time.perf_counter() - t0})
+            if cfg.environment:
+                row["tools/calls_per_completion"] = sum(lv.rollout.tool_calls for lv in levels) / max(
+                    1, sum(len(lv.rollout.texts) * len(lv.rollout.texts[0]) for lv in levels))
+            if cfg.eval_every and (self.step % cfg.eval_every == 0 or self.step == cfg.num_steps) \
+                    and self.dist.is_main:
+                row.update(self.evaluate())  # held-out check on the main process (the others go on), and at the end
             for r in rollouts:
                 r["step"] = self.step
             with rundir.interrupt_deferred():  # a stop (Ctrl-C, Colab's stop) waits until the step is logged whole
@@ -547,25 +567,40 @@ class Trainer:
     def summary(self) -> dict:
         """Reward at the start and end of the whole run (read back from metrics.jsonl, so resumes count)."""
         rows = rundir.read_jsonl(self.run_dir / rundir.METRICS)
+        from kit.analysis.runinfo import final_train_reward
+
         train = [r["reward/mean"] for r in rows if "reward/mean" in r]
         evals = [r for r in rows if "eval/reward_mean" in r]
-        k = max(1, min(10, len(train) // 5))
+        end, k = final_train_reward([{"reward/mean": v} for v in train]) or (None, 1)  # the report's, the curve's
         ckpts = checkpoint.complete_checkpoints(self.run_dir)
         return {"steps": self.step, "reward_start": float(np.mean(train[:k])) if train else None,
-                "reward_end": float(np.mean(train[-k:])) if train else None,
+                "reward_end": end, "reward_window": k,
                 "eval_start": evals[0]["eval/reward_mean"] if evals else None,
                 "eval_end": evals[-1]["eval/reward_mean"] if evals else None,
                 "checkpoint": str(ckpts[0]) if ckpts else None, "run_dir": str(self.run_dir)}
 
     def close(self):
-        """Stop the reward workers and make the last Drive copy. Closing twice (a cell run again) is harmless; after
-        a stop during the wait for the copy, closing again waits for it (and makes one more, of anything new)."""
-        if self._closed:
-            return
-        self.scorer.close()
+        """Stop the reward workers and make the last Drive copy. Closing again (the training cell run again) makes
+        one more copy of anything Drive lacks and waits for it: a Drive that dropped and came back catches up."""
+        if not self._closed:
+            self._closed = True
+            self.scorer.close()
+            if getattr(self.sampler, "host", None) is not None:  # the environment's child process
+                self.sampler.host.close()
+            if self.wandb is not None:
+                self.wandb.finish()
         if self.mirror is not None:
             self.mirror.push()  # files written since the last checkpoint (figures, late log lines) reach Drive too
             self.mirror.close()  # waits for the last copy; a failed one is said, never raised (the run is done)
-        if self.wandb is not None:
-            self.wandb.finish()
-        self._closed = True
+
+
+def complete_line(step: int, num_steps: int, mirrored: bool) -> str:
+    """What the training cell says when there is nothing left to train, and which cells train more."""
+    more = ("To train longer: raise NUM_STEPS in 01's parameters cell, then run the config cell, the resume cell "
+            "and this cell (CLI: `kit train --run-dir D --resume --set num_steps=N`)")
+    drive = " The Drive copy is brought up to date now." if mirrored else ""
+    if step > num_steps:
+        return (f"[kit] this run has already trained {step} steps, more than num_steps={num_steps}: nothing to "
+                f"train, and its checkpoints stay as they are (an earlier step is evaluated with `kit eval --steps "
+                f"...`).{drive} {more} above {step}")
+    return f"[kit] the run is complete ({step} of {num_steps} steps): nothing to train.{drive} {more}"

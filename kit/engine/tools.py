@@ -1,0 +1,311 @@
+"""Agents that call tools: the joint rollout with an environment (kit/sandbox/envhost.py runs it in a child process).
+
+    sampler = ToolSampler(team, params, host, roles, max_tool_calls=4)
+    ro = sampler.sample(requests, G, keys=keys, worlds=items)    # as Sampler.sample, plus one row per world group
+
+A world is one joint rollout: the N agents' g-th samples of one item act on one environment instance (the team
+shares a world; `tools_by_role` gives a role its own tools). Requests come in groups of N, one per agent, as the
+trainer builds them; `worlds[n]` is the row of group n, passed whole to `reset(**row)`, and what reset returns is
+added to every agent's prompt of that world.
+
+A rollout runs in rounds. Each round is one batched engine call per base for every live row of every world, each
+row on its agent's adapter. A row whose new text holds tool calls (and has calls left: `max_tool_calls` per agent
+per turn) gets each call run in its world, in agent order, and the results appended as the chat template's tool
+turn: the suffix text after the assistant's end-of-turn token is rendered by the template and tokenized on its own,
+so the ids of the history are extended, never re-tokenized. A row without a call (or out of calls, or out of its
+`max_new_tokens` budget of generated tokens) is done; its text for the reward is its last round's answer, its whole
+transcript (calls and results) is kept for logs.
+
+The update sees one Segment per base as from `generate`: the prompt, then every round's generated tokens and the
+tool turns between them. The completion mask is 1 on generated tokens and 0 on tool-turn tokens, so the policy
+loss, the old and reference log-probs, the rollout correction and any critic skip them (they all read the mask),
+while attention covers them (the model reads the results). Sampler log-probs are 0 off the mask.
+
+Tool calls are parsed from the text as Qwen's (Hermes) format, `<tool_call>{"name": ..., "arguments": {...}}
+</tool_call>`: the chat templates that support tools (Qwen2.5's among them) prompt for it, and a template without tool
+support (SmolLM2's) gets the same format described in a system turn (FALLBACK below) and the results as a user turn
+`<tool_response>...</tool_response>`.
+
+Not covered: truncating a tool prompt to max_prompt_tokens (the tools' schemas come first); the compiled engine's
+static shapes with tool rounds (it runs, each round a new shape; CUDA only).
+
+May import: kit.engine, kit.sandbox.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+from dataclasses import dataclass, field
+
+import torch
+
+from kit.engine.prompts import answer_start
+from kit.engine.rollout import (Rollout, Sampler, Segment, completion_mask, engine_for, eos_ids, left_pad,
+                                sampling_config)
+from kit.engine.sampling import row_seed
+
+_CALL = re.compile(r"<tool_call>\s*(.*?)\s*(?:</tool_call>|$)", re.S)
+_MARK = "KITMARK0"
+
+FALLBACK = """You can call tools. To call one, write on its own line
+<tool_call>{{"name": "<tool name>", "arguments": {{<arguments as JSON>}}}}</tool_call>
+then stop; the result comes back in <tool_response></tool_response>. When you have what you need, answer without a
+tool call. Tools (JSON schemas):
+{schemas}"""
+
+
+def parse_calls(text: str) -> list[dict]:
+    """The tool calls in a model's text: [{"name", "arguments"}], or {"error"} for a call that is not valid JSON."""
+    calls = []
+    for body in _CALL.findall(text):
+        if not body.strip():
+            continue
+        try:
+            call = json.loads(body)
+        except ValueError as err:
+            calls.append({"error": f"the tool call is not valid JSON ({err.msg}): {body[:200]}"})
+            continue
+        if not isinstance(call, dict) or "name" not in call:
+            calls.append({"error": f"a tool call needs a name and arguments: {body[:200]}"})
+            continue
+        arguments = call.get("arguments", call.get("parameters", {}))
+        if isinstance(arguments, str):  # some models write the arguments as a JSON string
+            try:
+                arguments = json.loads(arguments)
+            except ValueError:
+                pass
+        calls.append({"name": str(call["name"]), "arguments": arguments})
+    return calls
+
+
+def _messages(prompt: str) -> list[dict]:
+    return list(getattr(prompt, "messages", None) or [{"role": "user", "content": str(prompt)}])
+
+
+def template_has_tools(tok, schemas: list[dict]) -> bool:
+    """Whether the chat template renders `tools=` (Qwen2.5's does; SmolLM2's ignores them)."""
+    if not getattr(tok, "chat_template", None) or not schemas:
+        return False
+    try:
+        text = tok.apply_chat_template([{"role": "user", "content": "x"}], tools=schemas, tokenize=False,
+                                       add_generation_prompt=True)
+    except Exception:
+        return False
+    return schemas[0]["function"]["name"] in text if "function" in schemas[0] else schemas[0]["name"] in text
+
+
+def prompt_ids(tok, prompt: str, schemas: list[dict], use_chat_template: bool = True) -> list[int]:
+    """The ids of an agent's prompt with its tools offered (the template's own way, else FALLBACK)."""
+    messages = _messages(prompt)
+    start = answer_start(prompt)
+    if use_chat_template and getattr(tok, "chat_template", None):
+        if schemas and template_has_tools(tok, schemas):
+            text = tok.apply_chat_template(messages, tools=schemas, tokenize=False, add_generation_prompt=True)
+        else:
+            if schemas:
+                extra = FALLBACK.format(schemas=json.dumps(schemas, indent=1))
+                if messages[0]["role"] == "system":
+                    messages = [{"role": "system", "content": messages[0]["content"] + "\n\n" + extra}, *messages[1:]]
+                else:
+                    messages = [{"role": "system", "content": extra}, *messages]
+            text = tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+    else:
+        body = "\n\n".join(m["content"] for m in messages)
+        text = (FALLBACK.format(schemas=json.dumps(schemas)) + "\n\n" if schemas else "") + body + "\n"
+    return tok(text + start, add_special_tokens=False).input_ids
+
+
+def tool_turn_text(tok, results: list[str], end_text: str, use_chat_template: bool = True,
+                   native: bool = True) -> str:
+    """The text that follows an assistant turn ending in `end_text` (its end-of-turn token, as generated): the tool
+    results as the template's tool turn, then the next assistant header. A template without tool support (`native`
+    False: template_has_tools) or without a tool role: a user turn of <tool_response> blocks (FALLBACK's promise);
+    no template: the blocks on their own."""
+    blocks = "\n".join(f"<tool_response>\n{r}\n</tool_response>" for r in results)
+    if not (use_chat_template and getattr(tok, "chat_template", None)):
+        return f"\n{blocks}\n"
+    base = [{"role": "user", "content": "u"}, {"role": "assistant", "content": _MARK}]
+    tool_turn = [{"role": "tool", "content": r} for r in results]
+    for turn in ([tool_turn] if native else []) + [[{"role": "user", "content": blocks}]]:
+        try:
+            full = tok.apply_chat_template(base + turn, tokenize=False, add_generation_prompt=True)
+        except Exception:
+            continue
+        at = full.find(_MARK)
+        rest = full[at + len(_MARK):] if at >= 0 else ""
+        if end_text and rest.startswith(end_text):
+            rest = rest[len(end_text):]
+        if all(r in rest for r in results):
+            return rest
+    raise ValueError("the chat template renders neither a tool turn nor a user turn after an assistant turn")
+
+
+@dataclass
+class _Row:
+    k: int  # request
+    g: int  # sample
+    agent: int
+    world: int
+    prompt: list[int]
+    ids: list[int]
+    mask: list[int]
+    logp: list[float]
+    calls_left: int
+    answer: str = ""
+    finished: bool = False
+    live: bool = True
+    calls: int = 0
+    pending: list = field(default_factory=list)  # this round's calls, run after the round's generation
+
+
+class ToolSampler(Sampler):
+    """A Sampler whose agents act on an environment (module docstring). Without `worlds` it samples as Sampler.
+    `acts` tells the callers (the trainer, evaluation) to pass the worlds; a plain sampler never gets them."""
+
+    acts = True
+
+    def __init__(self, team, params, host, roles: list[str], max_tool_calls: int = 4, seed: int = 0):
+        super().__init__(team, params, seed)
+        self.host, self.roles, self.max_tool_calls = host, list(roles), max_tool_calls
+
+    def sample(self, requests, n, params=None, keys=None, worlds=None) -> Rollout:
+        if worlds is None:
+            return super().sample(requests, n, params, keys)
+        return act(self.team, requests, n, params or self.params, worlds=worlds, host=self.host, roles=self.roles,
+                   max_tool_calls=self.max_tool_calls, keys=keys, seed=self.seed)
+
+
+def act(team, requests, G: int, params, *, worlds: list[dict], host, roles: list[str], max_tool_calls: int,
+        keys=None, seed: int = 0) -> Rollout:
+    """G samples of each request, its agents acting on the world of its group (module docstring)."""
+    N = len(roles)
+    if len(requests) != len(worlds) * N:
+        raise ValueError(f"{len(requests)} requests for {len(worlds)} worlds of {N} agents: give one row per group "
+                         "of N requests (one request per agent)")
+    tool_before = host.tool_seconds
+    # reset(**row): an item's `reset_row` when it has one (the rows task keeps the row as written), else the item
+    added = host.reset([dict(worlds[w // G].get("reset_row", worlds[w // G])) for w in range(len(worlds) * G)])
+    out = Rollout(requests, [[""] * G for _ in requests])
+    out.transcripts = [[""] * G for _ in requests]
+    out.tool_calls = 0
+    rows: list[_Row] = []
+    for k, (agent, prompt) in enumerate(requests):
+        base = team.base_of[agent]
+        tok = team.tokenizers[base]
+        schemas = list(host.tools_for(roles[agent]).values())
+        for g in range(G):
+            world = (k // N) * G + g
+            text = prompt if not added[world] else _with(prompt, added[world])
+            ids = prompt_ids(tok, text, schemas, params.use_chat_template)
+            rows.append(_Row(k, g, agent, world, ids, [], [], [], max_tool_calls))
+    config_for = {}
+    native = {b: template_has_tools(team.tokenizers[b], list(host.tools.values())) for b in range(len(team.models))}
+    round_ = 0
+    while any(r.live for r in rows):
+        for base, model in enumerate(team.models):
+            live = [r for r in rows if r.live and team.base_of[r.agent] == base]
+            if not live:
+                continue
+            tok = team.tokenizers[base]
+            eos = eos_ids(model, tok)
+            budget = [params.max_new_tokens - sum(r.mask) for r in live]
+            config = config_for.setdefault((base, max(budget)), sampling_config(
+                max(budget), params.temperature, params.top_p, params.top_k, eos, tok.pad_token_id))
+            device = next(model.parameters()).device
+            enc = left_pad([r.prompt + r.ids for r in live], tok.pad_token_id, device)
+            seeds = None
+            if config.do_sample:
+                seeds = torch.tensor([row_seed(seed, (*keys[r.k], "round", round_) if keys else (r.k, round_), r.g)
+                                      for r in live])
+            engine = engine_for(team, base)
+            engine.sync()
+            t0 = time.perf_counter()
+            comp, logprobs = engine.generate(enc["input_ids"], enc["attention_mask"],
+                                             [team.adapter_of[r.agent] for r in live], config, seeds)
+            out.seconds += time.perf_counter() - t0
+            cmask = completion_mask(comp, eos)
+            logprobs = torch.zeros(comp.shape) if logprobs is None else logprobs
+            end_text = {}
+            for i, (r, room) in enumerate(zip(live, budget)):
+                length = min(int(cmask[i].sum()), room)
+                new = comp[i, :length].tolist()
+                ended = length > 0 and new[-1] in eos
+                r.ids += new
+                r.mask += [1] * length
+                r.logp += logprobs[i, :length].float().tolist()
+                text = tok.decode(new, skip_special_tokens=True)
+                calls = parse_calls(text) if ended and r.calls_left > 0 else []
+                if calls and sum(r.mask) < params.max_new_tokens:
+                    end_text[id(r)] = tok.decode(new[-1:])
+                    r.answer = text
+                    r.pending = calls[: r.calls_left]
+                else:
+                    r.answer, r.finished, r.live = text, ended, False
+            for r in sorted((r for r in live if r.live), key=lambda r: (r.world, r.agent)):
+                results = [_run(host, r, call, roles) for call in r.pending]
+                r.calls_left -= len(r.pending)
+                r.calls += len(r.pending)
+                out.tool_calls += len(r.pending)
+                suffix = tok(tool_turn_text(tok, results, end_text[id(r)], params.use_chat_template, native[base]),
+                             add_special_tokens=False).input_ids
+                r.ids += suffix
+                r.mask += [0] * len(suffix)
+                r.logp += [0.0] * len(suffix)
+        round_ += 1
+    out.tool_seconds = host.tool_seconds - tool_before
+    _segments(team, requests, G, rows, out)
+    if host.has_reward:
+        worlds_rewards = host.rewards(list(range(len(worlds) * G)))
+        out.world_rewards = [[worlds_rewards[w * G + g] for g in range(G)] for w in range(len(worlds))]
+    return out
+
+
+def _with(prompt, extra: str):
+    """The prompt with what reset returned added to its (last user) content, keeping its answer start."""
+    from kit.engine.prompts import Prompt
+
+    if getattr(prompt, "messages", None):
+        messages = [dict(m) for m in prompt.messages]
+        last = max(i for i, m in enumerate(messages) if m["role"] == "user")
+        messages[last]["content"] += "\n\n" + extra
+        return type(prompt)(messages)
+    return Prompt(f"{prompt}\n\n{extra}", answer_start(prompt))
+
+
+def _run(host, row: _Row, call: dict, roles: list[str]) -> str:
+    if "error" in call:
+        return json.dumps({"error": call["error"]})
+    if call["name"] not in host.tools_for(roles[row.agent]):
+        return json.dumps({"error": f"tool {call['name']!r} is not one of {roles[row.agent]}'s tools: "
+                                    f"{sorted(host.tools_for(roles[row.agent]))}"})
+    return host.call(row.world, call["name"], call["arguments"])
+
+
+def _segments(team, requests, G: int, rows: list[_Row], out: Rollout) -> None:
+    """One Segment per base from the rows (each adapter's rows in one block, as `generate` orders them)."""
+    order = {a: i for i, a in enumerate(team.adapters)}
+    for base, model in enumerate(team.models):
+        mine = sorted((r for r in rows if team.base_of[r.agent] == base),
+                      key=lambda r: (order[team.adapter_of[r.agent]], r.k, r.g))
+        if not mine:
+            continue
+        tok = team.tokenizers[base]
+        device = next(model.parameters()).device
+        enc = left_pad([r.prompt for r in mine], tok.pad_token_id, device)
+        T = max(1, max(len(r.ids) for r in mine))
+        pad = tok.pad_token_id
+        comp = torch.tensor([r.ids + [pad] * (T - len(r.ids)) for r in mine], device=device)
+        cmask = torch.tensor([r.mask + [0] * (T - len(r.mask)) for r in mine], device=device)
+        seen = torch.tensor([[1] * len(r.ids) + [0] * (T - len(r.ids)) for r in mine], device=device)
+        logp = torch.tensor([r.logp + [0.0] * (T - len(r.logp)) for r in mine], dtype=torch.float32, device=device)
+        out.segments.append(Segment(
+            base, torch.cat([enc["input_ids"], comp], 1), torch.cat([enc["attention_mask"], seen], 1), cmask,
+            enc["input_ids"].shape[1], torch.tensor([r.k * G + r.g for r in mine], device=device),
+            torch.tensor([r.agent for r in mine], device=device), logp,
+            torch.tensor([r.finished for r in mine], device=device)))
+        for r in mine:
+            out.texts[r.k][r.g] = answer_start(requests[r.k][1]) + r.answer
+            out.transcripts[r.k][r.g] = answer_start(requests[r.k][1]) + tok.decode(r.ids, skip_special_tokens=True)
+            out.num_tokens += sum(r.mask)

@@ -1,0 +1,253 @@
+"""Environments the agents act on (TRL's `environment_factory` classes), run in a child process, never in the
+notebook's own.
+
+    host = EnvHost("my_module:MyEnv", timeout_s=10)   # the class is imported and built in the child
+    host.tools                                         # name -> JSON schema (transformers.utils.get_json_schema)
+    host.reset([row, row, ...])                        # one instance per world, built once and reset each step
+    host.call(world, "run_tests", {"code": "..."})     # the tool message's content: the result, or {"error": ...}
+    host.rewards([0, 1, ...])                          # get_reward() of each world, when the class has one
+    host.close()
+
+The contract is TRL's (trl 1.16, `GRPOTrainer(environment_factory=...)`): `reset(**row) -> str | None` gets a row's
+fields as keyword arguments (a returned string is added to the prompt); every other public method (no leading `_`,
+not `reset`, not `get_reward`) is a tool whose schema comes from its name, type hints and Google-style docstring;
+an optional `get_reward() -> float` means the environment owns the reward. One instance per world, built once and
+reset often. The kit adds one optional class attribute, `tools_by_role = {"helper": ["left_half"], ...}`: a tool
+named there is offered only to those roles, any other tool to every agent (a TRL class has none: every agent gets
+every tool).
+
+Safety and time: the class is imported, built and called only in the child, a fresh `python -m
+kit.sandbox.envhost` (nothing of the notebook's state is inherited; JSON lines over its stdin and stdout, so rows,
+arguments and results are JSON values; what the environment prints goes to stderr). Each call has a time limit; a
+call past it kills the child, a new one is started, its instances built and reset again with their rows (their
+state is lost: README, environments), and the call answers `{"error": "... timed out after Ns"}`. An exception in a
+tool is an error message, not a crash. Results are text: a str as it is, anything else as JSON, cut to
+MAX_RESULT_CHARS.
+
+Not a sandbox for hostile code: the environment class is the researcher's own code (as a reward function is), run
+apart so that a hang, a crash or a stray print cannot take the notebook down; generated code a tool runs (CodeTests'
+run_tests) goes through kit/sandbox/sandbox.py as every program the agents write.
+
+May import: the standard library (the child imports the user's module and transformers for the schemas).
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import os
+import select
+import subprocess
+import sys
+import time
+
+MAX_RESULT_CHARS = 2000  # a tool result longer than this is cut (the context is the completion's budget)
+NOT_TOOLS = ("reset", "get_reward", "tools_by_role")
+
+
+class EnvironmentClassError(RuntimeError):
+    """The environment class cannot be used: the message names the class and what to fix."""
+
+
+def load_class(spec: str):
+    """'module.path:ClassName' -> the class (imported in the child only)."""
+    module, sep, name = spec.partition(":")
+    if not sep or not module or not name:
+        raise EnvironmentClassError(f"environment={spec!r}: give 'module.path:ClassName' (e.g. "
+                                "'kit.tasks.environments:KeyHalves'), a class importable from the working folder")
+    try:
+        cls = getattr(importlib.import_module(module), name)
+    except (ImportError, AttributeError) as err:
+        raise EnvironmentClassError(f"environment={spec!r} cannot be imported: {type(err).__name__}: {err}") from None
+    if not hasattr(cls, "reset"):
+        raise EnvironmentClassError(f"environment={spec!r} has no reset(**row) method: a TRL environment class "
+                                    "needs one")
+    return cls
+
+
+def describe(instance) -> dict:
+    """{"tools": name -> JSON schema, "by_role": {role: [names]}, "reward": bool} of an environment instance."""
+    from transformers.utils import get_json_schema
+
+    tools = {}
+    for name in sorted(dir(type(instance))):
+        if name.startswith("_") or name in NOT_TOOLS or not callable(getattr(instance, name, None)):
+            continue
+        try:
+            tools[name] = get_json_schema(getattr(instance, name))
+        except Exception as err:  # transformers names what is missing (a type hint, an Args: line)
+            raise EnvironmentClassError(f"tool {type(instance).__name__}.{name}: its schema cannot be made from its "
+                                    f"type hints and docstring ({err}); give every argument a type hint and a "
+                                    "Google-style 'Args:' line, as TRL requires") from None
+    by_role = dict(getattr(instance, "tools_by_role", None) or {})
+    unknown = sorted({t for names in by_role.values() for t in names} - set(tools))
+    if unknown:
+        raise EnvironmentClassError(f"{type(instance).__name__}.tools_by_role names {unknown}, which are not tools; "
+                                f"its tools: {sorted(tools)}")
+    return {"tools": tools, "by_role": {r: list(v) for r, v in by_role.items()},
+            "reward": callable(getattr(instance, "get_reward", None))}
+
+
+def as_text(value) -> str:
+    text = value if isinstance(value, str) else json.dumps(value, default=str)
+    return text if len(text) <= MAX_RESULT_CHARS else text[:MAX_RESULT_CHARS] + " ...[cut]"
+
+
+def _serve(spec: str) -> None:
+    """The child (`python -m kit.sandbox.envhost <spec>`): build instances of the class and answer reset / call /
+    reward requests, one JSON line each, one at a time. Its stdout carries only the answers: what the
+    environment's code prints goes to stderr."""
+    proto = os.fdopen(os.dup(1), "w", buffering=1)
+    os.dup2(2, 1)
+    sys.stdout = sys.stderr
+
+    def send(status, value):
+        proto.write(json.dumps([status, value]) + "\n")
+
+    envs = {}
+    try:
+        cls = load_class(spec)
+        envs[0] = cls()
+        send("ok", describe(envs[0]))
+    except BaseException as err:  # said in the parent with the class's name
+        send("error", f"{type(err).__name__}: {err}")
+        return
+    for line in sys.stdin:
+        op, *args = json.loads(line)
+        if op == "close":
+            return
+        try:
+            if op == "reset":
+                world, row = args
+                if world not in envs:
+                    envs[world] = cls()
+                out = envs[world].reset(**row)
+                send("ok", None if out is None else str(out))
+            elif op == "call":
+                world, name, arguments = args
+                send("ok", as_text(getattr(envs[world], name)(**arguments)))
+            elif op == "reward":
+                send("ok", float(envs[args[0]].get_reward()))
+            else:
+                send("error", f"unknown request {op!r}")
+        except BaseException as err:
+            send("error", f"{type(err).__name__}: {err}")
+
+
+class EnvHost:
+    """An environment class's instances in a child process (see the module docstring)."""
+
+    def __init__(self, spec: str, timeout_s: float = 10.0, start_timeout_s: float = 120.0):
+        self.spec, self.timeout_s, self.start_timeout_s = spec, timeout_s, start_timeout_s
+        self.rows: dict[int, dict] = {}  # each world's last row: a restarted child resets its instances with them
+        self.tool_seconds = 0.0  # wall time inside tool calls (perf/tool_s)
+        self.restarts = 0
+        self._proc = None
+        self._start()
+
+    def _start(self) -> None:
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
+        self._proc = subprocess.Popen([sys.executable, "-m", "kit.sandbox.envhost", self.spec], stdin=subprocess.PIPE,
+                                      stdout=subprocess.PIPE, stderr=None, text=True, bufsize=1, env=env,
+                                      cwd=os.getcwd())
+        answer = self._read(self.start_timeout_s)
+        if answer is None:
+            self._kill()
+            raise EnvironmentClassError(f"environment={self.spec!r}: the class was not built within "
+                                        f"{self.start_timeout_s:.0f}s (or its process ended)")
+        status, info = answer
+        if status != "ok":
+            self._kill()
+            raise EnvironmentClassError(f"environment={self.spec!r} could not be built: {info}")
+        self.tools: dict[str, dict] = info["tools"]
+        self.by_role: dict[str, list[str]] = info["by_role"]
+        self.has_reward: bool = info["reward"]
+
+    def _read(self, timeout: float):
+        """The child's next answer, or None when none came in time or the child is gone."""
+        ready, _, _ = select.select([self._proc.stdout], [], [], timeout)
+        if not ready:
+            return None
+        line = self._proc.stdout.readline()
+        return json.loads(line) if line else None
+
+    def tools_for(self, role: str) -> dict[str, dict]:
+        """The tools an agent of `role` is offered: the ones named for it in tools_by_role and every unnamed one."""
+        named = {t for names in self.by_role.values() for t in names}
+        mine = set(self.by_role.get(role, []))
+        return {n: s for n, s in self.tools.items() if n not in named or n in mine}
+
+    def _ask(self, *request, timeout: float | None = None):
+        """(ok, value) of one request; a request past its time limit, or a child that died, restarts it."""
+        try:
+            self._proc.stdin.write(json.dumps(request) + "\n")
+            self._proc.stdin.flush()
+        except (BrokenPipeError, OSError):
+            self._restart()
+            return False, "the environment's process had ended (it was restarted)"
+        answer = self._read(self.timeout_s if timeout is None else timeout)
+        if answer is None:
+            died = self._proc.poll() is not None
+            self._restart()
+            return False, ("the environment's process died (it was restarted)" if died else
+                           f"timed out after {self.timeout_s:g}s (the environment was restarted)")
+        status, value = answer
+        return status == "ok", value
+
+    def _restart(self) -> None:
+        self._kill()
+        self.restarts += 1
+        self._start()
+        for world, row in self.rows.items():
+            self._ask("reset", world, row, timeout=self.start_timeout_s)
+
+    def reset(self, rows: list[dict]) -> list[str | None]:
+        """Reset world w with rows[w] (instances built the first time); returns what each reset added."""
+        out = []
+        for world, row in enumerate(rows):
+            self.rows[world] = dict(row)
+            ok, value = self._ask("reset", world, dict(row), timeout=max(self.timeout_s, 30.0))
+            if not ok:
+                raise EnvironmentClassError(f"environment={self.spec!r}: reset(**row) failed on row {world}: {value}")
+            out.append(value)
+        return out
+
+    def call(self, world: int, name: str, arguments) -> str:
+        """One tool call's result as the tool message's content; an error is `{"error": "..."}`, never raised."""
+        if name not in self.tools:
+            return json.dumps({"error": f"unknown tool {name!r}; tools: {sorted(self.tools)}"})
+        if not isinstance(arguments, dict):
+            return json.dumps({"error": f"arguments of {name} must be a JSON object, got {arguments!r}"[:300]})
+        t0 = time.perf_counter()
+        ok, value = self._ask("call", world, name, arguments)
+        self.tool_seconds += time.perf_counter() - t0
+        return value if ok else json.dumps({"error": value})
+
+    def rewards(self, worlds: list[int]) -> list[float]:
+        out = []
+        for world in worlds:
+            ok, value = self._ask("reward", world)
+            if not ok:
+                raise EnvironmentClassError(f"environment={self.spec!r}: get_reward() failed in world {world}: {value}")
+            out.append(value)
+        return out
+
+    def _kill(self) -> None:
+        if self._proc is not None and self._proc.poll() is None:
+            self._proc.kill()
+            self._proc.wait(5)
+
+    def close(self) -> None:
+        if self._proc is not None and self._proc.poll() is None:
+            try:
+                self._proc.stdin.write(json.dumps(["close"]) + "\n")
+                self._proc.stdin.flush()
+                self._proc.wait(5)
+            except (OSError, ValueError, subprocess.TimeoutExpired):
+                pass
+        self._kill()
+        self._proc = None
+
+
+if __name__ == "__main__":
+    _serve(sys.argv[1])

@@ -1,0 +1,128 @@
+"""Built-in environments: TRL-style classes run by kit/sandbox/envhost.py, `environment=kit.tasks.environments:<Name>`.
+
+    KeyHalves   an information game for two agents (task=rows, the rows of `key_rows`): each reaches one half of a
+                secret key only through its own tools and submits it; the team scores the share of the key its two
+                submissions rebuild. The optimum is exactly 1.0 (both read, both submit their half).
+    CodeTests   the code task with a test tool: `run_tests(code)` runs a draft against the problem's VISIBLE examples
+                (the >>> lines of its docstring) in the kit's sandbox, never its hidden asserts; the reward stays the
+                level reward of the final answers (the task's own).
+
+Each class is built once per world and reset with the world's row each step (TRL's "construct once, reset often").
+"""
+
+from __future__ import annotations
+
+import doctest
+import json
+import random
+from pathlib import Path
+
+
+class KeyHalves:
+    """Two agents, `left` and `right`; the key is six digits, the left agent's half its first three, the right's the
+    last three. get_reward = 0.25 for each agent that read its half + 0.5 x the share of the key's digits that the
+    two submissions (left's then right's) put in their places. A team that does both steps scores exactly 1.0."""
+
+    tools_by_role = {"left": ["read_left", "submit_left"], "right": ["read_right", "submit_right"]}
+
+    def __init__(self):
+        self.key, self.read, self.submitted = "", set(), {}
+
+    def reset(self, key: str = "", **row) -> str:
+        self.key = str(key)
+        self.read, self.submitted = set(), {}
+        return "The key has six digits. Read your half with your read tool, then submit it with your submit tool."
+
+    def read_left(self) -> str:
+        """Read the left half of the key (its first three digits).
+
+        Returns:
+            The three digits.
+        """
+        self.read.add("left")
+        return self.key[:3]
+
+    def read_right(self) -> str:
+        """Read the right half of the key (its last three digits).
+
+        Returns:
+            The three digits.
+        """
+        self.read.add("right")
+        return self.key[3:]
+
+    def submit_left(self, digits: str) -> str:
+        """Submit the left half of the key.
+
+        Args:
+            digits: The three digits of the left half.
+        """
+        self.submitted["left"] = str(digits)
+        return "submitted"
+
+    def submit_right(self, digits: str) -> str:
+        """Submit the right half of the key.
+
+        Args:
+            digits: The three digits of the right half.
+        """
+        self.submitted["right"] = str(digits)
+        return "submitted"
+
+    def get_reward(self) -> float:
+        rebuilt = "".join(c for c in self.submitted.get("left", "") if c.isdigit())[:3].ljust(3) + \
+            "".join(c for c in self.submitted.get("right", "") if c.isdigit())[:3].ljust(3)
+        right = sum(a == b for a, b in zip(rebuilt, self.key)) / max(len(self.key), 1)
+        return 0.25 * len(self.read) + 0.5 * right
+
+
+def key_rows(path: str | Path, n: int, seed: int = 0) -> Path:
+    """Write `n` rows of the KeyHalves game (a random six-digit key each) as JSONL; returns the path."""
+    rng = random.Random(seed)
+    prompt = ("Your team must hand in a secret key. Only your own tools can see your half of it. Call your tools "
+              "to read your half and to submit it.")
+    lines = [json.dumps({"id": f"key{i}", "prompt": prompt, "key": f"{rng.randrange(10**6):06d}"}) for i in range(n)]
+    Path(path).write_text("\n".join(lines) + "\n")
+    return Path(path)
+
+
+class CodeTests:
+    """The code task's helper and main may call `run_tests(code)` on a draft before answering: the draft runs in the
+    kit's sandbox against the problem's visible examples (its docstring's >>> lines), never the hidden asserts."""
+
+    def __init__(self):
+        self.prompt, self.entry_point, self.examples = "", "", []
+
+    def reset(self, prompt: str = "", entry_point: str = "", **item) -> None:
+        self.prompt, self.entry_point = str(prompt), str(entry_point)
+        self.examples = visible_examples(self.prompt)
+
+    def run_tests(self, code: str) -> str:
+        """Run a draft of the code against the problem's visible examples.
+
+        Args:
+            code: The Python code to run (the functions the answer defines).
+
+        Returns:
+            Which examples passed, and why the others failed.
+        """
+        from kit.sandbox.sandbox import run
+
+        if not self.examples:
+            result = run(str(code), [])
+            return "no visible examples; the code ran" + ("" if not result.error else f" with an error: {result.error}")
+        result = run(str(code), self.examples, call_names=[self.entry_point] if self.entry_point else ())
+        lines = [f"{'ok' if ok else 'FAILED'}: {test}" + ("" if ok else f" ({why})")
+                 for test, ok, why in zip(self.examples, result.passed, result.reasons)]
+        return "\n".join(lines) if lines else f"the code did not run: {result.error}"
+
+
+def visible_examples(prompt: str) -> list[str]:
+    """The doctest examples of a prompt as asserts (`>>> f(1)` then `2` -> `assert f(1) == 2`)."""
+    out = []
+    for example in doctest.DocTestParser().get_examples(prompt):
+        source = example.source.strip()
+        want = example.want.split('"""')[0].split("'''")[0].strip()  # the docstring's end is not the value
+        if source and want and "\n" not in source:
+            out.append(f"assert {source} == {want}")
+    return out

@@ -1,0 +1,44 @@
+"""Environment classes for tests/test_environments.py, imported by the environment's child process."""
+
+import json
+import time
+
+
+class Recorder:
+    """Records the row reset got; `echo` returns it; `boom` raises; `slow` sleeps past the time limit."""
+
+    def __init__(self):
+        self.row, self.calls = {}, 0
+
+    def reset(self, **row):
+        self.row, self.calls = row, 0
+        return f"row {row.get('id', '?')} is ready"
+
+    def echo(self) -> str:
+        """Return the row this world was reset with.
+
+        Returns:
+            The row as JSON.
+        """
+        self.calls += 1
+        return json.dumps(self.row, sort_keys=True)
+
+    def boom(self, why: str) -> str:
+        """Raise an error.
+
+        Args:
+            why: The error's message.
+        """
+        raise ValueError(why)
+
+    def slow(self, seconds: float) -> str:
+        """Sleep.
+
+        Args:
+            seconds: How long.
+        """
+        time.sleep(seconds)
+        return "woke"
+
+    def get_reward(self) -> float:
+        return float(self.calls)

@@ -1,0 +1,271 @@
+"""Environments and tools (issue 52): TRL-style environment classes in a child process, tool calls in the joint
+rollout, tool-result tokens off the loss, rows as a task; a scripted engine plays fixed tool calls on the tiny model.
+
+Run: python -m pytest tests/test_environments.py
+"""
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+import torch
+
+from kit.engine import tools
+from kit.engine.rollout import SamplingParams
+from kit.run.config import ConfigError, load_config
+from kit.sandbox.envhost import EnvHost, EnvironmentClassError
+from kit.tasks.environments import KeyHalves, key_rows, visible_examples
+
+QUIET = dict(log=lambda *_: None)
+HERE = Path(__file__).parent
+
+
+# --- parsing and the host ---------------------------------------------------------------------------------------
+
+def test_tool_calls_are_parsed_from_the_text():
+    text = ('I will look. <tool_call>\n{"name": "read_left", "arguments": {}}\n</tool_call>'
+            '<tool_call>{"name": "submit_left", "arguments": "{\\"digits\\": \\"123\\"}"}</tool_call>')
+    assert tools.parse_calls(text) == [{"name": "read_left", "arguments": {}},
+                                       {"name": "submit_left", "arguments": {"digits": "123"}}]
+    assert "not valid JSON" in tools.parse_calls("<tool_call>{oops</tool_call>")[0]["error"]
+    assert tools.parse_calls("no calls here") == []
+
+
+@pytest.fixture(scope="module")
+def recorder():
+    host = EnvHost("scripted_envs:Recorder", timeout_s=2.0)
+    yield host
+    host.close()
+
+
+def test_reset_gets_the_row_and_tools_answer_in_the_child(recorder):
+    import os
+
+    assert sorted(recorder.tools) == ["boom", "echo", "slow"] and recorder.has_reward
+    assert recorder.tools["boom"]["function"]["parameters"]["properties"]["why"]["type"] == "string"
+    assert recorder.reset([{"id": "a", "x": 1}, {"id": "b", "x": 2}]) == ["row a is ready", "row b is ready"]
+    assert json.loads(recorder.call(1, "echo", {})) == {"id": "b", "x": 2}
+    assert recorder.rewards([0, 1]) == [0.0, 1.0]
+    assert recorder._proc.pid != os.getpid()  # never in this process
+
+
+def test_a_tool_error_is_a_message_and_a_slow_tool_is_cut_and_the_world_comes_back(recorder):
+    recorder.reset([{"id": "a"}])
+    assert json.loads(recorder.call(0, "boom", {"why": "bad input"})) == {"error": "ValueError: bad input"}
+    assert "unknown tool" in json.loads(recorder.call(0, "nope", {}))["error"]
+    assert "timed out after 2s" in json.loads(recorder.call(0, "slow", {"seconds": 30}))["error"]
+    assert json.loads(recorder.call(0, "echo", {})) == {"id": "a"}  # restarted and reset with its row
+
+
+def test_a_class_that_cannot_be_used_is_refused_clearly():
+    with pytest.raises(EnvironmentClassError, match="module.path:ClassName"):
+        EnvHost("no_colon_here")
+    with pytest.raises(EnvironmentClassError, match="cannot be imported"):
+        EnvHost("scripted_envs:Missing", start_timeout_s=60)
+
+
+def test_the_key_game_scores_its_exact_optimum():
+    env = KeyHalves()
+    env.reset(key="123456")
+    assert env.get_reward() == 0.0
+    env.read_left(), env.read_right()
+    env.submit_left("123"), env.submit_right("456")
+    assert env.get_reward() == 1.0
+    env.reset(key="123456")
+    env.read_left()
+    env.submit_left("123")
+    assert env.get_reward() == pytest.approx(0.25 + 0.25)
+
+
+def test_visible_examples_are_the_docstrings_not_the_hidden_tests():
+    prompt = 'def add(a, b):\n    """Add.\n    >>> add(1, 2)\n    3\n    """\n'
+    assert visible_examples(prompt) == ["assert add(1, 2) == 3"]
+
+
+# --- the joint rollout with a scripted engine ---------------------------------------------------------------------
+
+class Scripted:
+    """An engine that plays the key game: read its half, submit the digits it read, then answer."""
+
+    name, compile_seconds = "scripted", 0.0
+
+    def __init__(self, tok, eos):
+        self.tok, self.eos = tok, eos
+
+    def sync(self):
+        pass
+
+    def generate(self, input_ids, attention_mask, adapters, generation_config, row_seeds=None):
+        rows = []
+        for ids, mask, adapter in zip(input_ids, attention_mask, adapters):
+            context = self.tok.decode(ids[mask.bool()].tolist())
+            side = "left" if adapter == "agent_0" else "right"
+            answers = re.findall(r"<tool_response>\n(.*?)\n</tool_response>", context, re.S)
+            if not answers:
+                text = f'<tool_call>{{"name": "read_{side}", "arguments": {{}}}}</tool_call>'
+            elif len(answers) == 1:
+                text = f'<tool_call>{{"name": "submit_{side}", "arguments": {{"digits": "{answers[0]}"}}}}</tool_call>'
+            else:
+                text = "done"
+            rows.append(self.tok(text, add_special_tokens=False).input_ids + [self.eos])
+        width = max(map(len, rows))
+        comp = torch.tensor([r + [self.tok.pad_token_id] * (width - len(r)) for r in rows])
+        return comp, torch.full(comp.shape, -0.25)
+
+
+@pytest.fixture(scope="module")
+def team():
+    from kit.engine.models import build_team
+
+    team = build_team(load_config("tiny_cpu"), **QUIET)
+    team.engines[0] = Scripted(team.tokenizers[0], team.tokenizers[0].eos_token_id)
+    team.roles = ["left", "right"]
+    return team
+
+
+@pytest.fixture(scope="module")
+def keys():
+    host = EnvHost("kit.tasks.environments:KeyHalves", timeout_s=10)
+    yield host
+    host.close()
+
+
+def play(team, host, worlds, G=2, max_calls=4):
+    requests = [(a, f"Item {w['id']}: hand in the key.") for w in worlds for a in range(2)]
+    params = SamplingParams(max_new_tokens=200, temperature=1.0)
+    keys_ = [("t", i, a) for i in range(len(worlds)) for a in range(2)]
+    return tools.act(team, requests, G, params, worlds=worlds, host=host, roles=team.roles,
+                     max_tool_calls=max_calls, keys=keys_, seed=0), requests
+
+
+def test_the_team_plays_the_key_game_through_its_tools(team, keys):
+    worlds = [{"id": "k0", "key": "123456"}, {"id": "k1", "key": "987654"}]
+    ro, _ = play(team, keys, worlds)
+    assert ro.world_rewards == [[1.0, 1.0], [1.0, 1.0]]
+    assert ro.texts[0][0] == "done" and ro.tool_calls == 2 * 2 * 2 * 2
+    assert "<tool_response>\n123\n</tool_response>" in ro.transcripts[0][1]
+    assert "<tool_response>\n654\n</tool_response>" in ro.transcripts[3][0]  # world k1, the right agent
+
+
+def test_the_ids_are_extended_without_retokenizing_and_tool_tokens_are_off_the_mask(team, keys):
+    tok = team.tokenizers[0]
+    ro, requests = play(team, keys, [{"id": "k0", "key": "123456"}], G=1)
+    seg = ro.segments[0]
+    row = int((seg.sample == 0).nonzero()[0])  # the left agent
+    eos = tok.eos_token_id
+    gen = [tok(t, add_special_tokens=False).input_ids + [eos] for t in (
+        '<tool_call>{"name": "read_left", "arguments": {}}</tool_call>',
+        '<tool_call>{"name": "submit_left", "arguments": {"digits": "123"}}</tool_call>', "done")]
+    turns = [tok(tools.tool_turn_text(tok, [r], tok.decode([eos]), native=False), add_special_tokens=False).input_ids
+             for r in ("123", "submitted")]
+    expected = gen[0] + turns[0] + gen[1] + turns[1] + gen[2]
+    mask = [1] * len(gen[0]) + [0] * len(turns[0]) + [1] * len(gen[1]) + [0] * len(turns[1]) + [1] * len(gen[2])
+    comp = seg.input_ids[row, seg.prompt_len:]
+    assert comp[: len(expected)].tolist() == expected
+    assert seg.completion_mask[row, : len(mask)].tolist() == mask and seg.completion_mask[row, len(mask):].sum() == 0
+    assert seg.attention_mask[row, seg.prompt_len: seg.prompt_len + len(expected)].all()
+    lp = seg.sampler_logprobs[row, : len(mask)]
+    assert (lp[torch.tensor(mask) == 0] == 0).all() and (lp[torch.tensor(mask) == 1] == -0.25).all()
+    assert ro.num_tokens == int(seg.completion_mask.sum())
+
+
+def test_tool_result_tokens_get_no_gradient(team, keys):
+    from kit.engine.forward import completion_logprobs
+    from kit.maths import losses
+
+    ro, _ = play(team, keys, [{"id": "k0", "key": "123456"}], G=1)
+    seg = ro.segments[0]
+    model = team.models[0]
+    logp = completion_logprobs(model, seg, 1.0)
+    logp.retain_grad()
+    loss, _ = losses.policy_loss(logp, seg.completion_mask.float(), torch.tensor([1.0, -1.0]), "sum")
+    loss.backward()
+    off = seg.completion_mask == 0
+    assert logp.grad[off].abs().max() == 0 and logp.grad[~off].abs().max() > 0
+
+
+def test_a_role_cannot_use_another_roles_tools(team, keys):
+    class Greedy(Scripted):  # the right agent tries the left agent's reader
+        def generate(self, input_ids, attention_mask, adapters, generation_config, row_seeds=None):
+            out = super().generate(input_ids, attention_mask, ["agent_0"] * len(adapters), generation_config)
+            return out
+
+    saved = team.engines[0]
+    team.engines[0] = Greedy(team.tokenizers[0], team.tokenizers[0].eos_token_id)
+    try:
+        ro, _ = play(team, keys, [{"id": "k0", "key": "123456"}], G=1)
+    finally:
+        team.engines[0] = saved
+    assert "is not one of right's tools" in ro.transcripts[1][0]
+
+
+# --- rows as a task, and a training run with an environment --------------------------------------------------------
+
+def test_rows_are_a_task_and_bad_rows_are_named(tmp_path):
+    from kit.tasks import DataError, get_task
+
+    path = key_rows(tmp_path / "rows.jsonl", 5)
+    task = get_task("rows", 2, file=str(path), num_eval=2, roles=["left", "right"])
+    train, held = task.load("train"), task.load("eval")
+    assert len(train) == 3 and len(held) == 2 and train[0]["reset_row"]["key"] == train[0]["key"]
+    assert task.prompts(train[0])[1].startswith("You are the right, one of a team of 2 agents: left, right.")
+    chat = tmp_path / "chat.jsonl"
+    chat.write_text(json.dumps({"prompt": [{"role": "user", "content": "hi"}]}) + "\n")
+    first = get_task("rows", 2, file=str(chat), num_eval=0).prompts(get_task("rows", 2, file=str(chat),
+                                                                               num_eval=0).load("train")[0])[0]
+    assert first.messages[0]["role"] == "system" and first.messages[1] == {"role": "user", "content": "hi"}
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"prompt": "ok"}\n{"prompt": 3}\n')
+    with pytest.raises(DataError, match="line 2, field 'prompt'"):
+        get_task("rows", 2, file=str(bad)).load("train")
+
+
+def test_the_config_refuses_what_an_environment_cannot_do():
+    with pytest.raises(ConfigError, match="environment"):
+        load_config("tiny_cpu", overrides=["environment=nocolon"])
+    with pytest.raises(ConfigError, match="joint_mode"):
+        load_config("tiny_cpu", overrides=["environment=a.b:C", "joint_mode=cross"])
+
+
+def key_cfg(tmp_path, run_dir, *overrides):
+    rows = key_rows(tmp_path / "rows.jsonl", 12)
+    return load_config("tiny_cpu", overrides=[
+        f"run_dir={run_dir}", "progress=false", "task=rows", f"task_args={{file: {rows}, num_eval: 2, "
+        "roles: [left, right]}", "environment=kit.tasks.environments:KeyHalves", "max_tool_calls=2",
+        "max_new_tokens=24", "num_steps=4", "save_every=2", "batch_size=2", "num_generations=2", "eval_every=0",
+        *overrides])
+
+
+def test_a_run_with_an_environment_trains_logs_tool_time_and_resumes_exactly(tmp_path):
+    from kit.run import rundir
+    from kit.trainers.trainer import Trainer
+
+    def perfless(rows):
+        return [{k: v for k, v in r.items() if not k.startswith("perf/")} for r in rows]
+
+    done = Trainer(key_cfg(tmp_path, tmp_path / "ref"), **QUIET)
+    done.train()
+    done.close()
+    stopped = Trainer(key_cfg(tmp_path, tmp_path / "run"), **QUIET)
+    stopped.train(max_steps=2)
+    stopped.close()
+    again = Trainer(key_cfg(tmp_path, tmp_path / "run"), resume=True, **QUIET)
+    again.train()
+    again.close()
+    ref = rundir.read_jsonl(tmp_path / "ref" / "metrics.jsonl")
+    assert perfless(rundir.read_jsonl(tmp_path / "run" / "metrics.jsonl")) == perfless(ref)
+    assert all("perf/tool_s" in r and "reward/environment" in r for r in ref)
+    logged = rundir.read_jsonl(tmp_path / "ref" / "rollouts.jsonl")
+    assert logged and all(len(r["transcripts"]) == 2 for r in logged)
+
+
+def test_each_joint_action_gets_its_own_worlds_reward():
+    import types
+
+    from kit.trainers.trainer import Trainer
+
+    ro = types.SimpleNamespace(world_rewards=[[0.1, 0.7], [0.4, 0.2]])
+    rewards = Trainer.score(types.SimpleNamespace(), ro, [None] * 4, [(0, 0), (1, 1)])
+    assert [r.total for r in rewards] == [0.1, 0.7, 0.4, 0.2]
+    assert rewards[1].parts == {"environment": 0.7}
