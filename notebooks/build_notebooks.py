@@ -154,7 +154,10 @@ PRESET = "colab_a100"  # colab_a100 (A100, the paper's recipe in 4-bit), colab_t
 TASK = "code"  # code, writing (both need a real model: a GPU preset or smol/coder), toy (what the tiny model learns)
 ALGORITHM = "magrpo"  # magrpo, iac, maac (critics on the shared base), centralized (one policy writes every part),
 #             madpo or marlhf (learning from preferences: README)
-TASK_ARGS = {"dataset": "humaneval"}  # code: humaneval, coop, mbpp, hub:<name>; writing: {"kind": "tldr"}
+TASK_ARGS = {"dataset": "humaneval"}  # code: humaneval, coop, mbpp, hub:<name>; writing: {"kind": "tldr"};
+#           rows (a JSONL of rows, with ENVIRONMENT): {"file": "rows.jsonl", "roles": ["left", "right"]}
+ENVIRONMENT = None  # a TRL-style environment class the agents act on with tools, "module.path:ClassName" (README:
+#             Teams that act), e.g. "kit.tasks.environments:CodeTests" for the code task's test tool
 JUDGE_MODEL = None  # e.g. "claude-sonnet-4-5": adds the judge's score as a reward (needs ANTHROPIC_API_KEY)
 JUDGE_BUDGET_USD = 15.0  # hard cap on judge spend for this run
 RUN_NAME = "magrpo_code"  # the run's folder name, here and on Drive
@@ -166,7 +169,7 @@ SAVE_EVERY = None  # a checkpoint (and a Drive copy) every this many steps; None
                  code("""
 cfg = colab.notebook_config(PRESET, TASK, TASK_ARGS, RUN_NAME, globals().get("drive"), DRIVE_FOLDER, NUM_STEPS,
                             JUDGE_MODEL, JUDGE_BUDGET_USD, smoke=SMOKE, save_every=SAVE_EVERY,
-                            algorithm=ALGORITHM)
+                            algorithm=ALGORITHM, environment=ENVIRONMENT)
 print(f"run: {cfg.run_dir}  mirror: {cfg.mirror_dir}  model: {cfg.model_name}  task: {cfg.task} {cfg.task_args}"
       f"  algorithm: {cfg.algorithm}")
 """),

@@ -154,10 +154,13 @@ def test_the_ids_are_extended_without_retokenizing_and_tool_tokens_are_off_the_m
     seg = ro.segments[0]
     row = int((seg.sample == 0).nonzero()[0])  # the left agent
     eos = tok.eos_token_id
-    gen = [tok(t, add_special_tokens=False).input_ids + [eos] for t in (
+    # a round stops at its call's </tool_call> (the EOS the script wrote after it is dropped), so the template's
+    # end of the assistant turn opens the tool turn
+    gen = [tok(t, add_special_tokens=False).input_ids for t in (
         '<tool_call>{"name": "read_left", "arguments": {}}</tool_call>',
-        '<tool_call>{"name": "submit_left", "arguments": {"digits": "123"}}</tool_call>', "done")]
-    turns = [tok(tools.tool_turn_text(tok, [r], tok.decode([eos]), native=False), add_special_tokens=False).input_ids
+        '<tool_call>{"name": "submit_left", "arguments": {"digits": "123"}}</tool_call>')]
+    gen.append(tok("done", add_special_tokens=False).input_ids + [eos])
+    turns = [tok(tools.tool_turn_text(tok, [r], "", native=False), add_special_tokens=False).input_ids
              for r in ("123", "submitted")]
     expected = gen[0] + turns[0] + gen[1] + turns[1] + gen[2]
     mask = [1] * len(gen[0]) + [0] * len(turns[0]) + [1] * len(gen[1]) + [0] * len(turns[1]) + [1] * len(gen[2])
@@ -269,3 +272,28 @@ def test_each_joint_action_gets_its_own_worlds_reward():
     rewards = Trainer.score(types.SimpleNamespace(), ro, [None] * 4, [(0, 0), (1, 1)])
     assert [r.total for r in rewards] == [0.1, 0.7, 0.4, 0.2]
     assert rewards[1].parts == {"environment": 0.7}
+
+
+def test_01s_parameters_take_an_environment_and_rows(tmp_path):
+    from kit import colab
+
+    rows = key_rows(tmp_path / "rows.jsonl", 6)
+    cfg = colab.notebook_config("tiny_cpu", "rows", {"file": str(rows), "roles": ["left", "right"]}, "keys",
+                                environment="kit.tasks.environments:KeyHalves", **QUIET)
+    assert cfg.environment == "kit.tasks.environments:KeyHalves" and cfg.task == "rows"
+
+
+def test_an_agents_rows_keep_every_generated_token_after_its_tool_turns(team, keys):
+    ro, _ = play(team, keys, [{"id": "k0", "key": "123456"}], G=2)
+    seg = ro.segments[0]
+    for agent in (0, 1):
+        sub = seg.rows([agent])
+        mine = seg.agent == agent
+        assert int(sub.completion_mask.sum()) == int(seg.completion_mask[mine].sum())
+        assert int(sub.attention_mask.sum()) == int(seg.attention_mask[mine].sum())
+
+
+def test_a_json_object_naming_a_known_tool_is_a_call_without_tags():
+    text = 'Sure:\n```json\n{"name": "read_left", "arguments": {}}\n```\n{"name": "other", "arguments": {}} {"x": 1}'
+    assert tools.parse_calls(text, ["read_left", "submit_left"]) == [{"name": "read_left", "arguments": {}}]
+    assert tools.parse_calls(text) == []  # without the known tools: only <tool_call> blocks count

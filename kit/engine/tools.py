@@ -12,7 +12,9 @@ A rollout runs in rounds. Each round is one batched engine call per base for eve
 row on its agent's adapter. A row whose new text holds tool calls (and has calls left: `max_tool_calls` per agent
 per turn) gets each call run in its world, in agent order, and the results appended as the chat template's tool
 turn: the suffix text after the assistant's end-of-turn token is rendered by the template and tokenized on its own,
-so the ids of the history are extended, never re-tokenized. A row without a call (or out of calls, or out of its
+so the ids of the history are extended, never re-tokenized. A round stops at the end of its first complete call
+(`</tool_call>`, a stop string as vLLM-served agents use): what the model wrote after it is dropped (its earlier
+tokens do not depend on it), and the template's end of the assistant turn opens the tool turn. A row without a call (or out of calls, or out of its
 `max_new_tokens` budget of generated tokens) is done; its text for the reward is its last round's answer, its whole
 transcript (calls and results) is kept for logs.
 
@@ -24,7 +26,9 @@ while attention covers them (the model reads the results). Sampler log-probs are
 Tool calls are parsed from the text as Qwen's (Hermes) format, `<tool_call>{"name": ..., "arguments": {...}}
 </tool_call>`: the chat templates that support tools (Qwen2.5's among them) prompt for it, and a template without tool
 support (SmolLM2's) gets the same format described in a system turn (FALLBACK below) and the results as a user turn
-`<tool_response>...</tool_response>`.
+`<tool_response>...</tool_response>`. A text with no <tool_call> block may still call a tool with a JSON object that
+names one of the environment's tools and gives its arguments (Qwen2.5-Coder-0.5B answers a tool prompt with a
+```json block of exactly that).
 
 Not covered: truncating a tool prompt to max_prompt_tokens (the tools' schemas come first); the compiled engine's
 static shapes with tool rounds (it runs, each round a new shape; CUDA only).
@@ -56,8 +60,12 @@ tool call. Tools (JSON schemas):
 {schemas}"""
 
 
-def parse_calls(text: str) -> list[dict]:
-    """The tool calls in a model's text: [{"name", "arguments"}], or {"error"} for a call that is not valid JSON."""
+def parse_calls(text: str, known=()) -> list[dict]:
+    """The tool calls in a model's text: [{"name", "arguments"}], or {"error"} for a call that is not valid JSON.
+    Without any <tool_call> block, a JSON object naming one of the `known` tools and giving its arguments (bare, or in
+    a ```json fence: how Qwen2.5-Coder-0.5B answers a tool prompt) is a call too."""
+    if "<tool_call>" not in text and known:
+        return bare_calls(text, set(known))
     calls = []
     for body in _CALL.findall(text):
         if not body.strip():
@@ -78,6 +86,33 @@ def parse_calls(text: str) -> list[dict]:
                 pass
         calls.append({"name": str(call["name"]), "arguments": arguments})
     return calls
+
+
+def bare_calls(text: str, known: set) -> list[dict]:
+    """JSON objects in the text with a known tool's `name` and its `arguments` (or `parameters`), in order."""
+    decoder, calls, at = json.JSONDecoder(), [], text.find("{")
+    while at >= 0:
+        try:
+            value, end = decoder.raw_decode(text, at)
+        except ValueError:
+            at = text.find("{", at + 1)
+            continue
+        if isinstance(value, dict) and value.get("name") in known and isinstance(
+                value.get("arguments", value.get("parameters")), dict):
+            calls.append({"name": value["name"], "arguments": value.get("arguments", value.get("parameters"))})
+        at = text.find("{", end)
+    return calls
+
+
+def call_end(tok, ids: list[int]) -> int | None:
+    """The number of tokens up to and including the first `</tool_call>` in `ids`' text (None: no complete call).
+    The tokens after it were sampled but are dropped: the model's earlier tokens do not depend on them."""
+    if "</tool_call>" not in tok.decode(ids, skip_special_tokens=True):
+        return None
+    for n in range(1, len(ids) + 1):
+        if "</tool_call>" in tok.decode(ids[:n], skip_special_tokens=True):
+            return n
+    return None
 
 
 def _messages(prompt: str) -> list[dict]:
@@ -232,13 +267,18 @@ def act(team, requests, G: int, params, *, worlds: list[dict], host, roles: list
                 length = min(int(cmask[i].sum()), room)
                 new = comp[i, :length].tolist()
                 ended = length > 0 and new[-1] in eos
+                called = call_end(tok, new)  # a round stops at its first complete call (a stop string)
+                if called is not None and r.calls_left > 0:
+                    new, ended, length = new[:called], True, called
                 r.ids += new
                 r.mask += [1] * length
                 r.logp += logprobs[i, :length].float().tolist()
                 text = tok.decode(new, skip_special_tokens=True)
-                calls = parse_calls(text) if ended and r.calls_left > 0 else []
+                start = answer_start(requests[r.k][1]) if round_ == 0 else ""  # a prefilled call starts in the prompt
+                calls = parse_calls(start + text, host.tools) if ended and r.calls_left > 0 else []
                 if calls and sum(r.mask) < params.max_new_tokens:
-                    end_text[id(r)] = tok.decode(new[-1:])
+                    end_text[id(r)] = tok.decode(new[-1:]) if new[-1] in eos else ""  # stopped at </tool_call>: the
+                    # template's end of the assistant turn is part of the tool turn (off the mask)
                     r.answer = text
                     r.pending = calls[: r.calls_left]
                 else:

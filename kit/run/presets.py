@@ -91,6 +91,20 @@ CODER_CODE = {**SMOL, "model_name": "qwen2.5-coder-0.5b", "task": "code",
               "num_steps": 10, "eval_every": 5, "save_every": 5, "reward_workers": 2, "num_eval_items": 8,
               "run_dir": "checkpoints/coder_code"}
 
+# Qwen2.5-Coder-0.5B-Instruct in the KeyHalves information game (kit/tasks/environments.py): each of two agents reads
+# its half of a six-digit key with its own tool and submits it; get_reward's optimum is exactly 1.0. Its chat template
+# offers the tools itself. 64 new tokens a turn, at most 2 tool calls per agent, 8 of the 64 bundled rows held out,
+# coder_code's learning rate; set before any training run. Probed once untrained (one step, 8 samples): it names the
+# right tools but as a ```json object (parsed as a call) and passes its guess of the key to the read tool, which
+# answers an error. SmolLM2-135M, probed the same way, called no tool in 8 samples, nor with its answer started as a
+# call (it invents tool names): reward 0, nothing to learn from, so there is no SmolLM2 preset for this game.
+CODER_KEYS = {**SMOL, "model_name": "qwen2.5-coder-0.5b", "task": "rows",
+              "task_args": {"file": "key_rows.jsonl", "num_eval": 8, "roles": ["left", "right"]},
+              "environment": "kit.tasks.environments:KeyHalves", "max_new_tokens": 64, "max_tool_calls": 2,
+              "learning_rate": 1e-4, "num_steps": 20, "eval_every": 10, "num_eval_items": 8,
+              "run_dir": "checkpoints/coder_keys"}
+
 PRESETS = {"tiny_cpu": TINY_CPU, "colab_t4": COLAB_T4, "colab_a100": COLAB_A100, "tiny_hanabi": TINY_HANABI,
            "colab_hanabi": COLAB_HANABI, "smol_writing": SMOL_WRITING, "smol_code": SMOL_CODE,
-           "smol_hanabi": SMOL_HANABI, "coder_code": CODER_CODE}
+           "smol_hanabi": SMOL_HANABI, "coder_code": CODER_CODE,
+           "coder_keys": CODER_KEYS}

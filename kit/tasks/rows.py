@@ -6,7 +6,8 @@ dataset rows with `environment_factory`).
 
 A row needs `prompt`: a string, or a list of chat messages ({"role", "content"}) as TRL reads it. Every agent gets
 that prompt with its role said first ("You are the scout, one of a team of 2 agents: scout, solver."), as the other
-tasks tell each agent its part. `id` is optional (the line number otherwise). Held-out rows: `eval_file`, else the
+tasks tell each agent its part. `answer_start` starts every agent's answer (as the code task's prefill), e.g.
+'<tool_call>{"name": "' to have a small model's first words be a tool call. `id` is optional (the line number otherwise). Held-out rows: `eval_file`, else the
 first `num_eval` rows of `file` (and training the rest).
 
 The reward: the environment's get_reward() when it has one; otherwise reward functions given to the trainer
@@ -18,7 +19,9 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from kit.engine.prompts import Chat
+from kit.engine.prompts import Chat, Prompt
+
+DATA = Path(__file__).resolve().parent.parent / "data"
 from kit.tasks import DataError, check_arg, is_text
 
 
@@ -26,15 +29,18 @@ class RowsTask:
     name = "rows"
 
     def __init__(self, num_agents: int = 2, file: str | None = None, eval_file: str | None = None, num_eval: int = 8,
-                 roles: list[str] | None = None):
-        check_arg(isinstance(file, str) and Path(file).is_file(), "file", file, "the path of a JSONL file of rows")
+                 roles: list[str] | None = None, answer_start: str = ""):
+        file, eval_file = bundled(file), bundled(eval_file)
+        check_arg(isinstance(file, str) and Path(file).is_file(), "file", file,
+                  "the path of a JSONL file of rows (or the name of one in kit/data/)")
         check_arg(eval_file is None or Path(str(eval_file)).is_file(), "eval_file", eval_file,
                   "null or the path of a JSONL file of held-out rows")
         check_arg(isinstance(num_eval, int) and num_eval >= 0, "num_eval", num_eval, "an integer >= 0")
         roles = list(roles) if roles else [f"agent_{i}" for i in range(num_agents)]
         check_arg(len(roles) == num_agents and all(is_text(r) for r in roles), "roles", roles,
                   f"one non-empty name per agent ({num_agents})")
-        self.num_agents, self.roles = num_agents, roles
+        check_arg(isinstance(answer_start, str), "answer_start", answer_start, "a string (\"\": none)")
+        self.num_agents, self.roles, self.answer_start = num_agents, roles, answer_start
         self.file, self.eval_file, self.num_eval = file, eval_file, num_eval
 
     def load(self, split: str) -> list[dict]:
@@ -50,15 +56,24 @@ class RowsTask:
             said = f"You are the {role}, one of a team of {self.num_agents} agents: {who}."
             prompt = item["prompt"]
             if isinstance(prompt, str):
-                out.append(f"{said}\n\n{prompt}")
+                out.append(Prompt(f"{said}\n\n{prompt}", self.answer_start))
                 continue
             messages = [dict(m) for m in prompt]
             if messages[0]["role"] == "system":
                 messages[0]["content"] = f"{said}\n\n{messages[0]['content']}"
             else:
                 messages.insert(0, {"role": "system", "content": said})
-            out.append(Chat(messages))
+            chat = Chat(messages)
+            chat.answer_start = self.answer_start
+            out.append(chat)
         return out
+
+
+def bundled(file):
+    """A file name not found as a path but bundled in kit/data/ (key_rows.jsonl: KeyHalves' 64 rows) is that one."""
+    if isinstance(file, str) and not Path(file).exists() and (DATA / file).is_file():
+        return str(DATA / file)
+    return file
 
 
 def read_rows(path: str | Path) -> list[dict]:
