@@ -60,8 +60,19 @@ def flush_drive(cfg=None, root: str | None = None, log=print) -> bool:
     from kit import env
     from kit.run.mirror import behind
 
-    if cfg is not None and getattr(cfg, "mirror_dir", None) and env.in_colab() and env.drive_mounted(root):
-        gap = behind(cfg.run_dir, cfg.mirror_dir)
+    if env.in_colab() and not env.drive_mounted(root):
+        log("[kit] Drive is not mounted: nothing to flush, and the run's copy on Drive was not checked (the Drive "
+            "cell, colab.mount_drive(), mounts it again)")
+        return False
+    if cfg is not None and getattr(cfg, "mirror_dir", None) and env.in_colab():
+        try:
+            gap = behind(cfg.run_dir, cfg.mirror_dir)
+        except OSError as err:
+            from kit.run.mirror import reason
+
+            log(f"[kit] WARNING: Drive's copy of the run could not be read ({reason(err)}): not flushed. Run the Drive "
+                "cell, then the training cell (it copies what Drive lacks), then this cell")
+            return False
         if gap:
             log("!" * 100 + f"\n[kit] WARNING: Drive is NOT up to date: {gap}.\n      Run the training cell again "
                 "(it copies what Drive lacks and says how it went), then this cell. Drive stays mounted.\n"

@@ -280,7 +280,8 @@ display(Markdown(explore.breakdown_table(explore.RunLog(RUN_DIR).best())))
              "replaced by a random legal one. Then: evaluation over checkpoints, the random-legal and rule-based "
              "baselines on the same held-out deals, and a move-by-move browser of the games.", [
                  code("""
-PRESET = "colab_hanabi"  # A100: Qwen2.5-3B-Instruct in 4-bit; tiny_hanabi: the tiny CPU model (with game tiny_hanabi)
+PRESET = "colab_hanabi"  # A100: Qwen2.5-3B-Instruct in 4-bit; on a CPU: smol_hanabi (SmolLM2-135M, game tiny_hanabi),
+#          tiny_hanabi (the tiny CPU model, game tiny_hanabi)
 TASK_ARGS = {"game": "hanabi", "prompt_style": "full", "max_decisions": 80, "illegal": "random",
              "illegal_penalty": 1.0}  # game: hanabi or tiny_hanabi (a CPU: {"game": "tiny_hanabi",
 #             "prompt_style": "compact"}); illegal: random (a random legal move) or end

@@ -42,3 +42,22 @@ class Recorder:
 
     def get_reward(self) -> float:
         return float(self.calls)
+
+
+class Noisy:
+    """Prints to stdout and reads stdin inside a tool: neither may touch the protocol."""
+
+    def reset(self, **row):
+        print("hello from reset")
+        return None
+
+    def chatty(self) -> str:
+        """Print, read stdin, then answer.
+
+        Returns:
+            What stdin gave and a word.
+        """
+        import sys
+
+        print("noise on stdout")
+        return f"stdin={sys.stdin.read()!r} ok"

@@ -394,3 +394,81 @@ def test_the_summary_and_the_report_end_the_training_reward_at_the_same_number(t
     (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     summary = Trainer.summary(types.SimpleNamespace(run_dir=run, step=40))
     assert summary["reward_end"] == pytest.approx(final_train_reward(rows)[0])
+
+
+# the review of the fixes above ------------------------------------------------------------------------------------
+
+def test_a_full_drive_still_gets_space_back_when_the_runtime_marker_cannot_be_written(tmp_path, monkeypatch):
+    from kit.run import checkpoint, mirror
+
+    def full(path, value):
+        raise OSError(errno.ENOSPC, "No space left on device", str(path))
+
+    monkeypatch.setattr(mirror, "_write_json", full)
+    drive = tmp_path / "drive"
+    trainer = Trainer(cfg_for(tmp_path / "run", "save_every=1", "keep_last=1", "keep_history=0",
+                              f"mirror_dir={drive}"), **QUIET)
+    trainer.train()
+    trainer.close()
+    assert [p.name for p in checkpoint.complete_checkpoints(drive)] == ["step_000004"]
+
+
+def test_the_training_cell_after_the_flush_says_no_false_failure(tmp_path, monkeypatch):
+    from kit import colab, env
+
+    drive = tmp_path / "drive"
+    said = []
+    trainer = Trainer(cfg_for(tmp_path / "run", f"mirror_dir={drive}"), log=said.append)
+    colab.train_to_end(trainer, every=100)
+    monkeypatch.setattr(env, "unmounted_drive", lambda path: True)  # 01's last cell unmounted Drive
+    said.clear()
+    colab.train_to_end(trainer, every=100)  # the training cell run again
+    assert not any("FAIL" in s or "brought up to date" in s for s in said), said
+
+
+def test_logs_past_the_newest_checkpoint_do_not_make_drive_behind(tmp_path):
+    from kit.run.mirror import behind
+
+    drive = tmp_path / "drive"
+    trainer = Trainer(cfg_for(tmp_path / "run", f"mirror_dir={drive}"), **QUIET)
+    trainer.train(max_steps=3)  # checkpoint 2 on Drive, step 3 logged here only (a resume trains it again)
+    trainer.mirror.flush()
+    assert behind(tmp_path / "run", drive) is None
+    trainer.close()
+
+
+def test_a_dead_process_of_this_machine_is_no_other_runtime(tmp_path):
+    import socket
+
+    from kit import colab
+
+    drive = tmp_path / "drive"
+    first = Trainer(cfg_for(tmp_path / "old", "num_steps=2", f"mirror_dir={drive}"), **QUIET)
+    first.train()
+    first.close()
+    (drive / "runtime.json").write_text(json.dumps({"id": "old-kernel", "host": socket.gethostname(),
+                                                    "pid": 2 ** 22 + 12345, "time": time.time() - 30}))
+    said = []
+    colab.start_or_resume(cfg_for(tmp_path / "new", "num_steps=2", f"mirror_dir={drive}"), log=said.append)
+    assert not any("another runtime" in s for s in said), said
+
+
+def test_a_writing_run_evaluated_by_an_older_kit_is_judged_by_its_reward(tmp_path):
+    from kit.analysis import report
+
+    rows = [{"method": m, "step": 5, "pass@1": 0.0, "reward/mean": r, "num_samples": 2, "num_items": 3,
+             "per_item": {"reward": [r, r, r], "correct": [0, 0, 0]}} for m, r in (("naive", 1.0), ("magrpo", 1.3))]
+    text = report.table1_section({"baselines": rows, "evals": [], "config": {"task": "writing"}, "path": tmp_path})
+    assert "Δ reward/mean (magrpo − method)" in text
+
+
+def test_the_baselines_say_when_the_run_is_still_training(tmp_path):
+    from kit.analysis import baselines
+
+    run = tmp_path / "run"
+    trainer = Trainer(cfg_for(run, "num_steps=6"), **QUIET)
+    trainer.train(max_steps=2)
+    trainer.close()
+    said = []
+    baselines.compare(run, ["naive"], n=1, log=said.append)
+    assert any("not finished (step 2 of 6)" in s for s in said), said

@@ -297,3 +297,41 @@ def test_a_json_object_naming_a_known_tool_is_a_call_without_tags():
     text = 'Sure:\n```json\n{"name": "read_left", "arguments": {}}\n```\n{"name": "other", "arguments": {}} {"x": 1}'
     assert tools.parse_calls(text, ["read_left", "submit_left"]) == [{"name": "read_left", "arguments": {}}]
     assert tools.parse_calls(text) == []  # without the known tools: only <tool_call> blocks count
+
+
+def test_a_tool_that_prints_and_reads_stdin_cannot_touch_the_protocol():
+    host = EnvHost("scripted_envs:Noisy", timeout_s=5)
+    try:
+        assert host.reset([{"id": "a"}]) == [None]
+        assert host.call(0, "chatty", {}) == "stdin='' ok"
+        assert host.call(0, "chatty", {}) == "stdin='' ok"
+    finally:
+        host.close()
+
+
+def test_the_code_test_tool_runs_a_draft_on_the_visible_examples_only():
+    from kit.tasks.environments import CodeTests
+
+    env = CodeTests()
+    prompt = 'def add(a, b):\n    """Add two numbers.\n    >>> add(1, 2)\n    3\n    >>> add(2, 2)\n    4\n    """\n'
+    env.reset(prompt=prompt, entry_point="add", tests=["assert add(5, 5) == 10", "assert add(0, 0) == 0"])
+    good = env.run_tests("def add(a, b):\n    return a + b\n")
+    assert good.count("ok: ") == 2 and "FAILED" not in good and "add(5, 5)" not in good
+    bad = env.run_tests("def add(a, b):\n    return a * b\n")
+    assert "ok: assert add(2, 2) == 4" in bad and "FAILED: assert add(1, 2) == 3" in bad
+
+
+def test_a_built_in_task_runs_with_an_environment(tmp_path):
+    from kit.run import rundir
+    from kit.trainers.trainer import Trainer
+
+    cfg = load_config("tiny_cpu", overrides=[
+        f"run_dir={tmp_path / 'run'}", "progress=false", "task=code", "task_args={dataset: coop}",
+        "environment=kit.tasks.environments:CodeTests", "max_new_tokens=16", "num_steps=1", "batch_size=1",
+        "num_generations=2", "eval_every=1", "num_eval_items=1", "save_every=0"])
+    trainer = Trainer(cfg, **QUIET)
+    trainer.train()
+    trainer.close()
+    rows = rundir.read_jsonl(tmp_path / "run" / "metrics.jsonl")
+    assert "eval/reward_mean" in rows[-1] and "reward/structure" in rows[-1]  # the task's level reward
+    assert all("transcripts" in r for r in rundir.read_jsonl(tmp_path / "run" / "rollouts.jsonl"))

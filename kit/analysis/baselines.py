@@ -126,7 +126,11 @@ def compare(run_dir, methods=None, n: int = 10, num_items: int | None = None, st
         raise ValueError(f"unknown baseline method(s) {', '.join(map(repr, unknown))}; allowed: {', '.join(METHODS)}")
     rows = []
     ctx.use_step(0)
-    say_estimate(ctx, len(methods) + 1, n, log)
+    if training := ctx.training():
+        log(f"[kit] {ctx.run_dir} is not finished ({training}): it may still be training; the trained team's row "
+            "is its newest checkpoint now (taken again if the training prunes it meanwhile)")
+    passes = sum(2 if m in ("sequential", "discussion") else 1 for m in methods) + 1  # two rounds of generation
+    say_estimate(ctx, passes * ctx.cfg.num_turns, n, log)
     for method in progress(methods, "methods"):
         if method == "single" and not has(ctx.task, "single_prompt"):
             log(f"[kit] baseline single skipped: task {ctx.cfg.task!r} has no single_prompt")

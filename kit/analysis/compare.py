@@ -101,12 +101,13 @@ def compare_runs(run_dirs: list[str | Path], labels: list[str] | None = None, ou
     if labels is not None and len(labels) != len(run_dirs):
         raise ValueError(f"{len(labels)} labels for {len(run_dirs)} runs: give one label per run (runs that share "
                          "a config and differ in seed are grouped whatever their labels)")
-    runs = [read_run(d) for d in run_dirs]
+    runs = [read_run(located(d)) for d in run_dirs]
     labels = list(labels) if labels else [r["path"].name for r in runs]
     out = Path(out_dir or "comparison")
     out.mkdir(parents=True, exist_ok=True)
     groups = groups_of(runs, labels)
-    held_key = headline([r for run in runs for r in run["evals"]])
+    tasks = {run["config"].get("task") for run in runs}
+    held_key = headline([r for run in runs for r in run["evals"]], tasks.pop() if len(tasks) == 1 else None)
     fig, (ax_train, ax_held) = figure(2)
     for group in groups:
         draw_group(ax_train, group, lambda run: run["train"], "reward/mean", smoothed=True)
@@ -126,6 +127,18 @@ def compare_runs(run_dirs: list[str | Path], labels: list[str] | None = None, ou
     path.write_text("\n\n".join(text) + "\n")
     log(f"[kit] comparison written: {path}")
     return path
+
+
+def located(run_dir: str | Path) -> Path:
+    """A run folder; a relative one that is not under the working folder is looked for where the notebooks keep
+    runs (`checkpoints/seed1` after a kernel restart that left the working folder at /content)."""
+    from kit.run.rundir import runs_root
+
+    path = Path(run_dir)
+    if path.exists() or path.is_absolute():
+        return path
+    there = runs_root().parent / path
+    return there if there.exists() else path
 
 
 def final_table(runs: list[dict], labels: list[str], groups: list[dict], key: str) -> str:

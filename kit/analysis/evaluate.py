@@ -298,8 +298,8 @@ def evaluate_run(run_dir: str | Path, steps: str | list[int] = "all", n: int = 1
     have = sorted(ctx.checkpoints())
     if steps == "all":
         chosen = [0] + have
-    elif steps == "newest":
-        chosen = have[-1:] or [0]
+    elif steps == "newest":  # the newest (taken again if a run still training prunes it before it is read)
+        chosen = [ctx.use_team_step("newest", log=lambda *_: None) or 0]
     else:
         chosen = [int(s) for s in steps]
         missing = [s for s in chosen if s and s not in have]
@@ -313,7 +313,7 @@ def evaluate_run(run_dir: str | Path, steps: str | list[int] = "all", n: int = 1
             f"checkpoints it has now ({', '.join(map(str, have))}); one that it prunes meanwhile is skipped")
     out_dir = ctx.run_dir / "eval"
     out_dir.mkdir(exist_ok=True)
-    say_estimate(ctx, len(chosen), n, log)
+    say_estimate(ctx, len(chosen) * ctx.cfg.num_turns, n, log)
     rows = []
     for step in progress(chosen, "checkpoints"):
         try:

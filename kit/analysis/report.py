@@ -206,7 +206,7 @@ def eval_section(run: dict, out: Path) -> str:
     text = ("## Held-out evaluation over checkpoints\n\n![held-out metrics by checkpoint](eval.png)\n\n"
             + "\n".join(table) + f"\n\n{rows[-1].get('num_samples')} samples per item. " + intervals_note(rows))
     first, last = rows[0], rows[-1]
-    key = headline(rows)
+    key = headline(rows, run["config"].get("task"))
     a, b = stats.per_item(last, key), stats.per_item(first, key)
     if len(rows) > 1 and a and b and len(a) == len(b):
         d = stats.paired_bootstrap(a, b)
@@ -222,7 +222,7 @@ def table1_section(run: dict) -> str:
     if not rows:
         return missing(title, f"no eval/baselines.json; run `python -m kit baselines --run-dir {run['path']}`") + \
             (f"\n\n{paper}" if paper else "")
-    keys, key = metric_keys(rows), headline(rows)
+    keys, key = metric_keys(rows), headline(rows, run["config"].get("task"))
     team = next((r for r in rows if r["method"] == "magrpo"), None)
     head = ["method"] + keys + ([f"Δ {key} (magrpo − method)"] if team else [])
     table = ["| " + " | ".join(head) + " |", "|---|" + "---|" * (len(head) - 1)]

@@ -102,14 +102,21 @@ def method_line(num_items: int | None = None, paired: bool = False, unit: str = 
 
 
 # --- which metric, over which window (the report, compare and the plots agree on both)
-def headline(rows: list[dict]) -> str:
+def headline(rows: list[dict], task: str | None = None) -> str:
     """The metric a run is judged by: the one its task names in the rows (kit.tasks.headline: a graded task such as
     writing is judged by its mean reward, its pass@k being a threshold on the grade); rows without it (an older
-    kit): pass@1 when the task has passes, the game score, else the mean reward."""
+    kit): the headline of `task` (the run's config's task name, kit.tasks.headline_of), else pass@1 when the task
+    has passes, the game score, else the mean reward."""
     named = {r["headline"] for r in rows if r.get("headline")}
     keys = {k for r in rows for k in r}
     if len(named) == 1 and named <= keys:
         return named.pop()
+    if task:
+        from kit.tasks import headline_of
+
+        own = headline_of(task)
+        if own in keys:
+            return own
     return "pass@1" if "pass@1" in keys else "score/mean" if "score/mean" in keys else "reward/mean"
 
 

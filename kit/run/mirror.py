@@ -187,7 +187,8 @@ class Mirror:
 
         require_mounted(self.mirror_dir)  # else the copy would make a plain folder of this disk at Drive's path
         self.mirror_dir.mkdir(parents=True, exist_ok=True)
-        self._claim()
+        with contextlib.suppress(OSError):  # a full Drive: the marker must not stop the cleanup and pruning below
+            self._claim()
         remove_partials(self.mirror_dir)  # one copy at a time: any .partial here is a dead copy's
         local = complete_checkpoints(self.run_dir)  # newest first: the one a slow Drive must not miss
         on_mirror = complete_checkpoints(self.mirror_dir)
@@ -227,6 +228,20 @@ def read_runtime(mirror_dir: str | Path) -> dict | None:
         return None
 
 
+def _gone_here(runtime: dict) -> bool:
+    """The runtime was a process of this machine that no longer runs (a kernel restarted on the same VM)."""
+    if runtime.get("host") != socket.gethostname():
+        return False
+    try:
+        pid = int(runtime.get("pid", 0))
+        if pid <= 0:
+            return True
+        os.kill(pid, 0)  # signal 0: only asks whether the process exists
+    except (OSError, ValueError, OverflowError):
+        return True
+    return False
+
+
 def who(runtime: dict) -> str:
     ago = time.time() - runtime.get("time", 0)
     return (f"host {runtime.get('host', '?')}, process {runtime.get('pid', '?')}, last copy "
@@ -249,6 +264,8 @@ def behind(run_dir: str | Path, mirror_dir: str | Path) -> str | None:
     there = restorable(mirror_dir)
     on_drive = _step_of(there[0]) if there else -1
     logs_here, logs_there = logged_through(run_dir) or 0, logged_through(mirror_dir) or 0
+    if here >= 0:  # logs past the newest checkpoint are trained again by any resume: Drive need not hold them
+        logs_here = min(logs_here, here)
     if on_drive >= here and logs_there >= logs_here:
         return None
     have = f"checkpoint of step {on_drive}" if on_drive >= 0 else "no checkpoint"
@@ -390,10 +407,12 @@ def restore(mirror_dir: str | Path, run_dir: str | Path, log=print) -> int | Non
     if not (mirror_dir / "config.json").exists():
         return None
     other = read_runtime(mirror_dir)
-    if other and other.get("id") != RUNTIME_ID and time.time() - other.get("time", 0) < RECENT_S:
-        log(f"[kit] NOTE: another runtime copied this run to Drive recently ({who(other)}). If it is still "
-            "training (another tab, a runtime not stopped), stop it first (Colab: Runtime > Manage sessions): two "
-            "runtimes training one run overwrite each other's checkpoints on Drive")
+    if other and other.get("id") != RUNTIME_ID and time.time() - other.get("time", 0) < RECENT_S \
+            and not _gone_here(other):
+        log(f"[kit] NOTE: another runtime copied this run to Drive recently ({who(other)}). Expected after a "
+            "disconnect (nothing to do then); if that runtime is still training (another tab, a runtime not "
+            "stopped), stop it first (Colab: Runtime > Manage sessions): two runtimes training one run overwrite "
+            "each other's checkpoints on Drive")
     run_dir.mkdir(parents=True, exist_ok=True)
 
     def newest(found):

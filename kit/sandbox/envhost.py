@@ -95,11 +95,15 @@ def as_text(value) -> str:
 
 def _serve(spec: str) -> None:
     """The child (`python -m kit.sandbox.envhost <spec>`): build instances of the class and answer reset / call /
-    reward requests, one JSON line each, one at a time. Its stdout carries only the answers: what the
-    environment's code prints goes to stderr."""
+    reward requests, one JSON line each, one at a time. The requests and answers travel on private copies of its
+    stdin and stdout: what the environment's code prints goes to stderr, and what it reads from stdin is empty."""
     proto = os.fdopen(os.dup(1), "w", buffering=1)
+    requests = os.fdopen(os.dup(0), "r")
     os.dup2(2, 1)
     sys.stdout = sys.stderr
+    null = os.open(os.devnull, os.O_RDONLY)  # a tool that reads stdin reads nothing, never the requests
+    os.dup2(null, 0)
+    sys.stdin = open(os.devnull)
 
     def send(status, value):
         proto.write(json.dumps([status, value]) + "\n")
@@ -112,7 +116,7 @@ def _serve(spec: str) -> None:
     except BaseException as err:  # said in the parent with the class's name
         send("error", f"{type(err).__name__}: {err}")
         return
-    for line in sys.stdin:
+    for line in requests:
         op, *args = json.loads(line)
         if op == "close":
             return

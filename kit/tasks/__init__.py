@@ -72,6 +72,18 @@ def headline(task) -> str:
     return getattr(task, "headline", None) or ("pass@1" if has(task, "is_pass") else "reward/mean")
 
 
+def headline_of(task_name: str) -> str | None:
+    """The headline a built-in task names (its module's HEADLINE, e.g. writing's "reward/mean"), without building it;
+    None for the others."""
+    if not isinstance(task_name, str) or not task_name.isidentifier():
+        return None
+    try:
+        module = importlib.import_module(f"kit.tasks.{task_name}")
+    except ImportError:
+        return None
+    return getattr(module, "HEADLINE", None)
+
+
 def describe(task) -> str:
     """One line: the task, its agents, and which optional hooks it turns on."""
     from kit.tasks.game import is_game

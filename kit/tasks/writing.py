@@ -174,9 +174,12 @@ _MARKER = re.compile(r"^\s*#{3,}\s*$", re.M)
 HUB = {"tldr": "trl-lib/tldr", "arxiv": "OpenMLRL/arXiv_abstract"}
 
 
+HEADLINE = "reward/mean"  # graded 0-3: pass@k (reward >= pass_threshold) is only a threshold on the grade
+
+
 class WritingTask:
     name = "writing"
-    headline = "reward/mean"  # graded 0-3: pass@k (reward >= pass_threshold) is a threshold on the grade
+    headline = HEADLINE
 
     def __init__(self, num_agents: int = 2, kind: str = "tldr", source: str = "bundled", num_eval: int = 8,
                  max_items: int | None = None, pass_threshold: float = 2.5, bands: dict | None = None,

@@ -484,7 +484,7 @@ class Trainer:
         if self._torn_step is not None:
             self._back_to_checkpoint()
         if self.step >= cfg.num_steps:  # e.g. the training cell run again after the end
-            self.log(complete_line(self.step, cfg.num_steps, self.mirror is not None))
+            self.log(complete_line(self.step, cfg.num_steps, self.mirror is not None and self.drive_lacks()))
             return self.summary()
         end = cfg.num_steps if max_steps is None else min(cfg.num_steps, self.step + max_steps)
         bar = tqdm(total=cfg.num_steps, initial=self.step, desc=cfg.algorithm.upper(),
@@ -579,17 +579,31 @@ class Trainer:
                 "eval_end": evals[-1]["eval/reward_mean"] if evals else None,
                 "checkpoint": str(ckpts[0]) if ckpts else None, "run_dir": str(self.run_dir)}
 
+    def drive_lacks(self) -> bool:
+        """Whether Drive's copy of the run lacks this runtime's newest checkpoint or logs. Drive unmounted (01's last
+        cell flushed it): False, nothing can be copied there and the flush said how to mount it again; an unreadable
+        Drive: True, and the copy that follows says why."""
+        from kit.env import unmounted_drive
+        from kit.run.mirror import behind
+
+        if unmounted_drive(self.mirror.mirror_dir):
+            return False
+        try:
+            return behind(self.run_dir, self.mirror.mirror_dir) is not None
+        except OSError:
+            return True
+
     def close(self):
         """Stop the reward workers and make the last Drive copy. Closing again (the training cell run again) makes
         one more copy of anything Drive lacks and waits for it: a Drive that dropped and came back catches up."""
-        if not self._closed:
-            self._closed = True
+        again, self._closed = self._closed, True
+        if not again:
             self.scorer.close()
             if getattr(self.sampler, "host", None) is not None:  # the environment's child process
                 self.sampler.host.close()
             if self.wandb is not None:
                 self.wandb.finish()
-        if self.mirror is not None:
+        if self.mirror is not None and (not again or self.drive_lacks()):
             self.mirror.push()  # files written since the last checkpoint (figures, late log lines) reach Drive too
             self.mirror.close()  # waits for the last copy; a failed one is said, never raised (the run is done)
 
