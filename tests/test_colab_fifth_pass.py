@@ -399,12 +399,12 @@ def test_the_summary_and_the_report_end_the_training_reward_at_the_same_number(t
 # the review of the fixes above ------------------------------------------------------------------------------------
 
 def test_a_full_drive_still_gets_space_back_when_the_runtime_marker_cannot_be_written(tmp_path, monkeypatch):
-    from kit.run import checkpoint, mirror
+    from kit.run import checkpoint, runtimes
 
     def full(path, value):
         raise OSError(errno.ENOSPC, "No space left on device", str(path))
 
-    monkeypatch.setattr(mirror, "_write_json", full)
+    monkeypatch.setattr(runtimes, "write_json", full)
     drive = tmp_path / "drive"
     trainer = Trainer(cfg_for(tmp_path / "run", "save_every=1", "keep_last=1", "keep_history=0",
                               f"mirror_dir={drive}"), **QUIET)

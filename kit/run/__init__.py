@@ -5,6 +5,7 @@
     presets.py      the presets as plain data: the fields each changes, and why
     rundir.py       the run directory: file names, .jsonl readers, open a run for analysis, find a run
     mirror.py       the Drive mirror: copies after each save in the background, restore after a disconnect
+    runtimes.py     which runtime writes a Drive folder (runtime.json): two runtimes on one run are caught
     checkpoint.py   atomic save, keep-last-K, adapter history, newest complete checkpoint, exact resume
     distributed.py  data parallelism over items (accelerate launch / torchrun)
 

@@ -29,19 +29,16 @@ import contextlib
 import errno
 import os
 import shutil
-import json
 import socket
 import threading
 import time
-import uuid
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
+from kit.run import runtimes
 from kit.run.rundir import _LOG_FILES, METRICS, read_jsonl
+from kit.run.runtimes import RECENT_S, RUNTIME_ID, gone_here, read_runtime, who
 
-RUNTIME = "runtime.json"  # in the mirror: which runtime wrote it last, and when
-RECENT_S = 15 * 60  # a runtime that wrote the mirror this recently may still be training
-RUNTIME_ID = uuid.uuid4().hex  # this process: every mirror it makes (a resume cell run twice) is the same runtime
 
 class Mirror:
     """Copy a run directory's logs and complete checkpoints to another folder (Drive) in a background thread.
@@ -216,42 +213,8 @@ class Mirror:
         if self._claimed and found and found.get("id") != self.runtime["id"]:
             with self._lock:
                 self._others.append(found)
-        _write_json(self.mirror_dir / RUNTIME, {**self.runtime, "time": time.time()})
+        runtimes.write_json(self.mirror_dir / runtimes.RUNTIME, {**self.runtime, "time": time.time()})
         self._claimed = True
-
-
-def read_runtime(mirror_dir: str | Path) -> dict | None:
-    """The mirror's runtime.json (None: none, or unreadable)."""
-    try:
-        return json.loads((Path(mirror_dir) / RUNTIME).read_text())
-    except (OSError, ValueError):
-        return None
-
-
-def _gone_here(runtime: dict) -> bool:
-    """The runtime was a process of this machine that no longer runs (a kernel restarted on the same VM)."""
-    if runtime.get("host") != socket.gethostname():
-        return False
-    try:
-        pid = int(runtime.get("pid", 0))
-        if pid <= 0:
-            return True
-        os.kill(pid, 0)  # signal 0: only asks whether the process exists
-    except (OSError, ValueError, OverflowError):
-        return True
-    return False
-
-
-def who(runtime: dict) -> str:
-    ago = time.time() - runtime.get("time", 0)
-    return (f"host {runtime.get('host', '?')}, process {runtime.get('pid', '?')}, last copy "
-            f"{max(ago, 0) / 60:.0f} min ago")
-
-
-def _write_json(path: Path, value: dict) -> None:
-    tmp = path.with_name(f".{path.name}.partial")
-    tmp.write_text(json.dumps(value))
-    os.replace(tmp, path)
 
 
 def behind(run_dir: str | Path, mirror_dir: str | Path) -> str | None:
@@ -408,7 +371,7 @@ def restore(mirror_dir: str | Path, run_dir: str | Path, log=print) -> int | Non
         return None
     other = read_runtime(mirror_dir)
     if other and other.get("id") != RUNTIME_ID and time.time() - other.get("time", 0) < RECENT_S \
-            and not _gone_here(other):
+            and not gone_here(other):
         log(f"[kit] NOTE: another runtime copied this run to Drive recently ({who(other)}). Expected after a "
             "disconnect (nothing to do then); if that runtime is still training (another tab, a runtime not "
             "stopped), stop it first (Colab: Runtime > Manage sessions): two runtimes training one run overwrite "
