@@ -54,9 +54,10 @@ def start_or_resume(cfg, log=print, **trainer_kwargs):
 
 
 def flush_drive(cfg=None, root: str | None = None, log=print) -> bool:
-    """01's last cell: flush and unmount Drive (kit.env.flush_drive). With the run's `cfg` it first checks that
-    Drive's copy of the run holds this runtime's newest checkpoint and logs; when it does not (Drive dropped during
-    the run), Drive stays mounted and the line says which cell catches it up. True when Drive was flushed."""
+    """01's and 06's last cell: flush and unmount Drive (kit.env.flush_drive). With the run's `cfg` it first copies
+    to Drive what its copy of the run lacks (files the cells wrote after training too), then checks that Drive holds
+    this runtime's newest checkpoint and logs; when it does not (Drive still failing), Drive stays mounted and the
+    line says why and which cell catches it up. True when Drive was flushed."""
     from kit import env
     from kit.run.mirror import behind
 
@@ -65,6 +66,11 @@ def flush_drive(cfg=None, root: str | None = None, log=print) -> bool:
             "cell, colab.mount_drive(), mounts it again)")
         return False
     if cfg is not None and getattr(cfg, "mirror_dir", None) and env.in_colab():
+        from kit.run.mirror import Mirror
+
+        last = Mirror(cfg.run_dir, cfg.mirror_dir, cfg.keep_last, cfg.keep_history, log=log)
+        last.push()  # what Drive lacks, and what the cells wrote after training (02-06's eval/ results) ...
+        last.close()  # ... copied first; a failed copy is said here
         try:
             gap = behind(cfg.run_dir, cfg.mirror_dir)
         except OSError as err:

@@ -472,3 +472,14 @@ def test_the_baselines_say_when_the_run_is_still_training(tmp_path):
     said = []
     baselines.compare(run, ["naive"], n=1, log=said.append)
     assert any("not finished (step 2 of 6)" in s for s in said), said
+
+
+def test_the_flush_takes_what_the_cells_wrote_after_training_to_drive(tmp_path, in_colab):
+    from kit import colab
+
+    drive = tmp_path / "drive"
+    cfg = cfg_for(tmp_path / "run", f"mirror_dir={drive}")
+    colab.train_to_end(Trainer(cfg, **QUIET), every=100)
+    (tmp_path / "run" / "eval" / "baselines.json").write_text("[]")  # 06's cells, after the trainer closed
+    assert colab.flush_drive(cfg, log=lambda *_: None) is True
+    assert (drive / "eval" / "baselines.json").read_text() == "[]"
