@@ -335,3 +335,18 @@ def test_a_built_in_task_runs_with_an_environment(tmp_path):
     rows = rundir.read_jsonl(tmp_path / "run" / "metrics.jsonl")
     assert "eval/reward_mean" in rows[-1] and "reward/structure" in rows[-1]  # the task's level reward
     assert all("transcripts" in r for r in rundir.read_jsonl(tmp_path / "run" / "rollouts.jsonl"))
+
+
+def test_kit_eval_and_the_baselines_of_a_run_with_an_environment_act_as_in_training(tmp_path):
+    from kit.analysis import baselines
+    from kit.analysis.evaluate import evaluate_run
+    from kit.trainers.trainer import Trainer
+
+    cfg = key_cfg(tmp_path, tmp_path / "run", "num_steps=2")
+    trainer = Trainer(cfg, **QUIET)
+    trainer.train()
+    trainer.close()
+    rows = evaluate_run(tmp_path / "run", "newest", n=2, **QUIET)
+    assert "reward/environment" in rows[0]
+    table = baselines.compare(tmp_path / "run", ["naive"], n=2, **QUIET)
+    assert [r["method"] for r in table] == ["naive", "magrpo"] and all("reward/environment" in r for r in table)

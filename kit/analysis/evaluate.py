@@ -210,8 +210,12 @@ class RunContext:
         self.run_dir, self.cfg, self.task = run.path, run.cfg, run.task
         items = self.task.load(split)
         self.items = items[:num_items or self.cfg.num_eval_items or len(items)]
+        from kit.engine.tools import sampler_for
+
         self.team = build_team(self.cfg, log=log)
-        self.sampler = Sampler.from_config(self.team, self.cfg)
+        self.team.roles = list(getattr(self.task, "roles", []) or []) or [f"agent_{i}" for i in
+                                                                         range(self.cfg.num_agents)]
+        self.sampler = sampler_for(self.team, self.cfg, log)  # with an environment, its agents act as in training
         self._fresh = {name: p.detach().clone() for m in self.team.models for name, p in m.named_parameters()
                        if "lora_" in name}
         self.scorer = None if is_game(self.task) else Scorer(run.reward_model(reward_funcs, log=log),
@@ -286,6 +290,8 @@ class RunContext:
     def close(self):
         if self.scorer is not None:
             self.scorer.close()
+        if getattr(self.sampler, "host", None) is not None:  # the environment's child process
+            self.sampler.host.close()
 
 
 def evaluate_run(run_dir: str | Path, steps: str | list[int] = "all", n: int = 10, split: str = "eval",

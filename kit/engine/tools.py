@@ -212,6 +212,22 @@ class ToolSampler(Sampler):
                    max_tool_calls=self.max_tool_calls, keys=keys, seed=self.seed)
 
 
+def sampler_for(team, cfg, log=print) -> Sampler:
+    """The run's sampler: with `cfg.environment`, a ToolSampler whose agents (team.roles) act on it, its class run
+    in a child process (kit/sandbox/envhost.py); otherwise the plain one. Training and evaluation build it alike."""
+    if not getattr(cfg, "environment", None):
+        return Sampler.from_config(team, cfg)
+    from kit.engine.rollout import SamplingParams
+    from kit.sandbox.envhost import EnvHost
+
+    host = EnvHost(cfg.environment, timeout_s=cfg.tool_timeout_s)
+    log(f"[kit] environment {cfg.environment}: tools {', '.join(sorted(host.tools)) or 'none'}"
+        + (f" (by role: {host.by_role})" if host.by_role else "")
+        + ("; it owns the reward (get_reward)" if host.has_reward else ""))
+    roles = list(getattr(team, "roles", None) or [f"agent_{i}" for i in range(cfg.num_agents)])
+    return ToolSampler(team, SamplingParams.from_config(cfg), host, roles, cfg.max_tool_calls, cfg.seed)
+
+
 def act(team, requests, G: int, params, *, worlds: list[dict], host, roles: list[str], max_tool_calls: int,
         keys=None, seed: int = 0) -> Rollout:
     """G samples of each request, its agents acting on the world of its group (module docstring)."""

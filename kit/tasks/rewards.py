@@ -181,6 +181,21 @@ class RewardModel:
         return parse_processor(self.processor)(total)
 
 
+class EnvironmentReward(RewardModel):
+    """The reward model of a run whose environment owns the reward (get_reward()) and has no other reward: the
+    trainer and evaluation read each world's reward from the rollout (kit/engine/tools.py); this keeps the run's
+    reward_processor and the part's name, "environment". Whether the class has a get_reward() is checked when it is
+    loaded (kit.trainers.assemble)."""
+
+    def __init__(self, environment: str, processor: str = "identity"):
+        def environment_reward(item, completions):
+            raise RuntimeError(f"the environment {environment} owns the reward: it is read from get_reward() after "
+                               "each rollout, not from the completions' text alone")
+
+        environment_reward.__name__ = "environment"
+        super().__init__(None, [environment_reward], None, processor)
+
+
 def _name(fn, i: int) -> str:
     name = getattr(fn, "__name__", None) or type(fn).__name__
     if name == "reward" and hasattr(fn, "__self__"):
@@ -296,5 +311,7 @@ def reward_model_for(cfg, task, reward_funcs=(), log=print) -> RewardModel:
             if not has(task, "attach_judge"):
                 raise ValueError(f"judge_feedback=true but task {cfg.task!r} takes no judge feedback")
             task.attach_judge(judge)
+    if getattr(cfg, "environment", None) and not funcs and not has(task, "reward"):
+        return EnvironmentReward(cfg.environment, cfg.reward_processor)
     return RewardModel(task, funcs, cfg.reward_weights, cfg.reward_processor)
 

@@ -29,7 +29,8 @@ from kit.run import config as config_mod
 from kit.run.config import TrainConfig, validate
 from kit.run.distributed import Dist
 from kit.tasks import describe, has
-from kit.tasks.rewards import RewardModel, Scorer, reward_model_for
+from kit.engine.tools import sampler_for
+from kit.tasks.rewards import EnvironmentReward, Scorer, reward_model_for
 from kit.engine.rollout import Sampler, rollout_correction
 from kit.trainers.critic import algorithm_for
 
@@ -70,35 +71,6 @@ def lr_schedule(optimizer, cfg: TrainConfig):
     # transformers' "constant" ignores num_warmup_steps; its warm-up twin is the same schedule once warm
     name = "constant_with_warmup" if cfg.lr_scheduler == "constant" else cfg.lr_scheduler
     return get_scheduler(name, optimizer, num_warmup_steps=cfg.warmup_steps, num_training_steps=cfg.num_steps)
-
-
-class EnvironmentReward(RewardModel):
-    """The reward model of a run whose environment owns the reward (get_reward()): the trainer and evaluation read
-    each world's reward from the rollout; this keeps the run's reward_processor and the part's name, "environment"."""
-
-    def __init__(self, environment: str, processor: str = "identity"):
-        def environment_reward(item, completions):
-            raise RuntimeError(f"the environment {environment} owns the reward: it is read from get_reward() after "
-                               "each rollout, not from the completions' text alone")
-
-        environment_reward.__name__ = "environment"
-        super().__init__(None, [environment_reward], None, processor)
-
-
-def make_sampler(team, cfg, log=print):
-    """The run's sampler: with `environment`, a ToolSampler whose agents act on it (its class runs in a child
-    process, kit/sandbox/envhost.py); otherwise the plain one."""
-    if not cfg.environment:
-        return Sampler.from_config(team, cfg)
-    from kit.engine.rollout import SamplingParams
-    from kit.engine.tools import ToolSampler
-    from kit.sandbox.envhost import EnvHost
-
-    host = EnvHost(cfg.environment, timeout_s=cfg.tool_timeout_s)
-    log(f"[kit] environment {cfg.environment}: tools {', '.join(sorted(host.tools)) or 'none'}"
-        + (f" (by role: {host.by_role})" if host.by_role else "") + ("; it owns the reward (get_reward)" if
-                                                                    host.has_reward else ""))
-    return ToolSampler(team, SamplingParams.from_config(cfg), host, team.roles, cfg.max_tool_calls, cfg.seed)
 
 
 def pin_weights(cfg: TrainConfig, dist: Dist, log=print) -> None:
@@ -163,10 +135,7 @@ def assemble(cfg: TrainConfig, task=None, reward_funcs=None, team=None, resume: 
         task = task_for(cfg)
     task = wrap(cfg, task)
     build_reward = reward_model or (lambda cfg, task, funcs, log: reward_model_for(cfg, task, funcs, log=log))
-    if cfg.environment and not has(task, "reward") and not reward_funcs and not cfg.use_judge_reward:
-        rewards = EnvironmentReward(cfg.environment, cfg.reward_processor)  # get_reward() (checked below)
-    else:
-        rewards = build_reward(cfg, task, reward_funcs or (), log)
+    rewards = build_reward(cfg, task, reward_funcs or (), log)  # an environment's get_reward(): EnvironmentReward
     if cfg.multi_objective_aggregation == "normalize_then_sum":
         names = getattr(rewards, "source_names", lambda: None)()
         if names is None or len(set(names)) < len(names):
@@ -186,7 +155,7 @@ def assemble(cfg: TrainConfig, task=None, reward_funcs=None, team=None, resume: 
         team = build_team(dataclasses.replace(cfg, device=dist.device(cfg.device)), log=log)
     cfg.model_sources = team_cfg.model_sources = {**cfg.model_sources, **team.sources}  # recorded in config.json
     team.roles = list(getattr(task, "roles", [])) or [f"agent_{i}" for i in range(cfg.num_agents)]
-    sampler = sampler or make_sampler(team, cfg, log)  # anything with sample(requests, n, params, keys, worlds)
+    sampler = sampler or sampler_for(team, cfg, log)  # with an environment: its agents act (kit/engine/tools.py)
     if isinstance(rewards, EnvironmentReward) and not getattr(getattr(sampler, "host", None), "has_reward", False):
         raise ValueError(f"environment={cfg.environment!r} has no get_reward() and task {cfg.task!r} has no reward: "
                          "give the class a get_reward() -> float, or pass reward functions")
