@@ -350,3 +350,14 @@ def test_kit_eval_and_the_baselines_of_a_run_with_an_environment_act_as_in_train
     assert "reward/environment" in rows[0]
     table = baselines.compare(tmp_path / "run", ["naive"], n=2, **QUIET)
     assert [r["method"] for r in table] == ["naive", "magrpo"] and all("reward/environment" in r for r in table)
+
+
+def test_the_browser_shows_each_agents_tool_calls_and_results():
+    from kit.analysis.explore import render_joint
+
+    row = {"item": "k0", "step": 1, "prompts": ["p0", "p1"], "completions": ["done", "done"], "reward": 1.0,
+           "parts": {"environment": 1.0},
+           "transcripts": ['<tool_call>{"name": "read_left"}</tool_call><tool_response>\n123\n</tool_response>done',
+                           "done"]}
+    page = render_joint(row, ["left", "right"])
+    assert "left's tool calls and results" in page and "&lt;tool_response&gt;" in page and "123" in page

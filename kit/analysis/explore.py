@@ -193,8 +193,13 @@ def render_joint(row: dict, roles: list[str]) -> str:
         parts += f"<tr><td><b>violation</b></td><td>{html.escape(str(row['violation']))}</td></tr>"
     head = "".join(f"<th>{html.escape(role)}'s prompt</th>" for role in roles)
     prompts = "".join(f"<td style='vertical-align:top'>{_scroll(p)}</td>" for p in row["prompts"])
+    acted = ""
+    if row.get("transcripts"):  # a run with an environment: each agent's tool calls and their results
+        acted = ("<tr>" + "".join(f"<th>{html.escape(role)}'s tool calls and results</th>" for role in roles)
+                 + "</tr><tr>" + "".join(f"<td style='vertical-align:top'>{_scroll(t)}</td>"
+                                         for t in row["transcripts"]) + "</tr>")
     return (f"<p>{html.escape(str(row['item']))} · step {row['step']} · turn {row.get('turn', 0)}</p>"
-            f"<table>{parts}</table><table style='width:100%'><tr>{head}</tr><tr>{prompts}</tr></table>")
+            f"<table>{parts}</table><table style='width:100%'><tr>{head}</tr><tr>{prompts}</tr>{acted}</table>")
 
 
 def render_details(details: dict) -> str:
