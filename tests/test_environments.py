@@ -348,8 +348,10 @@ def test_kit_eval_and_the_baselines_of_a_run_with_an_environment_act_as_in_train
     trainer.close()
     rows = evaluate_run(tmp_path / "run", "newest", n=2, **QUIET)
     assert "reward/environment" in rows[0]
-    table = baselines.compare(tmp_path / "run", ["naive"], n=2, **QUIET)
+    said = []
+    table = baselines.compare(tmp_path / "run", None, n=2, log=said.append)  # every method asked for
     assert [r["method"] for r in table] == ["naive", "magrpo"] and all("reward/environment" in r for r in table)
+    assert any("skipped" in s and "get_reward" in s for s in said), said
 
 
 def test_the_browser_shows_each_agents_tool_calls_and_results():
@@ -361,3 +363,35 @@ def test_the_browser_shows_each_agents_tool_calls_and_results():
                            "done"]}
     page = render_joint(row, ["left", "right"])
     assert "left's tool calls and results" in page and "&lt;tool_response&gt;" in page and "123" in page
+
+
+def test_the_board_carries_a_draft_from_one_agent_to_another_in_the_same_round(team):
+    """The sequential schedule as an environment: the helper's post runs before main's read (agent order)."""
+    from kit.engine.tools import act
+
+    class Poster(Scripted):
+        def generate(self, input_ids, attention_mask, adapters, generation_config, row_seeds=None):
+            rows = []
+            for ids, mask, adapter in zip(input_ids, attention_mask, adapters):
+                context = self.tok.decode(ids[mask.bool()].tolist())
+                if "<tool_response>" in context.split("team shares a board")[-1]:
+                    text = "done"
+                elif adapter == "agent_0":
+                    text = '<tool_call>{"name": "post", "arguments": {"text": "def aux(): return 1", "author": "helper"}}</tool_call>'
+                else:
+                    text = '<tool_call>{"name": "read", "arguments": {}}</tool_call>'
+                rows.append(self.tok(text, add_special_tokens=False).input_ids + [self.eos])
+            width = max(map(len, rows))
+            return torch.tensor([r + [self.tok.pad_token_id] * (width - len(r)) for r in rows]), \
+                torch.full((len(rows), width), -0.5)
+
+    host = EnvHost("kit.tasks.environments:Board", timeout_s=10)
+    saved = team.engines[0]
+    team.engines[0] = Poster(team.tokenizers[0], team.tokenizers[0].eos_token_id)
+    try:
+        ro = act(team, [(0, "write aux"), (1, "write main")], 1, SamplingParams(max_new_tokens=200),
+                 worlds=[{"id": "p"}], host=host, roles=["helper", "main"], max_tool_calls=2)
+    finally:
+        team.engines[0] = saved
+        host.close()
+    assert "[helper]\ndef aux(): return 1" in ro.transcripts[1][0]

@@ -124,6 +124,14 @@ def compare(run_dir, methods=None, n: int = 10, num_items: int | None = None, st
     unknown = [m for m in methods if m not in METHODS]
     if unknown:  # before anything runs: a typo must not cost the baselines already sampled
         raise ValueError(f"unknown baseline method(s) {', '.join(map(repr, unknown))}; allowed: {', '.join(METHODS)}")
+    from kit.tasks.rewards import EnvironmentReward
+
+    if ctx.scorer is not None and isinstance(ctx.scorer.model, EnvironmentReward):
+        skipped = [m for m in methods if m != "naive"]
+        if skipped:  # their schedules sample without the environment, whose get_reward() is the only reward
+            log(f"[kit] baselines {', '.join(skipped)} skipped: the run's reward is its environment's get_reward(), "
+                "and these schedules do not act on it; the untrained team (naive) and the trained one do")
+        methods = [m for m in methods if m == "naive"]
     rows = []
     ctx.use_step(0)
     if training := ctx.training():

@@ -3,6 +3,11 @@
     KeyHalves   an information game for two agents (task=rows, the rows of `key_rows`): each reaches one half of a
                 secret key only through its own tools and submits it; the team scores the share of the key its two
                 submissions rebuild. The optimum is exactly 1.0 (both read, both submit their half).
+    Board       the sequential and discussion schedules as an environment, so they are trained, not only baselines:
+                each agent may `post(text)` its draft and `read()` what its teammates posted (a teammate's post in
+                the same round is seen when its call runs first: calls run in agent order, so the helper's post
+                reaches main at once, the sequential schedule; drafts read in a later round: the discussion).
+                Any task; its reward stays the task's.
     CodeTests   the code task with a test tool: `run_tests(code)` runs a draft against the problem's VISIBLE examples
                 (the >>> lines of its docstring) in the kit's sandbox, never its hidden asserts; the reward stays the
                 level reward of the final answers (the task's own).
@@ -84,6 +89,37 @@ def key_rows(path: str | Path, n: int, seed: int = 0) -> Path:
     lines = [json.dumps({"id": f"key{i}", "prompt": prompt, "key": f"{rng.randrange(10**6):06d}"}) for i in range(n)]
     Path(path).write_text("\n".join(lines) + "\n")
     return Path(path)
+
+
+class Board:
+    """A board the team shares: `post` a draft, `read` the teammates' (see the module docstring)."""
+
+    def __init__(self):
+        self.posts: list[tuple[str, str]] = []
+
+    def reset(self, **item) -> str:
+        self.posts = []
+        return "Your team shares a board: post your draft for your teammates, and read theirs, with your tools."
+
+    def post(self, text: str, author: str = "") -> str:
+        """Post a draft on the team's board for your teammates to read.
+
+        Args:
+            text: The draft (code or text) to share.
+            author: Your role, so that teammates know whose draft it is.
+        """
+        self.posts.append((str(author) or f"agent {len(self.posts) + 1}", str(text)))
+        return f"posted ({len(self.posts)} on the board)"
+
+    def read(self) -> str:
+        """Read every draft on the team's board.
+
+        Returns:
+            The drafts, each with its author, oldest first.
+        """
+        if not self.posts:
+            return "the board is empty"
+        return "\n\n".join(f"[{author}]\n{text}" for author, text in self.posts)
 
 
 class CodeTests:
