@@ -10,6 +10,8 @@
     prompts.py      Prompt: a prompt whose answer is started for the model (`answer_start`)
     heads.py        a scalar model on the shared base: one more adapter + an fp32 head (critics, reward models)
     centralized.py  one policy writing every agent's part (algorithm=centralized)
+    tools.py        agents that act: the joint rollout with an environment's tools, rounds of one batched call
 
-May import: kit.maths, torch, transformers, peft, bitsandbytes; not tasks, runs or trainers.
+May import: kit.maths, kit.sandbox (the environment's process), torch, transformers, peft, bitsandbytes; not tasks,
+runs or trainers.
 """

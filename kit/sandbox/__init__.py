@@ -5,6 +5,8 @@
     wire.py       the plain-data protocol between the parent, the runner and the checker
     runner.py     the child that runs the program and answers calls (read as source, never imported by the kit)
     checker.py    the child that runs the tests in its own namespace (read as source, never imported)
+    envhost.py    an environment class (TRL's contract) in a child process: tools with a time limit per call
 
-May import: the standard library only (runner, checker and wire: nothing else at all, they run in the child).
+May import: the standard library only (runner, checker and wire: nothing else at all, they run in the child;
+envhost's child imports the environment's own module and transformers for the tools' schemas).
 """

@@ -10,9 +10,10 @@ Bad input is refused the way config fields are: `check_arg` for task arguments (
 allowed; allowed: ...`, a TaskArgError), `read_items` for data files (the file, the item's index and id, the
 field, and what was expected, a DataError).
 
-Beside the tasks (code, writing, toy, game) this package holds what they share: rewards.py (Reward, reward
-functions, batched scoring), codeparse.py (reading generated code), code_data.py (the code task's datasets),
-games.py and coordination.py (turn-based games, the Tiny Hanabi suite). May import: kit.engine, kit.judge,
+Beside the tasks (code, writing, toy, game, rows: a JSONL of rows for an environment) this package holds what
+they share: rewards.py (Reward, reward functions, batched scoring), codeparse.py (reading generated code),
+code_data.py (the code task's datasets), games.py and coordination.py (turn-based games, the Tiny Hanabi suite),
+environments.py (built-in environments the agents act on: KeyHalves, Board, CodeTests). May import: kit.engine, kit.judge,
 kit.sandbox, kit.maths, kit.env; not runs, analysis or trainers.
 """
 
