@@ -61,3 +61,32 @@ class Noisy:
 
         print("noise on stdout")
         return f"stdin={sys.stdin.read()!r} ok"
+
+
+class Hostile:
+    """A tool that forks (its copy returns into the server's loop), a reset that kills its process."""
+
+    def reset(self, **row):
+        if row.get("id") == "die":
+            import os
+
+            os._exit(3)
+        return None
+
+    def fork_and_answer(self) -> str:
+        """Fork; the copy returns too.
+
+        Returns:
+            Which process answered.
+        """
+        import os
+
+        return "child" if os.fork() == 0 else "parent"
+
+    def ping(self) -> str:
+        """Answer pong.
+
+        Returns:
+            pong.
+        """
+        return "pong"

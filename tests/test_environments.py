@@ -395,3 +395,35 @@ def test_the_board_carries_a_draft_from_one_agent_to_another_in_the_same_round(t
         team.engines[0] = saved
         host.close()
     assert "[helper]\ndef aux(): return 1" in ro.transcripts[1][0]
+
+
+def test_a_forked_answer_is_dropped_and_a_reset_that_kills_the_child_is_an_error_not_a_loop():
+    host = EnvHost("scripted_envs:Hostile", timeout_s=3)
+    try:
+        host.reset([{"id": "a"}])
+        assert host.call(0, "fork_and_answer", {}) == "parent"
+        assert host.call(0, "ping", {}) == "pong"  # not the forked copy's stale answer
+        with pytest.raises(EnvironmentClassError, match="reset"):
+            host.reset([{"id": "a"}, {"id": "die"}])
+        assert host.restarts <= 2
+    finally:
+        host.close()
+
+
+def test_degenerate_calls_and_odd_results_never_crash_the_rollout():
+    assert "error" in tools.parse_calls("<tool_call>" + "[" * 5000 + "</tool_call>")[0]
+    assert tools.parse_calls("{" * 3000, ["read_left"]) == []
+    from kit.sandbox.envhost import as_text
+
+    assert as_text("file\udcff.txt").encode("utf-8")  # a stray byte in a file name: encodable
+
+
+def test_the_reward_reads_the_answer_start_only_on_a_first_round_answer(team, keys):
+    from kit.engine.prompts import Prompt
+
+    worlds = [{"id": "k0", "key": "123456"}]
+    requests = [(a, Prompt("hand in the key", "I say: ")) for a in range(2)]
+    ro = tools.act(team, requests, 1, SamplingParams(max_new_tokens=200), worlds=worlds, host=keys,
+                   roles=team.roles, max_tool_calls=4, keys=[("t", a) for a in range(2)])
+    assert ro.texts[0][0] == "done"  # the last round's answer: the prompt's start was before the first round
+    assert ro.transcripts[0][0].startswith("I say: <tool_call>")

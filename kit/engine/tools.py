@@ -72,8 +72,9 @@ def parse_calls(text: str, known=()) -> list[dict]:
             continue
         try:
             call = json.loads(body)
-        except ValueError as err:
-            calls.append({"error": f"the tool call is not valid JSON ({err.msg}): {body[:200]}"})
+        except (ValueError, RecursionError) as err:  # a degenerate text (thousands of "[") is an error, not a crash
+            calls.append({"error": f"the tool call is not valid JSON ({getattr(err, 'msg', 'nested too deeply')}): "
+                                   f"{body[:200]}"})
             continue
         if not isinstance(call, dict) or "name" not in call:
             calls.append({"error": f"a tool call needs a name and arguments: {body[:200]}"})
@@ -94,7 +95,7 @@ def bare_calls(text: str, known: set) -> list[dict]:
     while at >= 0:
         try:
             value, end = decoder.raw_decode(text, at)
-        except ValueError:
+        except (ValueError, RecursionError):
             at = text.find("{", at + 1)
             continue
         if isinstance(value, dict) and value.get("name") in known and isinstance(
@@ -192,7 +193,9 @@ class _Row:
     finished: bool = False
     live: bool = True
     calls: int = 0
-    pending: list = field(default_factory=list)  # this round's calls, run after the round's generation
+    pending: list = field(default_factory=list)  # this round's calls, run after every base's generation
+    end_text: str = ""  # how the round's text ended (its EOS token's text; "" when stopped at </tool_call>)
+    answer_round: int = 0
 
 
 class ToolSampler(Sampler):
@@ -238,6 +241,11 @@ def act(team, requests, G: int, params, *, worlds: list[dict], host, roles: list
     tool_before = host.tool_seconds
     # reset(**row): an item's `reset_row` when it has one (the rows task keeps the row as written), else the item
     added = host.reset([dict(worlds[w // G].get("reset_row", worlds[w // G])) for w in range(len(worlds) * G)])
+    stray = sorted(set(host.by_role) - set(roles))
+    if stray and not getattr(host, "_said_roles", False):
+        host._said_roles = True
+        print(f"[kit] WARNING: the environment's tools_by_role names {stray}, which are not roles of this team "
+              f"({roles}): those tools are offered to no agent")
     out = Rollout(requests, [[""] * G for _ in requests])
     out.transcripts = [[""] * G for _ in requests]
     out.tool_calls = 0
@@ -278,37 +286,41 @@ def act(team, requests, G: int, params, *, worlds: list[dict], host, roles: list
             out.seconds += time.perf_counter() - t0
             cmask = completion_mask(comp, eos)
             logprobs = torch.zeros(comp.shape) if logprobs is None else logprobs
-            end_text = {}
             for i, (r, room) in enumerate(zip(live, budget)):
                 length = min(int(cmask[i].sum()), room)
                 new = comp[i, :length].tolist()
                 ended = length > 0 and new[-1] in eos
                 called = call_end(tok, new)  # a round stops at its first complete call (a stop string)
-                if called is not None and r.calls_left > 0:
-                    new, ended, length = new[:called], True, called
+                stopped = called is not None and r.calls_left > 0
+                if stopped:
+                    new, length = new[:called], called
                 r.ids += new
                 r.mask += [1] * length
                 r.logp += logprobs[i, :length].float().tolist()
                 text = tok.decode(new, skip_special_tokens=True)
                 start = answer_start(requests[r.k][1]) if round_ == 0 else ""  # a prefilled call starts in the prompt
-                calls = parse_calls(start + text, host.tools) if ended and r.calls_left > 0 else []
+                calls = parse_calls(start + text, host.tools) if (ended or stopped) and r.calls_left > 0 else []
                 if calls and sum(r.mask) < params.max_new_tokens:
-                    end_text[id(r)] = tok.decode(new[-1:]) if new[-1] in eos else ""  # stopped at </tool_call>: the
+                    r.end_text = tok.decode(new[-1:]) if new[-1] in eos else ""  # stopped at </tool_call>: the
                     # template's end of the assistant turn is part of the tool turn (off the mask)
-                    r.answer = text
+                    r.answer, r.answer_round = text, round_
                     r.pending = calls[: r.calls_left]
-                else:
-                    r.answer, r.finished, r.live = text, ended, False
-            for r in sorted((r for r in live if r.live), key=lambda r: (r.world, r.agent)):
-                results = [_run(host, r, call, roles) for call in r.pending]
-                r.calls_left -= len(r.pending)
-                r.calls += len(r.pending)
-                out.tool_calls += len(r.pending)
-                suffix = tok(tool_turn_text(tok, results, end_text[id(r)], params.use_chat_template, native[base]),
-                             add_special_tokens=False).input_ids
-                r.ids += suffix
-                r.mask += [0] * len(suffix)
-                r.logp += [0.0] * len(suffix)
+                else:  # finished: ended with EOS (a round cut at </tool_call> by the budget did not)
+                    r.answer, r.answer_round, r.finished, r.live = text, round_, ended, False
+        # every base has generated: the round's calls run in (world, agent) order, whichever base an agent is on
+        for r in sorted((r for r in rows if r.live and r.pending), key=lambda r: (r.world, r.agent)):
+            base = team.base_of[r.agent]
+            tok = team.tokenizers[base]
+            results = [_run(host, r, call, roles) for call in r.pending]
+            r.calls_left -= len(r.pending)
+            r.calls += len(r.pending)
+            out.tool_calls += len(r.pending)
+            r.pending = []
+            suffix = tok(tool_turn_text(tok, results, r.end_text, params.use_chat_template, native[base]),
+                         add_special_tokens=False).input_ids
+            r.ids += suffix
+            r.mask += [0] * len(suffix)
+            r.logp += [0.0] * len(suffix)
         round_ += 1
     out.tool_seconds = host.tool_seconds - tool_before
     _segments(team, requests, G, rows, out)
@@ -326,7 +338,9 @@ def _with(prompt, extra: str):
         messages = [dict(m) for m in prompt.messages]
         last = max(i for i, m in enumerate(messages) if m["role"] == "user")
         messages[last]["content"] += "\n\n" + extra
-        return type(prompt)(messages)
+        chat = type(prompt)(messages)
+        chat.answer_start = answer_start(prompt)
+        return chat
     return Prompt(f"{prompt}\n\n{extra}", answer_start(prompt))
 
 
@@ -361,7 +375,7 @@ def _segments(team, requests, G: int, rows: list[_Row], out: Rollout) -> None:
             enc["input_ids"].shape[1], torch.tensor([r.k * G + r.g for r in mine], device=device),
             torch.tensor([r.agent for r in mine], device=device), logp,
             torch.tensor([r.finished for r in mine], device=device)))
-        for r in mine:
-            out.texts[r.k][r.g] = answer_start(requests[r.k][1]) + r.answer
+        for r in mine:  # the answer start was the prompt's only in the first round
+            out.texts[r.k][r.g] = (answer_start(requests[r.k][1]) if r.answer_round == 0 else "") + r.answer
             out.transcripts[r.k][r.g] = answer_start(requests[r.k][1]) + tok.decode(r.ids, skip_special_tokens=True)
             out.num_tokens += sum(r.mask)

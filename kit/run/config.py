@@ -79,9 +79,9 @@ def validate(cfg: TrainConfig) -> TrainConfig:
              "on one world; cross pairs samples that never met)")
         need(cfg.num_turns == 1, "num_turns", "1 with an environment (its tool rounds are the turns; a feedback turn "
              "on top of them is not built yet)")
-        need(cfg.algorithm in ("magrpo", "iac", "maac"), "algorithm",
-             "magrpo, iac or maac with an environment (centralized, madpo and marlhf write or compare text "
-             "without acting)")
+        need(cfg.algorithm == "magrpo", "algorithm",
+             "magrpo with an environment (the critics of iac and maac read the prompt and the final answer, not "
+             "the tool calls and results that decide the reward; centralized, madpo and marlhf do not act)")
     need(0 <= cfg.discount <= 1, "discount", "a number in [0, 1]")
     need(cfg.advantage_clip is None or cfg.advantage_clip > 0, "advantage_clip", "null or a number > 0")
     need(cfg.beta >= 0, "beta", "a number >= 0")

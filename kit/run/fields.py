@@ -54,7 +54,8 @@ class TrainConfig:
     # --- an environment the agents act on with tools (kit/engine/tools.py; TRL's environment classes unchanged)
     environment: str | None = None  # "module.path:ClassName"; one instance per joint rollout (the team's world)
     max_tool_calls: int = 4  # tool calls per agent per turn (TRL's max_tool_calling_iterations)
-    tool_timeout_s: float = 10.0  # seconds one tool call may take (past it: an error result, the world restarted)
+    tool_timeout_s: float = 30.0  # seconds one tool call may take (past it: an error result, every world restarted;
+    # above CodeTests' own sandbox limit, 2 + 3 x (examples + 1) s, so a looping draft gets the sandbox's "timeout")
     # --- sampling
     num_generations: int = 4  # G: samples per agent per prompt (the group)
     max_new_tokens: int = 256  # completion length cap

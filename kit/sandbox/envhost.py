@@ -34,7 +34,9 @@ May import: the standard library (the child imports the user's module and transf
 from __future__ import annotations
 
 import importlib
+import inspect
 import json
+import math
 import os
 import select
 import subprocess
@@ -42,6 +44,7 @@ import sys
 import time
 
 MAX_RESULT_CHARS = 2000  # a tool result longer than this is cut (the context is the completion's budget)
+MAX_RESET_CHARS = 4000  # what reset adds to every agent's prompt, cut alike
 NOT_TOOLS = ("reset", "get_reward", "tools_by_role")
 
 
@@ -88,9 +91,26 @@ def describe(instance) -> dict:
             "reward": callable(getattr(instance, "get_reward", None))}
 
 
-def as_text(value) -> str:
+def as_text(value, limit: int = None) -> str:
+    """A result as text: a str as it is, else JSON; cut to `limit` characters; never a string UTF-8 cannot encode
+    (a file name with a stray byte), which the tokenizer would refuse."""
+    limit = limit or MAX_RESULT_CHARS
     text = value if isinstance(value, str) else json.dumps(value, default=str)
-    return text if len(text) <= MAX_RESULT_CHARS else text[:MAX_RESULT_CHARS] + " ...[cut]"
+    text = text.encode("utf-8", "replace").decode("utf-8")
+    return text if len(text) <= limit else text[:limit] + " ...[cut]"
+
+
+def _awaited(value):
+    """An async tool's (or reset's) result: TRL awaits coroutines, so does the kit."""
+    if inspect.isawaitable(value):
+        import asyncio
+
+        return asyncio.run(_wait(value))
+    return value
+
+
+async def _wait(awaitable):
+    return await awaitable
 
 
 def _serve(spec: str) -> None:
@@ -105,8 +125,13 @@ def _serve(spec: str) -> None:
     os.dup2(null, 0)
     sys.stdin = open(os.devnull)
 
+    server = os.getpid()
+    number = [0]  # the request being answered: the parent drops any answer not numbered as its request
+
     def send(status, value):
-        proto.write(json.dumps([status, value]) + "\n")
+        if os.getpid() != server:  # a tool forked and its copy came back here: it must not answer
+            os._exit(0)
+        proto.write(json.dumps([number[0], status, value]) + "\n")
 
     envs = {}
     try:
@@ -117,7 +142,7 @@ def _serve(spec: str) -> None:
         send("error", f"{type(err).__name__}: {err}")
         return
     for line in requests:
-        op, *args = json.loads(line)
+        number[0], op, *args = json.loads(line)
         if op == "close":
             return
         try:
@@ -125,13 +150,16 @@ def _serve(spec: str) -> None:
                 world, row = args
                 if world not in envs:
                     envs[world] = cls()
-                out = envs[world].reset(**row)
-                send("ok", None if out is None else str(out))
+                out = _awaited(envs[world].reset(**row))
+                send("ok", None if out is None else as_text(str(out), MAX_RESET_CHARS))
             elif op == "call":
                 world, name, arguments = args
-                send("ok", as_text(getattr(envs[world], name)(**arguments)))
+                send("ok", as_text(_awaited(getattr(envs[world], name)(**arguments))))
             elif op == "reward":
-                send("ok", float(envs[args[0]].get_reward()))
+                value = float(_awaited(envs[args[0]].get_reward()))
+                if not math.isfinite(value):
+                    raise ValueError(f"get_reward() returned {value}: a reward must be a finite number")
+                send("ok", value)
             else:
                 send("error", f"unknown request {op!r}")
         except BaseException as err:
@@ -153,13 +181,14 @@ class EnvHost:
         env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
         self._proc = subprocess.Popen([sys.executable, "-m", "kit.sandbox.envhost", self.spec], stdin=subprocess.PIPE,
                                       stdout=subprocess.PIPE, stderr=None, text=True, bufsize=1, env=env,
-                                      cwd=os.getcwd())
+                                      cwd=os.getcwd(), start_new_session=True)  # killed with what it started
+        self._number = 0
         answer = self._read(self.start_timeout_s)
         if answer is None:
             self._kill()
             raise EnvironmentClassError(f"environment={self.spec!r}: the class was not built within "
                                         f"{self.start_timeout_s:.0f}s (or its process ended)")
-        status, info = answer
+        _, status, info = answer
         if status != "ok":
             self._kill()
             raise EnvironmentClassError(f"environment={self.spec!r} could not be built: {info}")
@@ -167,13 +196,23 @@ class EnvHost:
         self.by_role: dict[str, list[str]] = info["by_role"]
         self.has_reward: bool = info["reward"]
 
-    def _read(self, timeout: float):
-        """The child's next answer, or None when none came in time or the child is gone."""
-        ready, _, _ = select.select([self._proc.stdout], [], [], timeout)
-        if not ready:
-            return None
-        line = self._proc.stdout.readline()
-        return json.loads(line) if line else None
+    def _read(self, timeout: float, number: int = 0):
+        """The child's answer to request `number` ([number, status, value]), or None when none came in time or the
+        child is gone. An answer numbered otherwise (a stale one) is dropped."""
+        end = time.monotonic() + timeout
+        while True:
+            ready, _, _ = select.select([self._proc.stdout], [], [], max(0.0, end - time.monotonic()))
+            if not ready:
+                return None
+            line = self._proc.stdout.readline()
+            if not line:
+                return None
+            try:
+                answer = json.loads(line)
+            except ValueError:
+                continue
+            if isinstance(answer, list) and len(answer) == 3 and answer[0] == number:
+                return answer
 
     def tools_for(self, role: str) -> dict[str, dict]:
         """The tools an agent of `role` is offered: the ones named for it in tools_by_role and every unnamed one."""
@@ -181,38 +220,50 @@ class EnvHost:
         mine = set(self.by_role.get(role, []))
         return {n: s for n, s in self.tools.items() if n not in named or n in mine}
 
-    def _ask(self, *request, timeout: float | None = None):
-        """(ok, value) of one request; a request past its time limit, or a child that died, restarts it."""
+    def _ask(self, *request, timeout: float | None = None, restart: bool = True):
+        """(ok, value) of one request; a request past its time limit, or a child that died, restarts it (not with
+        restart=False: the restart's own resets, which must not restart again)."""
+        self._number += 1
         try:
-            self._proc.stdin.write(json.dumps(request) + "\n")
+            self._proc.stdin.write(json.dumps([self._number, *request]) + "\n")
             self._proc.stdin.flush()
-        except (BrokenPipeError, OSError):
-            self._restart()
-            return False, "the environment's process had ended (it was restarted)"
-        answer = self._read(self.timeout_s if timeout is None else timeout)
+        except (BrokenPipeError, OSError, ValueError):
+            answer = None
+        else:
+            answer = self._read(self.timeout_s if timeout is None else timeout, self._number)
         if answer is None:
             died = self._proc.poll() is not None
-            self._restart()
+            if restart:
+                self._restart()
             return False, ("the environment's process died (it was restarted)" if died else
                            f"timed out after {self.timeout_s:g}s (the environment was restarted)")
-        status, value = answer
+        _, status, value = answer
         return status == "ok", value
 
     def _restart(self) -> None:
+        """A new child, its worlds reset with their rows; a reset that fails again is an error naming its world."""
         self._kill()
         self.restarts += 1
         self._start()
         for world, row in self.rows.items():
-            self._ask("reset", world, row, timeout=self.start_timeout_s)
+            ok, value = self._ask("reset", world, row, timeout=self.start_timeout_s, restart=False)
+            if not ok:
+                raise EnvironmentClassError(f"environment={self.spec!r}: after a restart, reset(**row) failed again "
+                                            f"in world {world}: {value}")
 
     def reset(self, rows: list[dict]) -> list[str | None]:
         """Reset world w with rows[w] (instances built the first time); returns what each reset added."""
         out = []
         for world, row in enumerate(rows):
-            self.rows[world] = dict(row)
+            try:
+                json.dumps(row)
+            except (TypeError, ValueError) as err:
+                raise EnvironmentClassError(f"row {world} cannot be sent to the environment's process as JSON "
+                                            f"({err}); rows must hold JSON values") from None
             ok, value = self._ask("reset", world, dict(row), timeout=max(self.timeout_s, 30.0))
             if not ok:
                 raise EnvironmentClassError(f"environment={self.spec!r}: reset(**row) failed on row {world}: {value}")
+            self.rows[world] = dict(row)
             out.append(value)
         return out
 
@@ -237,14 +288,21 @@ class EnvHost:
         return out
 
     def _kill(self) -> None:
-        if self._proc is not None and self._proc.poll() is None:
+        """Kill the child and everything it started (its own session: a tool's subprocesses too)."""
+        if self._proc is None:
+            return
+        try:
+            os.killpg(self._proc.pid, 9)
+        except (ProcessLookupError, PermissionError):
+            pass
+        if self._proc.poll() is None:
             self._proc.kill()
-            self._proc.wait(5)
+        self._proc.wait(5)
 
     def close(self) -> None:
         if self._proc is not None and self._proc.poll() is None:
             try:
-                self._proc.stdin.write(json.dumps(["close"]) + "\n")
+                self._proc.stdin.write(json.dumps([0, "close"]) + "\n")
                 self._proc.stdin.flush()
                 self._proc.wait(5)
             except (OSError, ValueError, subprocess.TimeoutExpired):
