@@ -427,3 +427,25 @@ def test_the_reward_reads_the_answer_start_only_on_a_first_round_answer(team, ke
                    roles=team.roles, max_tool_calls=4, keys=[("t", a) for a in range(2)])
     assert ro.texts[0][0] == "done"  # the last round's answer: the prompt's start was before the first round
     assert ro.transcripts[0][0].startswith("I say: <tool_call>")
+
+
+def test_evaluation_leaves_no_environment_process_behind(tmp_path, monkeypatch):
+    from kit.analysis import baselines
+    from kit.analysis.evaluate import evaluate_run
+    from kit.sandbox import envhost
+    from kit.trainers.trainer import Trainer
+
+    trainer = Trainer(key_cfg(tmp_path, tmp_path / "run", "num_steps=1", "save_every=1"), **QUIET)
+    trainer.train()
+    trainer.close()
+    hosts = []
+    real = envhost.EnvHost.__init__
+
+    def track(self, *args, **kwargs):
+        real(self, *args, **kwargs)
+        hosts.append(self)
+
+    monkeypatch.setattr(envhost.EnvHost, "__init__", track)
+    evaluate_run(tmp_path / "run", "newest", n=1, num_items=1, **QUIET)
+    baselines.compare(tmp_path / "run", ["naive"], n=1, num_items=1, **QUIET)
+    assert len(hosts) == 2 and all(h._proc is None for h in hosts)

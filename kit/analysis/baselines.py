@@ -113,7 +113,11 @@ def compare(run_dir, methods=None, n: int = 10, num_items: int | None = None, st
 
     if n < 1:
         raise ValueError(f"n={n}: samples per agent per item must be 1 or more")
-    ctx = ctx or RunContext(run_dir, "eval", num_items, log=log)
+    if ctx is None:  # made here, closed here (its reward workers, an environment's process)
+        import contextlib
+
+        with contextlib.closing(RunContext(run_dir, "eval", num_items, log=log)) as made:
+            return compare(run_dir, methods, n, num_items, step, log, made)
     if is_game(ctx.task):  # random-legal, rule-based, the untrained team, then the trained team
         from kit.tasks import games
 

@@ -18,6 +18,7 @@ untrained team (`naive` in kit/analysis/baselines.py) and the trained one get th
 
 from __future__ import annotations
 
+import contextlib
 import json
 import time
 from pathlib import Path
@@ -300,7 +301,9 @@ def evaluate_run(run_dir: str | Path, steps: str | list[int] = "all", n: int = 1
     Each result is written to <run_dir>/eval/step_NNNNNN.json and returned, ordered by step."""
     if n < 1:
         raise ValueError(f"n={n}: samples per agent per item must be 1 or more")
-    ctx = ctx or RunContext(run_dir, split, num_items, log=log)
+    if ctx is None:  # made here, closed here (its reward workers, an environment's process)
+        with contextlib.closing(RunContext(run_dir, split, num_items, log=log)) as made:
+            return evaluate_run(run_dir, steps, n, split, num_items, log, made)
     have = sorted(ctx.checkpoints())
     if steps == "all":
         chosen = [0] + have
