@@ -26,23 +26,14 @@ def cfg_for(run_dir, *overrides):
                                               "num_generations=2", "eval_every=0", "save_every=2", *overrides])
 
 
-class FakeDrive:
-    def __init__(self):
-        self.calls = []
-
-    def mount(self, root):
-        self.calls.append(("mount", root))
-
-    def flush_and_unmount(self):
-        self.calls.append(("flush_and_unmount",))
-
-
 @pytest.fixture
 def in_colab(monkeypatch):
-    """Colab as the kit sees it: google.colab importable (its Drive faked), Drive mounted."""
-    from kit import env
-
+    """Colab as the kit sees it: google.colab importable (its Drive faked as the fourth pass fakes it), Drive
+    mounted."""
     import importlib.machinery
+
+    from kit import env
+    from test_colab_fourth_pass import FakeDrive
 
     drive = FakeDrive()
     colab_module = types.ModuleType("google.colab")
