@@ -76,6 +76,8 @@ def test_the_key_game_scores_its_exact_optimum():
     env.read_left()
     env.submit_left("123")
     assert env.get_reward() == pytest.approx(0.25 + 0.25)
+    assert env.submit_left("submitted").startswith("already submitted (123)")  # the first submission is final
+    assert env.get_reward() == pytest.approx(0.25 + 0.25)
 
 
 def test_visible_examples_are_the_docstrings_not_the_hidden_tests():
@@ -137,6 +139,16 @@ def play(team, host, worlds, G=2, max_calls=4):
     keys_ = [("t", i, a) for i in range(len(worlds)) for a in range(2)]
     return tools.act(team, requests, G, params, worlds=worlds, host=host, roles=team.roles,
                      max_tool_calls=max_calls, keys=keys_, seed=0), requests
+
+
+def test_a_call_with_wrong_arguments_says_what_the_tool_takes(keys):
+    keys.reset([{"key": "123456"}])
+    wrong = json.loads(keys.call(0, "read_left", {"digits": "999"}))["error"]
+    assert "unexpected keyword argument 'digits'" in wrong and 'read_left takes no arguments' in wrong
+    missing = json.loads(keys.call(0, "submit_left", {}))["error"]
+    assert "missing a required argument: 'digits'" in missing and "submit_left takes digits" in missing
+    assert keys.call(0, "read_left", {}) == "123"  # the refused calls changed nothing; a right one runs
+    assert keys.call(0, "submit_left", {"digits": "123"}) == "submitted"
 
 
 def test_the_team_plays_the_key_game_through_its_tools(team, keys):

@@ -93,15 +93,19 @@ CODER_CODE = {**SMOL, "model_name": "qwen2.5-coder-0.5b", "task": "code",
 
 # Qwen2.5-Coder-0.5B-Instruct in the KeyHalves information game (kit/tasks/environments.py): each of two agents reads
 # its half of a six-digit key with its own tool and submits it; get_reward's optimum is exactly 1.0. Its chat template
-# offers the tools itself. 64 new tokens a turn, at most 2 tool calls per agent, 8 of the 64 bundled rows held out,
-# coder_code's learning rate; set before any training run. Probed once untrained (one step, 8 samples): it names the
-# right tools but as a ```json object (parsed as a call) and passes its guess of the key to the read tool, which
-# answers an error. SmolLM2-135M, probed the same way, called no tool in 8 samples, nor with its answer started as a
-# call (it invents tool names): reward 0, nothing to learn from, so there is no SmolLM2 preset for this game.
+# offers the tools itself. 8 of the 64 bundled rows held out, coder_code's learning rate. First settings (64 new
+# tokens a turn, 2 calls): the untrained model writes its calls as ```json objects (parsed as calls) and passes its
+# guess of the key to the read tool, which takes no argument; with 2 calls it never read its half, and 20 steps on
+# seeds 0-1 learned nothing (bench/README). Now a call with wrong arguments answers what the tool takes
+# (kit/sandbox/envhost.py), and a probe of one untrained step (seed 100, no training) showed the model correct its
+# call and read its half in half its samples when it has the calls and tokens for it: 4 calls and 128 tokens a turn
+# (each pretty-printed call is ~25 tokens). 15 steps, greedy held-out evaluation every 5. SmolLM2-135M, probed the
+# same way, called no tool in 8 samples, nor with its answer started as a call (it invents tool names): reward 0,
+# nothing to learn from, so there is no SmolLM2 preset for this game.
 CODER_KEYS = {**SMOL, "model_name": "qwen2.5-coder-0.5b", "task": "rows",
               "task_args": {"file": "key_rows.jsonl", "num_eval": 8, "roles": ["left", "right"]},
-              "environment": "kit.tasks.environments:KeyHalves", "max_new_tokens": 64, "max_tool_calls": 2,
-              "learning_rate": 1e-4, "num_steps": 20, "eval_every": 10, "num_eval_items": 8,
+              "environment": "kit.tasks.environments:KeyHalves", "max_new_tokens": 128, "max_tool_calls": 4,
+              "learning_rate": 1e-4, "num_steps": 15, "eval_every": 5, "num_eval_items": 8,
               "run_dir": "checkpoints/coder_keys"}
 
 PRESETS = {"tiny_cpu": TINY_CPU, "colab_t4": COLAB_T4, "colab_a100": COLAB_A100, "tiny_hanabi": TINY_HANABI,

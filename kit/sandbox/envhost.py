@@ -91,6 +91,26 @@ def describe(instance) -> dict:
             "reward": callable(getattr(instance, "get_reward", None))}
 
 
+def arguments_error(name: str, tool, arguments: dict) -> str | None:
+    """None when `arguments` fit the tool's signature, else an error that names what was wrong and what the tool
+    takes (the model reads it in the tool turn: "read_left takes no arguments: call it with {}")."""
+    try:
+        signature = inspect.signature(tool)
+    except (TypeError, ValueError):
+        return None
+    try:
+        signature.bind(**arguments)
+        return None
+    except TypeError as err:
+        params = [p for p in signature.parameters.values() if p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)]
+        if not params:
+            takes = f"{name} takes no arguments: call it with \"arguments\": {{}}"
+        else:
+            takes = f"{name} takes " + ", ".join(
+                p.name + ("" if p.default is p.empty else " (optional)") for p in params)
+        return f"wrong arguments ({err}); {takes}"
+
+
 def as_text(value, limit: int = None) -> str:
     """A result as text: a str as it is, else JSON; cut to `limit` characters; never a string UTF-8 cannot encode
     (a file name with a stray byte), which the tokenizer would refuse."""
@@ -154,7 +174,12 @@ def _serve(spec: str) -> None:
                 send("ok", None if out is None else as_text(str(out), MAX_RESET_CHARS))
             elif op == "call":
                 world, name, arguments = args
-                send("ok", as_text(_awaited(getattr(envs[world], name)(**arguments))))
+                tool = getattr(envs[world], name)
+                wrong = arguments_error(name, tool, arguments)
+                if wrong:
+                    send("error", wrong)
+                    continue
+                send("ok", as_text(_awaited(tool(**arguments))))
             elif op == "reward":
                 value = float(_awaited(envs[args[0]].get_reward()))
                 if not math.isfinite(value):

@@ -26,7 +26,8 @@ from pathlib import Path
 class KeyHalves:
     """Two agents, `left` and `right`; the key is six digits, the left agent's half its first three, the right's the
     last three. get_reward = 0.25 for each agent that read its half + 0.5 x the share of the key's digits that the
-    two submissions (left's then right's) put in their places. A team that does both steps scores exactly 1.0."""
+    two submissions (left's then right's) put in their places. A team that does both steps scores exactly 1.0. An
+    agent's first submission is final (a later one answers "already submitted" and changes nothing)."""
 
     tools_by_role = {"left": ["read_left", "submit_left"], "right": ["read_right", "submit_right"]}
 
@@ -62,8 +63,7 @@ class KeyHalves:
         Args:
             digits: The three digits of the left half.
         """
-        self.submitted["left"] = str(digits)
-        return "submitted"
+        return self._submit("left", digits)
 
     def submit_right(self, digits: str) -> str:
         """Submit the right half of the key.
@@ -71,7 +71,12 @@ class KeyHalves:
         Args:
             digits: The three digits of the right half.
         """
-        self.submitted["right"] = str(digits)
+        return self._submit("right", digits)
+
+    def _submit(self, side: str, digits) -> str:
+        if side in self.submitted:  # a submission is final: a later one cannot overwrite it
+            return f"already submitted ({self.submitted[side]}): a submission is final"
+        self.submitted[side] = str(digits)
         return "submitted"
 
     def get_reward(self) -> float:
