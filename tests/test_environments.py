@@ -461,3 +461,53 @@ def test_evaluation_leaves_no_environment_process_behind(tmp_path, monkeypatch):
     evaluate_run(tmp_path / "run", "newest", n=1, num_items=1, **QUIET)
     baselines.compare(tmp_path / "run", ["naive"], n=1, num_items=1, **QUIET)
     assert len(hosts) == 2 and all(h._proc is None for h in hosts)
+
+
+def test_a_reward_function_reads_the_world_its_joint_action_acted_on(tmp_path):
+    import pickle
+
+    from kit.analysis.evaluate import Acted, score
+    from kit.tasks.rewards import RewardModel, Scorer
+
+    host = EnvHost("scripted_envs:Ledger", timeout_s=10)
+    try:
+        host.reset([{"id": "a"}, {"id": "b"}])
+        host.call(1, "note", {"text": "hi"})
+        world = host.view(1)
+        assert world.row == {"id": "b"} and world.notes == ["hi"] and host.view(0).notes == []
+        assert world.shout("yes") == "YES"  # any method, not only the tools
+        with pytest.raises(AttributeError, match="no attribute 'missing'"):
+            world.missing
+        with pytest.raises(TypeError, match="reward_pool=thread"):
+            pickle.dumps(world)
+
+        def ids(item, completions, environment):
+            return float(environment.row["id"] == item["id"]) + len(environment.notes)
+
+        model = RewardModel(None, [ids, lambda item, completions: 0.5], [1.0, 1.0])
+        joints = [[Acted(("x", "y"), None, host.view(0))], [Acted(("x", "y"), None, host.view(1))]]
+        for workers in (0, 2):  # in the trainer's thread and in reward threads
+            got = score(Scorer(model, workers), [{"id": "a"}, {"id": "b"}], joints)
+            assert [[r.total for r in per] for per in got] == [[1.5], [2.5]]
+        assert pickle.loads(pickle.dumps(joints[0][0])) == ("x", "y")  # an Acted travels without its world
+    finally:
+        host.close()
+
+
+def test_training_gives_each_joint_actions_world_to_the_reward_functions(tmp_path):
+    from kit.run import rundir
+    from kit.trainers.trainer import Trainer
+
+    seen = []
+
+    def same_world(item, completions, environment):
+        seen.append((item["id"], environment.row["id"], environment.number))
+        return float(environment.row["id"] == item["id"])
+
+    cfg = key_cfg(tmp_path, tmp_path / "run", "environment=scripted_envs:Ledger", "num_steps=1")
+    trainer = Trainer(cfg, reward_funcs=[same_world], **QUIET)
+    trainer.train()
+    trainer.close()
+    assert len(seen) == 2 * 2 and all(a == b for a, b, _ in seen)  # 2 items x G=2 joint actions,
+    assert len({world for _, _, world in seen}) == 4  # each its own world
+    assert rundir.read_jsonl(tmp_path / "run" / "metrics.jsonl")[-1]["reward/mean"] == 1.0

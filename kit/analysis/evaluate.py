@@ -91,20 +91,25 @@ def parallel_joints(sampler: Sampler, task, items: list[dict], n: int, params=No
     worlds = {"worlds": items} if getattr(sampler, "acts", False) else {}  # what an environment acts on
     ro = sampler.sample(requests, n, params, keys=keys, **worlds)
     joints = [[tuple(ro.texts[k * N + a][g] for a in range(N)) for g in range(n)] for k in range(len(items))]
-    if getattr(ro, "world_rewards", None) is not None:  # the environment owns the reward: each joint action
-        # carries its world's
-        joints = [[Acted(j, ro.world_rewards[k][g]) for g, j in enumerate(per)] for k, per in enumerate(joints)]
+    if getattr(ro, "views", None) is not None:  # acted on worlds: each joint action carries its world (and its
+        # reward, when the environment owns the reward)
+        rewards = getattr(ro, "world_rewards", None)
+        joints = [[Acted(j, None if rewards is None else rewards[k][g], ro.views[k * n + g])
+                   for g, j in enumerate(per)] for k, per in enumerate(joints)]
     return joints, ro.num_tokens, ro.seconds
 
 
 class Acted(tuple):
-    """A joint action whose environment scored it (get_reward() of its world, kit/engine/tools.py): `score` takes
-    that reward instead of asking the scorer."""
+    """A joint action that acted on a world (kit/engine/tools.py): `score` takes its world's get_reward() when the
+    environment owns the reward, else asks the scorer with the world (reward functions may read it)."""
 
-    def __new__(cls, completions, reward: float):
+    def __new__(cls, completions, reward: float | None, environment=None):
         self = super().__new__(cls, completions)
-        self.reward = reward
+        self.reward, self.environment = reward, environment
         return self
+
+    def __reduce__(self):  # to another process without its world (an EnvView stays in the trainer's process)
+        return Acted, (tuple(self), self.reward)
 
 
 def sample_joint(sampler: Sampler, task, items: list[dict], n: int, scorer: Scorer, params=None):
@@ -143,9 +148,10 @@ def sample_turns(sampler: Sampler, task, items: list[dict], n: int, scorer: Scor
 def score(scorer: Scorer, items: list[dict], joints: list[list[tuple]]) -> list[list]:
     from kit.tasks.rewards import Reward
 
-    if joints and joints[0] and isinstance(joints[0][0], Acted):
+    if joints and joints[0] and isinstance(joints[0][0], Acted) and joints[0][0].reward is not None:
         return [[Reward(j.reward, {"environment": j.reward}) for j in per] for per in joints]
-    futures = scorer.submit([(item, j) for item, per in zip(items, joints) for j in per])
+    futures = scorer.submit([(item, tuple(j), j.environment) if isinstance(j, Acted) else (item, j)
+                             for item, per in zip(items, joints) for j in per])
     flat = [f.result() for f in futures]
     out, i = [], 0
     for per in joints:

@@ -323,6 +323,7 @@ def act(team, requests, G: int, params, *, worlds: list[dict], host, roles: list
             r.logp += [0.0] * len(suffix)
         round_ += 1
     out.tool_seconds = host.tool_seconds - tool_before
+    out.views = [host.view(w) for w in range(len(worlds) * G)]  # world w = group w // G's g-th joint rollout
     _segments(team, requests, G, rows, out)
     if host.has_reward:
         worlds_rewards = host.rewards(list(range(len(worlds) * G)))

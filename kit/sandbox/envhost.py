@@ -6,6 +6,7 @@ notebook's own.
     host.reset([row, row, ...])                        # one instance per world, built once and reset each step
     host.call(world, "run_tests", {"code": "..."})     # the tool message's content: the result, or {"error": ...}
     host.rewards([0, 1, ...])                          # get_reward() of each world, when the class has one
+    host.view(world).attribute, host.view(world).method()   # a world as reward functions see it (EnvView)
     host.close()
 
 The contract is TRL's (trl 1.16, `GRPOTrainer(environment_factory=...)`): `reset(**row) -> str | None` gets a row's
@@ -41,6 +42,7 @@ import os
 import select
 import subprocess
 import sys
+import threading
 import time
 
 MAX_RESULT_CHARS = 2000  # a tool result longer than this is cut (the context is the completion's budget)
@@ -180,6 +182,15 @@ def _serve(spec: str) -> None:
                     send("error", wrong)
                     continue
                 send("ok", as_text(_awaited(tool(**arguments))))
+            elif op == "attr":  # a reward function reading its world (EnvView): a value, or "a method"
+                world, name = args
+                value = getattr(envs[world], name)
+                send("ok", {"method": True} if callable(value) else {"value": json.loads(json.dumps(value,
+                                                                                                  default=str))})
+            elif op == "method":
+                world, name, positional, keywords = args
+                send("ok", json.loads(json.dumps(_awaited(getattr(envs[world], name)(*positional, **keywords)),
+                                                 default=str)))
             elif op == "reward":
                 value = float(_awaited(envs[args[0]].get_reward()))
                 if not math.isfinite(value):
@@ -200,6 +211,7 @@ class EnvHost:
         self.tool_seconds = 0.0  # wall time inside tool calls (perf/tool_s)
         self.restarts = 0
         self._proc = None
+        self._lock = threading.RLock()  # reward functions may read worlds from several threads (EnvView)
         self._start()
 
     def _start(self) -> None:
@@ -248,6 +260,10 @@ class EnvHost:
     def _ask(self, *request, timeout: float | None = None, restart: bool = True):
         """(ok, value) of one request; a request past its time limit, or a child that died, restarts it (not with
         restart=False: the restart's own resets, which must not restart again)."""
+        with self._lock:
+            return self._ask_locked(request, timeout, restart)
+
+    def _ask_locked(self, request: tuple, timeout: float | None, restart: bool):
         self._number += 1
         try:
             self._proc.stdin.write(json.dumps([self._number, *request]) + "\n")
@@ -303,6 +319,10 @@ class EnvHost:
         self.tool_seconds += time.perf_counter() - t0
         return value if ok else json.dumps({"error": value})
 
+    def view(self, world: int) -> "EnvView":
+        """What a reward function with an `environment` parameter receives for a joint action of this world."""
+        return EnvView(self, world)
+
     def rewards(self, worlds: list[int]) -> list[float]:
         out = []
         for world in worlds:
@@ -334,6 +354,41 @@ class EnvHost:
                 pass
         self._kill()
         self._proc = None
+
+
+class EnvView:
+    """One world's environment as a reward function sees it (TRL passes reward functions the environments): reading
+    `env.name` fetches that attribute's value from the child (JSON: a str, number, list, dict; anything else as its
+    str), and `env.method(...)` calls it there and returns its result. The world is the one the joint action acted
+    on, in the state its rollout left it (scoring runs before the next reset). Not picklable: reward functions that
+    read it run in the trainer's process (reward_pool=thread, or no pool)."""
+
+    def __init__(self, host: EnvHost, world: int):
+        self._host, self._world = host, world
+
+    def __getattr__(self, name: str):
+        if name.startswith("__"):
+            raise AttributeError(name)
+        ok, value = self._host._ask("attr", self._world, name)
+        if not ok:
+            raise AttributeError(f"the environment of world {self._world}: {value}")
+        if value.get("method"):
+            return lambda *args, **kwargs: self._call(name, args, kwargs)
+        return value["value"]
+
+    def _call(self, name: str, args: tuple, kwargs: dict):
+        ok, value = self._host._ask("method", self._world, name, list(args), dict(kwargs))
+        if not ok:
+            raise RuntimeError(f"{name}() in the environment of world {self._world}: {value}")
+        return value
+
+    def __reduce__(self):
+        raise TypeError("an environment (EnvView) lives in the trainer's process and cannot go to a reward worker "
+                        "process: use reward_pool=thread (or reward_workers=0) with reward functions that take "
+                        "`environment`")
+
+    def __repr__(self) -> str:
+        return f"EnvView({self._host.spec!r}, world={self._world})"
 
 
 if __name__ == "__main__":

@@ -5,6 +5,7 @@ A reward is the joint reward of one joint action. Three ways to give one, all ac
     task.reward(item, completions) -> Reward(total, parts)      # a task's own, with named parts
     def my_reward(item, completions) -> float                    # a plain function (CoMLRL/TRL style)
     reward_funcs=[f, g], reward_weights=[1.0, 0.5]               # several, weighted, each logged separately
+    def my_reward(item, completions, environment) -> float       # with an environment: its world (EnvView)
 
 Processors (`scale(0.25)|clamp(-1,1)`, also `sigmoid`, `shift(x)`, `identity`) transform the combined total before
 advantages (each reward's value under `multi_objective_aggregation=normalize_then_sum`); they compose left to right.
@@ -22,6 +23,7 @@ from __future__ import annotations
 
 import contextvars
 import functools
+import inspect
 import math
 import re
 from concurrent.futures import Executor, Future, ProcessPoolExecutor, ThreadPoolExecutor
@@ -132,15 +134,18 @@ class RewardModel:
             raise ValueError(f"reward_weights has {len(self.weights)} entries for {n} rewards "
                              f"(the task's own reward counts as the first)")
 
-    def __call__(self, item: dict, completions: tuple[str, ...]) -> Reward:
-        """Combined raw reward; parts hold the task's parts and each function's value by name."""
+    def __call__(self, item: dict, completions: tuple[str, ...], environment=None) -> Reward:
+        """Combined raw reward; parts hold the task's parts and each function's value by name. A reward function
+        with an `environment` parameter also gets the joint action's world (kit.sandbox.envhost.EnvView; None in a
+        run without an environment), as TRL passes its reward functions the environments."""
         sources = self._sources()
         weights = self.weights or [1.0] * len(sources)
         total, parts, details, unscored = 0.0, {}, {}, {}
         logged = {}
         token = _LOGGED.set(logged)  # this call's own dict: a thread or process scores one joint action at a time
         try:
-            scored = [as_reward(fn(item, tuple(completions))) for fn in sources]
+            scored = [as_reward(fn(item, tuple(completions), environment=environment) if takes_environment(fn)
+                                else fn(item, tuple(completions))) for fn in sources]
         finally:
             _LOGGED.reset(token)
         for i, (fn, w, r) in enumerate(zip(sources, weights, scored)):
@@ -203,8 +208,16 @@ def _name(fn, i: int) -> str:
     return name if name != "<lambda>" else f"reward_{i}"
 
 
-def _score_one(model: RewardModel, item: dict, completions: tuple[str, ...]) -> Reward:
-    return model(item, completions)
+def takes_environment(fn) -> bool:
+    """Whether a reward function asks for the joint action's environment (a parameter named `environment`)."""
+    try:
+        return "environment" in inspect.signature(fn).parameters
+    except (TypeError, ValueError):
+        return False
+
+
+def _score_one(model: RewardModel, item: dict, completions: tuple[str, ...], *environment) -> Reward:
+    return model(item, completions, *environment)
 
 
 class Scorer:
@@ -222,18 +235,19 @@ class Scorer:
             else:
                 self.executor = ThreadPoolExecutor(workers)
 
-    def submit(self, jobs: list[tuple[dict, tuple[str, ...]]]) -> list[Future]:
+    def submit(self, jobs: list[tuple]) -> list[Future]:
+        """jobs: (item, completions) or (item, completions, environment) each; a future Reward per job."""
         if self.executor is None:
             out = []
-            for item, comps in jobs:
+            for job in jobs:
                 f: Future = Future()
                 try:
-                    f.set_result(self.model(item, comps))
+                    f.set_result(self.model(*job))
                 except BaseException as e:  # surfaces at .result(), like a pool's future
                     f.set_exception(e)
                 out.append(f)
             return out
-        return [self.executor.submit(_score_one, self.model, item, comps) for item, comps in jobs]
+        return [self.executor.submit(_score_one, self.model, *job) for job in jobs]
 
     def score(self, jobs: list[tuple[dict, tuple[str, ...]]]) -> list[Reward]:
         return [f.result() for f in self.submit(jobs)]
