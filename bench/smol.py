@@ -8,6 +8,7 @@
     python bench/smol.py table                                 # bench/results/smol.md + smol_<task>.png
     python bench/smol.py train coder --seeds 0 1 2 --n 2 --set eval_every=0   # coder_code (Qwen2.5-Coder-0.5B)
     python bench/smol.py table --coder                         # bench/results/coder.md
+    python bench/smol.py archive checkpoints/smol_bench/coder_s3 # keep a run's table data (train does it itself)
 
 Each run is the preset with `--set seed=S` (and `--steps`, `--turns`), trained in checkpoints/smol_bench/<label>_s<S>
 (git-ignored). After training, `kit baselines` runs on the same held-out items at `--n` samples per item: the four
@@ -22,7 +23,9 @@ interval a 95% percentile bootstrap over the held-out items (kit/analysis/stats.
 paired bootstrap on the same items; the range over seeds is beside it. The figure is each method's held-out greedy
 reward over steps (eval/reward_mean), the mean over seeds with a band from the lowest to the highest seed, and the
 baselines' sampled means as dashed lines. The time split is the mean over training steps of the logged perf/
-times: generate, reward (scoring, sandboxed tests), update.
+times: generate, reward (scoring, sandboxed tests), update. Each trained run's config, metrics and baselines are kept
+in bench/results/runs/<run> (committed, no weights; `archive`), and `table` pools those with the runs on this machine,
+so seeds run on machines that are gone still count (from 2026-11-28 on: earlier runs were not kept).
 """
 
 from __future__ import annotations
@@ -30,6 +33,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import sys
 from pathlib import Path
 
@@ -39,6 +43,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 RUNS = ROOT / "checkpoints" / "smol_bench"
+KEPT = Path(__file__).resolve().parent / "results" / "runs"  # archive(): runs kept in git, without weights
 OUT = ROOT / "bench" / "results"
 PRESET = {"writing": "smol_writing", "code": "smol_code", "humaneval": "smol_code", "hanabi": "smol_hanabi",
           "coder": "coder_code", "coder-humaneval": "coder_code", "coder-mbpp": "coder_code"}
@@ -73,12 +78,25 @@ def train(task: str, seeds: list[int], steps: int | None, turns: int, n: int, ex
         # None: every baseline of the task; a multi-turn run: the untrained team through the same feedback turns
         chosen = [] if team_only else ["naive"] if turns > 1 else methods
         compare(run_dir, chosen, n=n)
+        archive(run_dir)
+
+
+def archive(run_dir: Path) -> Path:
+    """Keep what the table reads of a run (config, metrics, baselines: a few hundred kB, no weights) in
+    bench/results/runs/<run>, committed, so a table can pool seeds run on machines that are gone."""
+    into = KEPT / run_dir.name
+    (into / "eval").mkdir(parents=True, exist_ok=True)
+    for name in ("config.json", "metrics.jsonl", "eval/baselines.json"):
+        if (run_dir / name).exists():
+            shutil.copyfile(run_dir / name, into / name)
+    return into
 
 
 def load_runs() -> dict[str, list[dict]]:
     """label -> its seeds' {seed, config, metrics, baselines}."""
     runs: dict[str, list[dict]] = {}
-    for run_dir in sorted(RUNS.glob("*_s*")):
+    here = {d.name for d in RUNS.glob("*_s*")}  # a run on this machine wins over its kept copy
+    for run_dir in sorted([*RUNS.glob("*_s*"), *(d for d in KEPT.glob("*_s*") if d.name not in here)]):
         base = run_dir / "eval" / "baselines.json"
         if not (run_dir / "metrics.jsonl").exists():
             continue
@@ -240,11 +258,16 @@ def main() -> None:
                     help="only these baselines (e.g. naive: the untrained team), then the trained team")
     tr.add_argument("--team-only", action="store_true",
                     help="after training, sample only the trained team (the baselines of other seeds stand)")
+    ar = sub.add_parser("archive", help="keep runs' config, metrics and baselines in bench/results/runs")
+    ar.add_argument("runs", nargs="+", type=Path)
     tb = sub.add_parser("table")
     tb.add_argument("--coder", action="store_true", help="the Qwen2.5-Coder-0.5B tasks, into bench/results/coder.md")
     args = parser.parse_args()
     if args.cmd == "train":
         train(args.task, args.seeds, args.steps, args.turns, args.n, args.extra, args.team_only, args.methods)
+    elif args.cmd == "archive":
+        for run_dir in args.runs:
+            print(archive(run_dir))
     else:
         table(CODER_TASKS, "coder.md") if args.coder else table()
 
