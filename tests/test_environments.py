@@ -511,3 +511,43 @@ def test_training_gives_each_joint_actions_world_to_the_reward_functions(tmp_pat
     assert len(seen) == 2 * 2 and all(a == b for a, b, _ in seen)  # 2 items x G=2 joint actions,
     assert len({world for _, _, world in seen}) == 4  # each its own world
     assert rundir.read_jsonl(tmp_path / "run" / "metrics.jsonl")[-1]["reward/mean"] == 1.0
+
+
+class Parallel(Scripted):
+    """Writes both of its calls in its first round, one block after the other, then a stray call after some text;
+    answers "done" once results came back."""
+
+    def generate(self, input_ids, attention_mask, adapters, generation_config, row_seeds=None):
+        rows = []
+        for ids, mask, adapter in zip(input_ids, attention_mask, adapters):
+            side, half = ("left", "123") if adapter == "agent_0" else ("right", "456")
+            context = self.tok.decode(ids[mask.bool()].tolist())
+            if re.findall(r"<tool_response>\n(.*?)\n</tool_response>", context, re.S):
+                text = "done"
+            else:
+                text = (f'<tool_call>{{"name": "read_{side}", "arguments": {{}}}}</tool_call>\n'
+                        f'<tool_call>{{"name": "submit_{side}", "arguments": {{"digits": "{half}"}}}}</tool_call>'
+                        f' and then <tool_call>{{"name": "read_{side}", "arguments": {{}}}}</tool_call>')
+            rows.append(self.tok(text, add_special_tokens=False).input_ids + [self.eos])
+        width = max(map(len, rows))
+        comp = torch.tensor([r + [self.tok.pad_token_id] * (width - len(r)) for r in rows])
+        return comp, torch.full(comp.shape, -0.25)
+
+
+def test_parallel_calls_in_one_round_all_run_and_answer_in_one_tool_turn(team, keys):
+    tok = team.tokenizers[0]
+    ids = tok('x<tool_call>{"a": 1}</tool_call> \n<tool_call>{"b": 2}</tool_call> then <tool_call>{}</tool_call>',
+              add_special_tokens=False).input_ids
+    kept = tok.decode(ids[: tools.call_end(tok, ids)])
+    assert kept.endswith('{"b": 2}</tool_call>') and "then" not in kept  # the run of calls, not the stray one
+    scripted = team.engines[0]
+    team.engines[0] = Parallel(tok, tok.eos_token_id)
+    try:
+        ro, _ = play(team, keys, [{"id": "k0", "key": "123456"}], G=1)
+    finally:
+        team.engines[0] = scripted
+    assert ro.world_rewards == [[1.0]] and ro.tool_calls == 2 * 2  # read and submit, per agent, in one round
+    left = ro.transcripts[0][0]
+    assert left.count("<tool_response>") == 2 and "and then" not in left
+    assert left.index("</tool_response>") < left.index("<tool_response>\nsubmitted")  # both results in one turn
+    assert ro.texts[0][0] == "done"

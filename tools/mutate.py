@@ -992,6 +992,8 @@ MUTATIONS = [
              "                if wrong:\n                    send(\"error\", wrong)",
              "                if False:\n                    send(\"error\", wrong)",
              ("tests/test_environments.py",)),
+    Mutation("env: a round keeps only its first call of several", "kit/engine/tools.py",
+             "        calls += 1\n", "        calls += 0\n", ("tests/test_environments.py",)),
     # ---- issue 55: Colab, fifth pass
     Mutation("colab 5: closing again makes no copy", "kit/trainers/trainer.py",
              "        if self.mirror is not None and (not again or self.drive_lacks()):",

@@ -13,8 +13,10 @@ row on its agent's adapter. A row whose new text holds tool calls (and has calls
 per turn) gets each call run in its world, in agent order, and the results appended as the chat template's tool
 turn: the suffix text after the assistant's end-of-turn token is rendered by the template and tokenized on its own,
 so the ids of the history are extended, never re-tokenized. A round stops at the end of its first complete call
-(`</tool_call>`, a stop string as vLLM-served agents use): what the model wrote after it is dropped (its earlier
-tokens do not depend on it), and the template's end of the assistant turn opens the tool turn. A row without a call (or out of calls, or out of its
+(`</tool_call>`, a stop string as vLLM-served agents use), or of the last of several calls written one block after
+another (parallel calls: each runs, in order, and their results come back in one tool turn): what the model wrote
+after it is dropped (its earlier tokens do not depend on it), and the template's end of the assistant turn opens
+the tool turn. A row without a call (or out of calls, or out of its
 `max_new_tokens` budget of generated tokens) is done; its text for the reward is its last round's answer, its whole
 transcript (calls and results) is kept for logs.
 
@@ -106,12 +108,22 @@ def bare_calls(text: str, known: set) -> list[dict]:
 
 
 def call_end(tok, ids: list[int]) -> int | None:
-    """The number of tokens up to and including the first `</tool_call>` in `ids`' text (None: no complete call).
-    The tokens after it were sampled but are dropped: the model's earlier tokens do not depend on them."""
-    if "</tool_call>" not in tok.decode(ids, skip_special_tokens=True):
+    """The number of tokens up to and including the end of the first run of complete calls in `ids`' text (None: no
+    complete call): the first `</tool_call>`, extended over every `<tool_call>...</tool_call>` that follows it with
+    only whitespace between (parallel calls, one block after another, as Qwen's template writes them). The tokens
+    after it were sampled but are dropped: the model's earlier tokens do not depend on them."""
+    text = tok.decode(ids, skip_special_tokens=True)
+    if "</tool_call>" not in text:
         return None
+    end, calls = text.index("</tool_call>") + len("</tool_call>"), 1
+    while True:
+        rest = text[end:].lstrip()
+        if not (rest.startswith("<tool_call>") and "</tool_call>" in rest):
+            break
+        end = len(text) - len(rest) + rest.index("</tool_call>") + len("</tool_call>")
+        calls += 1
     for n in range(1, len(ids) + 1):
-        if "</tool_call>" in tok.decode(ids[:n], skip_special_tokens=True):
+        if tok.decode(ids[:n], skip_special_tokens=True).count("</tool_call>") >= calls:
             return n
     return None
 
@@ -290,7 +302,7 @@ def act(team, requests, G: int, params, *, worlds: list[dict], host, roles: list
                 length = min(int(cmask[i].sum()), room)
                 new = comp[i, :length].tolist()
                 ended = length > 0 and new[-1] in eos
-                called = call_end(tok, new)  # a round stops at its first complete call (a stop string)
+                called = call_end(tok, new)  # a round stops after its first complete call(s) (a stop string)
                 stopped = called is not None and r.calls_left > 0
                 if stopped:
                     new, length = new[:called], called
