@@ -84,7 +84,10 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m kit", description="Train teams of LLM agents with MAGRPO.")
     sub = parser.add_subparsers(dest="command", required=True)
     train = sub.add_parser("train", help="train a team (new run, or --resume the newest checkpoint)")
-    train.add_argument("--preset", help="tiny_cpu, colab_t4 or colab_a100")
+    from kit.run.presets import PRESETS
+
+    train.add_argument("--preset", choices=sorted(PRESETS), metavar="PRESET",
+                       help="one of: " + ", ".join(PRESETS) + " (kit/run/presets.py says what each is for)")
     train.add_argument("--config", help="a YAML or JSON file of TrainConfig fields")
     train.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                        help="override one field (repeatable), e.g. --set learning_rate=1e-4")
