@@ -121,3 +121,21 @@ class Ledger:
             word: The word.
         """
         return word.upper()
+
+
+class Sized:
+    """Built with arguments (TRL's environment_factory as a partial): `size` returns what it was built with."""
+
+    def __init__(self, size: int = 1, label: str = "plain"):
+        self.built = {"size": size, "label": label}
+
+    def reset(self, **row):
+        return None
+
+    def size(self) -> str:
+        """What this world was built with.
+
+        Returns:
+            Its constructor's arguments as JSON.
+        """
+        return json.dumps(self.built, sort_keys=True)

@@ -65,6 +65,30 @@ def test_a_class_that_cannot_be_used_is_refused_clearly():
         EnvHost("scripted_envs:Missing", start_timeout_s=60)
 
 
+def test_the_class_is_built_with_the_configs_arguments_in_every_world(monkeypatch):
+    host = EnvHost("scripted_envs:Sized", timeout_s=5, args={"size": 5, "label": "big"})
+    try:
+        host.reset([{"id": "a"}, {"id": "b"}])
+        assert [json.loads(host.call(w, "size", {})) for w in (0, 1)] == [{"label": "big", "size": 5}] * 2
+    finally:
+        host.close()
+    with pytest.raises(EnvironmentClassError, match="with arguments .*colour.*unexpected keyword"):
+        EnvHost("scripted_envs:Sized", args={"colour": "red"}, start_timeout_s=60)
+    with pytest.raises(EnvironmentClassError, match="must be JSON values"):
+        EnvHost("scripted_envs:Sized", args={"size": object()})
+    seen = {}  # the run's config reaches the host: environment_args are the constructor's arguments
+
+    class Host:
+        def __init__(self, spec, timeout_s, args):
+            seen.update(spec=spec, args=args)
+            self.tools, self.by_role, self.has_reward = {}, {}, False
+
+    monkeypatch.setattr("kit.sandbox.envhost.EnvHost", Host)
+    cfg = load_config("tiny_cpu", overrides=["environment=scripted_envs:Sized", "environment_args={size: 3}"])
+    tools.sampler_for(type("Team", (), {"roles": ["a", "b"]})(), cfg, log=lambda *_: None)
+    assert seen == {"spec": "scripted_envs:Sized", "args": {"size": 3}}
+
+
 def test_the_key_game_scores_its_exact_optimum():
     env = KeyHalves()
     env.reset(key="123456")
@@ -241,6 +265,8 @@ def test_the_config_refuses_what_an_environment_cannot_do():
         load_config("tiny_cpu", overrides=["environment=nocolon"])
     with pytest.raises(ConfigError, match="joint_mode"):
         load_config("tiny_cpu", overrides=["environment=a.b:C", "joint_mode=cross"])
+    with pytest.raises(ConfigError, match="environment_args"):
+        load_config("tiny_cpu", overrides=["environment_args={size: 3}"])  # arguments for no environment
 
 
 def key_cfg(tmp_path, run_dir, *overrides):

@@ -235,7 +235,7 @@ def sampler_for(team, cfg, log=print) -> Sampler:
     from kit.engine.rollout import SamplingParams
     from kit.sandbox.envhost import EnvHost
 
-    host = EnvHost(cfg.environment, timeout_s=cfg.tool_timeout_s)
+    host = EnvHost(cfg.environment, timeout_s=cfg.tool_timeout_s, args=getattr(cfg, "environment_args", None))
     log(f"[kit] environment {cfg.environment}: tools {', '.join(sorted(host.tools)) or 'none'}"
         + (f" (by role: {host.by_role})" if host.by_role else "")
         + ("; it owns the reward (get_reward)" if host.has_reward else ""))

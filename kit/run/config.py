@@ -72,6 +72,10 @@ def validate(cfg: TrainConfig) -> TrainConfig:
     need(cfg.num_turns >= 1, "num_turns", "an integer >= 1")
     need(cfg.environment is None or (isinstance(cfg.environment, str) and cfg.environment.count(":") == 1),
          "environment", "null or 'module.path:ClassName' (a TRL-style environment class)")
+    need(isinstance(cfg.environment_args, dict) and all(isinstance(k, str) for k in cfg.environment_args),
+         "environment_args", "a mapping of the environment constructor's keyword arguments to JSON values")
+    need(not cfg.environment_args or bool(cfg.environment), "environment_args",
+         "empty without an environment (they are its constructor's arguments)")
     need(cfg.max_tool_calls >= 0, "max_tool_calls", "an integer >= 0")
     need(cfg.tool_timeout_s > 0, "tool_timeout_s", "a number > 0")
     if cfg.environment:

@@ -53,6 +53,8 @@ class TrainConfig:
     num_eval_items: int = 16  # held-out items scored at each evaluation
     # --- an environment the agents act on with tools (kit/engine/tools.py; TRL's environment classes unchanged)
     environment: str | None = None  # "module.path:ClassName"; one instance per joint rollout (the team's world)
+    environment_args: dict = field(default_factory=dict)  # keyword arguments for its constructor (JSON values):
+    # TRL's environment_factory with arguments (a partial or a lambda) as a config can hold it
     max_tool_calls: int = 4  # tool calls per agent per turn (TRL's max_tool_calling_iterations)
     tool_timeout_s: float = 30.0  # seconds one tool call may take (past it: an error result, every world restarted;
     # above CodeTests' own sandbox limit, 2 + 3 x (examples + 1) s, so a looping draft gets the sandbox's "timeout")

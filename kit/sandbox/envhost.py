@@ -2,6 +2,7 @@
 notebook's own.
 
     host = EnvHost("my_module:MyEnv", timeout_s=10)   # the class is imported and built in the child
+    EnvHost("my_module:MyEnv", args={"size": 5})        # built as MyEnv(size=5): a factory with arguments
     host.tools                                         # name -> JSON schema (transformers.utils.get_json_schema)
     host.reset([row, row, ...])                        # one instance per world, built once and reset each step
     host.call(world, "run_tests", {"code": "..."})     # the tool message's content: the result, or {"error": ...}
@@ -135,8 +136,9 @@ async def _wait(awaitable):
     return await awaitable
 
 
-def _serve(spec: str) -> None:
-    """The child (`python -m kit.sandbox.envhost <spec>`): build instances of the class and answer reset / call /
+def _serve(spec: str, args: str = "{}") -> None:
+    """The child (`python -m kit.sandbox.envhost <spec> <args as JSON>`): build instances of the class (each
+    `cls(**args)`) and answer reset / call /
     reward requests, one JSON line each, one at a time. The requests and answers travel on private copies of its
     stdin and stdout: what the environment's code prints goes to stderr, and what it reads from stdin is empty."""
     proto = os.fdopen(os.dup(1), "w", buffering=1)
@@ -157,8 +159,8 @@ def _serve(spec: str) -> None:
 
     envs = {}
     try:
-        cls = load_class(spec)
-        envs[0] = cls()
+        cls, kwargs = load_class(spec), json.loads(args)
+        envs[0] = cls(**kwargs)
         send("ok", describe(envs[0]))
     except BaseException as err:  # said in the parent with the class's name
         send("error", f"{type(err).__name__}: {err}")
@@ -171,7 +173,7 @@ def _serve(spec: str) -> None:
             if op == "reset":
                 world, row = args
                 if world not in envs:
-                    envs[world] = cls()
+                    envs[world] = cls(**kwargs)
                 out = _awaited(envs[world].reset(**row))
                 send("ok", None if out is None else as_text(str(out), MAX_RESET_CHARS))
             elif op == "call":
@@ -205,8 +207,13 @@ def _serve(spec: str) -> None:
 class EnvHost:
     """An environment class's instances in a child process (see the module docstring)."""
 
-    def __init__(self, spec: str, timeout_s: float = 10.0, start_timeout_s: float = 120.0):
+    def __init__(self, spec: str, timeout_s: float = 10.0, start_timeout_s: float = 120.0, args: dict | None = None):
         self.spec, self.timeout_s, self.start_timeout_s = spec, timeout_s, start_timeout_s
+        try:  # the constructor's keyword arguments travel to the child as JSON
+            self.args = json.dumps(dict(args or {}))
+        except (TypeError, ValueError) as err:
+            raise EnvironmentClassError(f"environment={spec!r}: its arguments {args!r} must be JSON values (they "
+                                        f"are sent to the environment's process): {err}") from None
         self.rows: dict[int, dict] = {}  # each world's last row: a restarted child resets its instances with them
         self.tool_seconds = 0.0  # wall time inside tool calls (perf/tool_s)
         self.restarts = 0
@@ -216,7 +223,7 @@ class EnvHost:
 
     def _start(self) -> None:
         env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
-        self._proc = subprocess.Popen([sys.executable, "-m", "kit.sandbox.envhost", self.spec], stdin=subprocess.PIPE,
+        self._proc = subprocess.Popen([sys.executable, "-m", "kit.sandbox.envhost", self.spec, self.args], stdin=subprocess.PIPE,
                                       stdout=subprocess.PIPE, stderr=None, text=True, bufsize=1, env=env,
                                       cwd=os.getcwd(), start_new_session=True)  # killed with what it started
         self._number = 0
@@ -228,7 +235,8 @@ class EnvHost:
         _, status, info = answer
         if status != "ok":
             self._kill()
-            raise EnvironmentClassError(f"environment={self.spec!r} could not be built: {info}")
+            raise EnvironmentClassError(f"environment={self.spec!r} could not be built"
+                                        + (f" with arguments {self.args}" if self.args != "{}" else "") + f": {info}")
         self.tools: dict[str, dict] = info["tools"]
         self.by_role: dict[str, list[str]] = info["by_role"]
         self.has_reward: bool = info["reward"]
@@ -392,4 +400,4 @@ class EnvView:
 
 
 if __name__ == "__main__":
-    _serve(sys.argv[1])
+    _serve(sys.argv[1], sys.argv[2] if len(sys.argv) > 2 else "{}")
