@@ -994,6 +994,11 @@ MUTATIONS = [
              ("tests/test_environments.py",)),
     Mutation("env: a round keeps only its first call of several", "kit/engine/tools.py",
              "        calls += 1\n", "        calls += 0\n", ("tests/test_environments.py",)),
+    Mutation("env: a later world is built without the config's arguments", "kit/sandbox/envhost.py",
+             "                    envs[world] = cls(**kwargs)", "                    envs[world] = cls()",
+             ("tests/test_environments.py",)),
+    Mutation("env: the config's environment_args never reach the host", "kit/engine/tools.py",
+             'args=getattr(cfg, "environment_args", None))', "args=None)", ("tests/test_environments.py",)),
     # ---- issue 55: Colab, fifth pass
     Mutation("colab 5: closing again makes no copy", "kit/trainers/trainer.py",
              "        if self.mirror is not None and (not again or self.drive_lacks()):",
