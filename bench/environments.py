@@ -3,11 +3,21 @@ one, against the game's exact optimum (1.0).
 
     python bench/environments.py train --seeds 0 1           # coder_keys (Qwen2.5-Coder-0.5B), one run per seed
     python bench/environments.py table                       # bench/results/environments.md
+    python bench/environments.py tool --seeds 1 2 --n 2      # the code team with run_tests and without (untrained)
+    python bench/environments.py tool-table                  # bench/results/code_tool.md
 
 Each run is the preset with `--set seed=S`, trained in checkpoints/env_bench/<preset>_s<S> (git-ignored), with the
 preset's greedy held-out evaluation (8 held-out rows, one joint rollout each) at step 0, every eval_every steps and the
 last step. The table: held-out reward per step and seed, its mean over seeds with the range, the share of the
 optimum, tool calls per completion and the s/step split (generation, tools, update).
+
+`tool`: the untrained coder team (coder_code's settings) on HumanEval's first 8 eval problems in two arms that differ
+only in the environment: `CodeTests` (each agent may call `run_tests(code)` on the problem's visible docstring examples
+before answering; the reward stays the level reward on the hidden asserts) and none. Same base, items, seed, sampling
+and token budget (`--tokens`, shared by the calls, their results' turns excluded, and the answer), `kit baselines
+--methods naive` at `--n` joint actions per item, one run folder per arm and seed (checkpoints/env_bench/code_<arm>_s<S>,
+no training). `tool-table`: pass@1 and reward per arm, pooled over seeds per item, with 95% bootstrap intervals over
+items, and tool minus plain paired on the same items.
 """
 
 from __future__ import annotations
@@ -71,6 +81,66 @@ def table(preset: str) -> str:
     return "\n".join(lines)
 
 
+TOOL_ENV = "kit.tasks.environments:CodeTests"
+ARMS = ("tool", "plain")
+
+
+def tool(seeds: list[int], n: int, tokens: int, extra: list[str], preset: str = "coder_code",
+         runs: Path = RUNS) -> None:
+    """The untrained team with CodeTests' run_tests and without it, every other setting equal (module docstring)."""
+    from kit.analysis.baselines import compare
+    from kit.run import fields
+    from kit.run.config import load_config
+
+    for seed in seeds:
+        for arm in ARMS:
+            run_dir = runs / f"code_{arm}_s{seed}"
+            if (run_dir / "eval" / "baselines.json").exists():
+                continue  # done: rerun by deleting the folder
+            overrides = ["task_args={dataset: humaneval, prefill: helper}", f"max_new_tokens={tokens}",
+                         f"seed={seed}", f"run_dir={run_dir}", "progress=false", *extra]
+            cfg = load_config(preset, overrides=overrides + ([f"environment={TOOL_ENV}"] if arm == "tool" else []))
+            run_dir.mkdir(parents=True, exist_ok=True)
+            fields.save(cfg, run_dir / "config.json")
+            compare(run_dir, ["naive"], n=n)
+
+
+def tool_table(runs: Path = RUNS) -> str:
+    from kit.analysis import stats
+
+    rows = {arm: {} for arm in ARMS}  # arm -> seed -> the untrained team's baselines row
+    for run in sorted(runs.glob("code_*_s*")):
+        arm, seed = run.name[len("code_"):].rsplit("_s", 1)
+        if arm in rows and (run / "eval" / "baselines.json").exists():
+            rows[arm][int(seed)] = next(r for r in json.loads((run / "eval" / "baselines.json").read_text())
+                                        if r["method"] == "naive")
+    seeds = sorted(set(rows["tool"]) & set(rows["plain"]))
+    if not seeds:
+        return f"no seed with both arms in {runs}"
+
+    def items(arm, key):
+        per = [np.asarray(rows[arm][s]["per_item"][key], dtype=float) for s in seeds]
+        return np.mean([p / (rows[arm][s]["num_samples"] if key == "correct" else 1) for p, s in zip(per, seeds)],
+                       axis=0)
+
+    first = rows["tool"][seeds[0]]
+    lines = [f"### The untrained coder team on HumanEval with `run_tests` and without (seeds "
+             f"{', '.join(map(str, seeds))}, {len(first['per_item']['reward'])} items, {first['num_samples']} joint "
+             "actions per item per seed)", "",
+             "| arm | pass@1 (95% CI over items) | per seed | reward (95% CI) | per seed | tokens/s |",
+             "|---|---|---|---|---|---|"]
+    for arm in ARMS:
+        p, r = stats.bootstrap(items(arm, "correct")), stats.bootstrap(items(arm, "reward"))
+        per_pass = ", ".join(f"{rows[arm][s]['pass@1']:.2f}" for s in seeds)
+        per_reward = ", ".join(f"{rows[arm][s]['reward/mean']:.2f}" for s in seeds)
+        speed = np.mean([rows[arm][s].get("tokens_per_s", np.nan) for s in seeds])
+        lines.append(f"| {arm} | {stats.fmt(*p)} | {per_pass} | {stats.fmt(*r)} | {per_reward} | {speed:.1f} |")
+    dp = stats.paired_bootstrap(items("tool", "correct"), items("plain", "correct"))
+    dr = stats.paired_bootstrap(items("tool", "reward"), items("plain", "reward"))
+    lines += ["", f"tool minus plain, paired over items: pass@1 {stats.fmt(*dp)}, reward {stats.fmt(*dr)}"]
+    return "\n".join(lines)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -80,9 +150,21 @@ def main() -> None:
     tr.add_argument("--set", dest="extra", nargs="*", default=[])
     tb = sub.add_parser("table")
     tb.add_argument("--preset", default="coder_keys")
+    to = sub.add_parser("tool", help="the untrained code team with run_tests and without")
+    to.add_argument("--seeds", type=int, nargs="+", default=[1, 2])
+    to.add_argument("--n", type=int, default=2, help="joint actions per held-out item")
+    to.add_argument("--tokens", type=int, default=480, help="max_new_tokens of both arms")
+    to.add_argument("--set", dest="extra", nargs="*", default=[])
+    sub.add_parser("tool-table")
     args = parser.parse_args()
     if args.command == "train":
         train(args.preset, args.seeds, args.extra)
+    elif args.command == "tool":
+        tool(args.seeds, args.n, args.tokens, args.extra)
+    elif args.command == "tool-table":
+        text = tool_table()
+        (OUT.parent / "code_tool.md").write_text(text + "\n")
+        print(text)
     else:
         text = table(args.preset)
         OUT.parent.mkdir(exist_ok=True)
