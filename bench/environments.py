@@ -127,14 +127,16 @@ def tool_table(runs: Path = RUNS) -> str:
     lines = [f"### The untrained coder team on HumanEval with `run_tests` and without (seeds "
              f"{', '.join(map(str, seeds))}, {len(first['per_item']['reward'])} items, {first['num_samples']} joint "
              "actions per item per seed)", "",
-             "| arm | pass@1 (95% CI over items) | per seed | reward (95% CI) | per seed | tokens/s |",
-             "|---|---|---|---|---|---|"]
+             "| arm | pass@1 (95% CI over items) | per seed | reward (95% CI) | per seed | tool calls per completion "
+             "| tokens/s |", "|---|---|---|---|---|---|---|"]
     for arm in ARMS:
         p, r = stats.bootstrap(items(arm, "correct")), stats.bootstrap(items(arm, "reward"))
         per_pass = ", ".join(f"{rows[arm][s]['pass@1']:.2f}" for s in seeds)
         per_reward = ", ".join(f"{rows[arm][s]['reward/mean']:.2f}" for s in seeds)
         speed = np.mean([rows[arm][s].get("tokens_per_s", np.nan) for s in seeds])
-        lines.append(f"| {arm} | {stats.fmt(*p)} | {per_pass} | {stats.fmt(*r)} | {per_reward} | {speed:.1f} |")
+        calls = np.mean([rows[arm][s].get("tools/calls_per_completion", 0.0) for s in seeds])
+        lines.append(f"| {arm} | {stats.fmt(*p)} | {per_pass} | {stats.fmt(*r)} | {per_reward} | {calls:.2f} | "
+                     f"{speed:.1f} |")
     dp = stats.paired_bootstrap(items("tool", "correct"), items("plain", "correct"))
     dr = stats.paired_bootstrap(items("tool", "reward"), items("plain", "reward"))
     lines += ["", f"tool minus plain, paired over items: pass@1 {stats.fmt(*dp)}, reward {stats.fmt(*dr)}"]

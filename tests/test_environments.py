@@ -577,3 +577,14 @@ def test_parallel_calls_in_one_round_all_run_and_answer_in_one_tool_turn(team, k
     assert left.count("<tool_response>") == 2 and "and then" not in left
     assert left.index("</tool_response>") < left.index("<tool_response>\nsubmitted")  # both results in one turn
     assert ro.texts[0][0] == "done"
+
+
+def test_the_baselines_report_how_often_the_agents_called_a_tool(team, keys, tmp_path):
+    from kit.analysis.baselines import run_method
+    from kit.tasks import get_task
+
+    task = get_task("rows", 2, file=str(key_rows(tmp_path / "rows.jsonl", 4)), num_eval=2, roles=["left", "right"])
+    sampler = tools.ToolSampler(team, SamplingParams(max_new_tokens=200, temperature=1.0), keys, team.roles, 4)
+    row = run_method("naive", sampler, task, load_config("tiny_cpu"), task.load("eval"), 2, scorer=None)
+    assert row["tools/calls_per_completion"] == 2.0  # the scripted agents read their half, then submit it
+    assert row["reward/mean"] == 1.0 and sampler.completions == 2 * 2 * 2  # items x agents x samples

@@ -53,6 +53,7 @@ def run_method(method: str, sampler, task, cfg, items: list[dict], n: int, score
 
     seed_everything(cfg.seed + 20_011)
     start = time.perf_counter()
+    acted = getattr(sampler, "tool_calls", None), getattr(sampler, "completions", None)
     if method == "naive":  # the team's own mode: with num_turns > 1, its feedback turns too (kit/analysis/evaluate.py)
         _, per_turn, tokens, gen_s = sample_turns(sampler, task, items, n, scorer, cfg.num_turns)
     else:
@@ -60,6 +61,8 @@ def run_method(method: str, sampler, task, cfg, items: list[dict], n: int, score
         per_turn = [score(scorer, items, joints)]
     out = {"method": method, **summarize_turns(task, per_turn, num_tokens=tokens, seconds=gen_s)}
     out["wall_s"] = time.perf_counter() - start
+    if acted[0] is not None and sampler.completions > acted[1]:  # the agents acted on an environment
+        out["tools/calls_per_completion"] = (sampler.tool_calls - acted[0]) / (sampler.completions - acted[1])
     return out
 
 

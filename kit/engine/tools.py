@@ -219,12 +219,15 @@ class ToolSampler(Sampler):
     def __init__(self, team, params, host, roles: list[str], max_tool_calls: int = 4, seed: int = 0):
         super().__init__(team, params, seed)
         self.host, self.roles, self.max_tool_calls = host, list(roles), max_tool_calls
+        self.tool_calls, self.completions = 0, 0  # counted over every acted sample (evaluation reads the rate)
 
     def sample(self, requests, n, params=None, keys=None, worlds=None) -> Rollout:
         if worlds is None:
             return super().sample(requests, n, params, keys)
-        return act(self.team, requests, n, params or self.params, worlds=worlds, host=self.host, roles=self.roles,
-                   max_tool_calls=self.max_tool_calls, keys=keys, seed=self.seed)
+        out = act(self.team, requests, n, params or self.params, worlds=worlds, host=self.host, roles=self.roles,
+                  max_tool_calls=self.max_tool_calls, keys=keys, seed=self.seed)
+        self.tool_calls, self.completions = self.tool_calls + out.tool_calls, self.completions + len(requests) * n
+        return out
 
 
 def sampler_for(team, cfg, log=print) -> Sampler:
