@@ -352,6 +352,9 @@ def test_the_code_test_tool_runs_a_draft_on_the_visible_examples_only():
 
     env = CodeTests()
     prompt = 'def add(a, b):\n    """Add two numbers.\n    >>> add(1, 2)\n    3\n    >>> add(2, 2)\n    4\n    """\n'
+    told = env.reset(prompt=prompt, entry_point="add", tests=["assert add(5, 5) == 10", "assert add(0, 0) == 0"])
+    assert "run_tests(code)" in told and "2 example(s)" in told  # the agents are told of the tool
+    assert env.reset(prompt='def f():\n    """No examples."""\n', entry_point="f") is None
     env.reset(prompt=prompt, entry_point="add", tests=["assert add(5, 5) == 10", "assert add(0, 0) == 0"])
     good = env.run_tests("def add(a, b):\n    return a + b\n")
     assert good.count("ok: ") == 2 and "FAILED" not in good and "add(5, 5)" not in good

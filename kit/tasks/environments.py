@@ -134,9 +134,15 @@ class CodeTests:
     def __init__(self):
         self.prompt, self.entry_point, self.examples = "", "", []
 
-    def reset(self, prompt: str = "", entry_point: str = "", **item) -> None:
+    def reset(self, prompt: str = "", entry_point: str = "", **item) -> str | None:
+        """Tells the agents of the tool when the problem has examples to run (else they are told nothing: the tool
+        could only say that the code runs)."""
         self.prompt, self.entry_point = str(prompt), str(entry_point)
         self.examples = visible_examples(self.prompt)
+        if self.examples:
+            return (f"You can check a draft before you answer: run_tests(code) runs it on the docstring's "
+                    f"{len(self.examples)} example(s) and says which pass. Then give your final code.")
+        return None
 
     def run_tests(self, code: str) -> str:
         """Run a draft of the code against the problem's visible examples.
