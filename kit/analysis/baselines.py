@@ -141,7 +141,7 @@ def compare(run_dir, methods=None, n: int = 10, num_items: int | None = None, st
         methods = [m for m in methods if m == "naive"]
     rows = []
     ctx.use_step(0)
-    if training := ctx.training():
+    if (training := ctx.training()) and ctx.checkpoints():  # nothing to prune before its first checkpoint
         log(f"[kit] {ctx.run_dir} is not finished ({training}): it may still be training; the trained team's row "
             "is its newest checkpoint now (taken again if the training prunes it meanwhile)")
     passes = sum(2 if m in ("sequential", "discussion") else 1 for m in methods) + 1  # two rounds of generation
