@@ -126,8 +126,17 @@ class Ledger:
 class Sized:
     """Built with arguments (TRL's environment_factory as a partial): `size` returns what it was built with."""
 
-    def __init__(self, size: int = 1, label: str = "plain"):
-        self.built = {"size": size, "label": label}
+    def __init__(self, size: int = 1, label: str = "plain", deck: list | None = None, blob: str = ""):
+        self.built = {"size": size, "label": label, "blob": len(blob)}
+        self.deck = deck if deck is not None else []
+
+    def draw(self) -> str:
+        """Take the top card of this world's deck.
+
+        Returns:
+            The card.
+        """
+        return str(self.deck.pop())
 
     def reset(self, **row):
         return None

@@ -66,16 +66,21 @@ def test_a_class_that_cannot_be_used_is_refused_clearly():
 
 
 def test_the_class_is_built_with_the_configs_arguments_in_every_world(monkeypatch):
-    host = EnvHost("scripted_envs:Sized", timeout_s=5, args={"size": 5, "label": "big"})
+    host = EnvHost("scripted_envs:Sized", timeout_s=5, args={"size": 5, "label": "big", "deck": [1, 2, 3],
+                                                            "blob": "x" * 300_000})  # past a command line's limit
     try:
         host.reset([{"id": "a"}, {"id": "b"}])
-        assert [json.loads(host.call(w, "size", {})) for w in (0, 1)] == [{"label": "big", "size": 5}] * 2
+        assert [json.loads(host.call(w, "size", {})) for w in (0, 1)] == [{"blob": 300_000, "label": "big",
+                                                                           "size": 5}] * 2
+        assert [host.call(w, "draw", {}) for w in (0, 1)] == ["3", "3"]  # each world its own deck, not one list
     finally:
         host.close()
     with pytest.raises(EnvironmentClassError, match="with arguments .*colour.*unexpected keyword"):
         EnvHost("scripted_envs:Sized", args={"colour": "red"}, start_timeout_s=60)
-    with pytest.raises(EnvironmentClassError, match="must be JSON values"):
+    with pytest.raises(EnvironmentClassError, match="must be a mapping of names to JSON values"):
         EnvHost("scripted_envs:Sized", args={"size": object()})
+    with pytest.raises(ConfigError, match="environment_args"):  # refused before any model loads
+        load_config("tiny_cpu", overrides=["environment=scripted_envs:Sized", "environment_args={size: .nan}"])
     seen = {}  # the run's config reaches the host: environment_args are the constructor's arguments
 
     class Host:

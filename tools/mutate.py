@@ -995,8 +995,11 @@ MUTATIONS = [
     Mutation("env: a round keeps only its first call of several", "kit/engine/tools.py",
              "        calls += 1\n", "        calls += 0\n", ("tests/test_environments.py",)),
     Mutation("env: a later world is built without the config's arguments", "kit/sandbox/envhost.py",
-             "                    envs[world] = cls(**kwargs)", "                    envs[world] = cls()",
+             "                    envs[world] = build()", "                    envs[world] = cls()",
              ("tests/test_environments.py",)),
+    Mutation("env: the worlds share one copy of the arguments", "kit/sandbox/envhost.py",
+             "            return cls(**json.loads(constructor))",
+             "            return cls(**shared)\n\n        shared = json.loads(constructor)", ("tests/test_environments.py",)),
     Mutation("env: the config's environment_args never reach the host", "kit/engine/tools.py",
              'args=getattr(cfg, "environment_args", None))', "args=None)", ("tests/test_environments.py",)),
     # ---- issue 55: Colab, fifth pass

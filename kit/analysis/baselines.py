@@ -61,7 +61,8 @@ def run_method(method: str, sampler, task, cfg, items: list[dict], n: int, score
         per_turn = [score(scorer, items, joints)]
     out = {"method": method, **summarize_turns(task, per_turn, num_tokens=tokens, seconds=gen_s)}
     out["wall_s"] = time.perf_counter() - start
-    if acted[0] is not None and sampler.completions > acted[1]:  # the agents acted on an environment
+    if method == "naive" and acted[0] is not None and sampler.completions > acted[1]:  # the team acted (the
+        # other schedules' scored answers never do: discussion's first round acts, its revisions do not)
         out["tools/calls_per_completion"] = (sampler.tool_calls - acted[0]) / (sampler.completions - acted[1])
     return out
 

@@ -72,8 +72,9 @@ def validate(cfg: TrainConfig) -> TrainConfig:
     need(cfg.num_turns >= 1, "num_turns", "an integer >= 1")
     need(cfg.environment is None or (isinstance(cfg.environment, str) and cfg.environment.count(":") == 1),
          "environment", "null or 'module.path:ClassName' (a TRL-style environment class)")
-    need(isinstance(cfg.environment_args, dict) and all(isinstance(k, str) for k in cfg.environment_args),
-         "environment_args", "a mapping of the environment constructor's keyword arguments to JSON values")
+    need(isinstance(cfg.environment_args, dict) and all(isinstance(k, str) for k in cfg.environment_args)
+         and _json_values(cfg.environment_args), "environment_args",
+         "a mapping of the environment constructor's keyword arguments to JSON values")
     need(not cfg.environment_args or bool(cfg.environment), "environment_args",
          "empty without an environment (they are its constructor's arguments)")
     need(cfg.max_tool_calls >= 0, "max_tool_calls", "an integer >= 0")
@@ -247,6 +248,17 @@ def validate(cfg: TrainConfig) -> TrainConfig:
 
 
 SEQUENCE_LOSSES = ("grpo", "sapo")  # a mean per completion: each completion's one ratio counts once
+
+
+def _json_values(value) -> bool:
+    """Whether `value` travels as JSON unchanged in meaning (no sets, dates, NaN or objects)."""
+    import json
+
+    try:
+        json.dumps(value, allow_nan=False)
+        return True
+    except (TypeError, ValueError):
+        return False
 
 
 def gspo_warning(loss_type: str) -> str:

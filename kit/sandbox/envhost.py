@@ -136,11 +136,11 @@ async def _wait(awaitable):
     return await awaitable
 
 
-def _serve(spec: str, args: str = "{}") -> None:
-    """The child (`python -m kit.sandbox.envhost <spec> <args as JSON>`): build instances of the class (each
-    `cls(**args)`) and answer reset / call /
-    reward requests, one JSON line each, one at a time. The requests and answers travel on private copies of its
-    stdin and stdout: what the environment's code prints goes to stderr, and what it reads from stdin is empty."""
+def _serve(spec: str) -> None:
+    """The child (`python -m kit.sandbox.envhost <spec>`): read the constructor's arguments (the first line, JSON),
+    build instances of the class (each `cls(**arguments)`, from its own copy) and answer reset / call / reward
+    requests, one JSON line each, one at a time. The requests and answers travel on private copies of its stdin and
+    stdout: what the environment's code prints goes to stderr, and what it reads from stdin is empty."""
     proto = os.fdopen(os.dup(1), "w", buffering=1)
     requests = os.fdopen(os.dup(0), "r")
     os.dup2(2, 1)
@@ -159,8 +159,13 @@ def _serve(spec: str, args: str = "{}") -> None:
 
     envs = {}
     try:
-        cls, kwargs = load_class(spec), json.loads(args)
-        envs[0] = cls(**kwargs)
+        constructor = requests.readline()  # not on the command line: no size limit, not shown by ps
+
+        def build():  # every world gets its own copy of the arguments: none shares a list or dict with another
+            return cls(**json.loads(constructor))
+
+        cls = load_class(spec)
+        envs[0] = build()
         send("ok", describe(envs[0]))
     except BaseException as err:  # said in the parent with the class's name
         send("error", f"{type(err).__name__}: {err}")
@@ -173,7 +178,7 @@ def _serve(spec: str, args: str = "{}") -> None:
             if op == "reset":
                 world, row = args
                 if world not in envs:
-                    envs[world] = cls(**kwargs)
+                    envs[world] = build()
                 out = _awaited(envs[world].reset(**row))
                 send("ok", None if out is None else as_text(str(out), MAX_RESET_CHARS))
             elif op == "call":
@@ -210,10 +215,12 @@ class EnvHost:
     def __init__(self, spec: str, timeout_s: float = 10.0, start_timeout_s: float = 120.0, args: dict | None = None):
         self.spec, self.timeout_s, self.start_timeout_s = spec, timeout_s, start_timeout_s
         try:  # the constructor's keyword arguments travel to the child as JSON
-            self.args = json.dumps(dict(args or {}))
+            if not isinstance(args or {}, dict):
+                raise TypeError(f"a mapping of keyword arguments was expected, got {type(args).__name__}")
+            self.args = json.dumps(args or {}, allow_nan=False)
         except (TypeError, ValueError) as err:
-            raise EnvironmentClassError(f"environment={spec!r}: its arguments {args!r} must be JSON values (they "
-                                        f"are sent to the environment's process): {err}") from None
+            raise EnvironmentClassError(f"environment={spec!r}: its arguments {args!r} must be a mapping of names to "
+                                        f"JSON values (they are sent to the environment's process): {err}") from None
         self.rows: dict[int, dict] = {}  # each world's last row: a restarted child resets its instances with them
         self.tool_seconds = 0.0  # wall time inside tool calls (perf/tool_s)
         self.restarts = 0
@@ -223,9 +230,11 @@ class EnvHost:
 
     def _start(self) -> None:
         env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
-        self._proc = subprocess.Popen([sys.executable, "-m", "kit.sandbox.envhost", self.spec, self.args], stdin=subprocess.PIPE,
-                                      stdout=subprocess.PIPE, stderr=None, text=True, bufsize=1, env=env,
+        self._proc = subprocess.Popen([sys.executable, "-m", "kit.sandbox.envhost", self.spec],
+                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=None, text=True, bufsize=1, env=env,
                                       cwd=os.getcwd(), start_new_session=True)  # killed with what it started
+        self._proc.stdin.write(self.args + "\n")  # the constructor's arguments, the child's first line
+        self._proc.stdin.flush()
         self._number = 0
         answer = self._read(self.start_timeout_s)
         if answer is None:
@@ -400,4 +409,4 @@ class EnvView:
 
 
 if __name__ == "__main__":
-    _serve(sys.argv[1], sys.argv[2] if len(sys.argv) > 2 else "{}")
+    _serve(sys.argv[1])
