@@ -5,6 +5,7 @@ one, against the game's exact optimum (1.0).
     python bench/environments.py table                       # bench/results/environments.md
     python bench/environments.py tool --seeds 1 2 --n 2      # the code team with run_tests and without (untrained)
     python bench/environments.py tool-table                  # bench/results/code_tool.md
+    python bench/environments.py cache --items 1             # tool rounds from the carried KV cache vs not
 
 Each run is the preset with `--set seed=S`, trained in checkpoints/env_bench/<preset>_s<S> (git-ignored), with the
 preset's greedy held-out evaluation (8 held-out rows, one joint rollout each) at step 0, every eval_every steps and the
@@ -18,6 +19,11 @@ and token budget (`--tokens`, shared by the calls, their results' turns excluded
 --methods naive` at `--n` joint actions per item, one run folder per arm and seed (checkpoints/env_bench/code_<arm>_s<S>,
 no training). `tool-table`: pass@1 and reward per arm, pooled over seeds per item, with 95% bootstrap intervals over
 items, and tool minus plain paired on the same items.
+
+`cache`: one training step's rollout of the untrained coder_keys team (`--items` rows x 2 agents x G=4, sampled at
+the preset's temperature, the same seeds) twice: each tool round going on from the rows' KV cache of the round before
+(kit/engine/tools.py, the HF engine's default) and each round forwarding every row's whole context again. Prints the
+generate seconds of each, the rounds' tokens, and whether the two sampled the same transcripts.
 """
 
 from __future__ import annotations
@@ -143,6 +149,38 @@ def tool_table(runs: Path = RUNS) -> str:
     return "\n".join(lines)
 
 
+def cache(items: int, extra: list[str], preset: str = "coder_keys") -> None:
+    import tempfile
+    import time
+
+    from kit.analysis.evaluate import parallel_joints
+    from kit.engine.rollout import engine_for
+    from kit.run.config import load_config
+    from kit.trainers.trainer import Trainer
+
+    with tempfile.TemporaryDirectory() as tmp:
+        cfg = load_config(preset, overrides=[f"run_dir={tmp}/run", "progress=false", *extra])
+        trainer = Trainer(cfg)
+        engine = engine_for(trainer.team, 0)
+        rows, out = trainer.train_items[:items], {}
+        for carry in (True, False):
+            engine.carries_cache = carry
+            sampler = trainer.sampler
+            calls = sampler.tool_calls
+            t0 = time.perf_counter()
+            joints, tokens, seconds = parallel_joints(sampler, trainer.task, rows, cfg.num_generations,
+                                                      tag="cache")
+            out[carry] = (joints, tokens, seconds, sampler.tool_calls - calls, time.perf_counter() - t0)
+            print(f"carried cache {carry}: generate {seconds:.1f} s ({time.perf_counter() - t0:.1f} s with tools), "
+                  f"{tokens} generated tokens, {out[carry][3]} tool calls", flush=True)
+        trainer.close()
+    same = [tuple(j) for per in out[True][0] for j in per] == [tuple(j) for per in out[False][0] for j in per]
+    print(f"| rows | generated tokens | tool calls | generate, cache carried (s) | generate, whole context each "
+          f"round (s) | speed-up | same answers |\n|---|---|---|---|---|---|---|\n"
+          f"| {items * cfg.num_agents * cfg.num_generations} | {out[True][1]} / {out[False][1]} | {out[True][3]} / "
+          f"{out[False][3]} | {out[True][2]:.1f} | {out[False][2]:.1f} | {out[False][2] / out[True][2]:.2f}x | {same} |")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -158,11 +196,16 @@ def main() -> None:
     to.add_argument("--tokens", type=int, default=480, help="max_new_tokens of both arms")
     to.add_argument("--set", dest="extra", nargs="*", default=[])
     sub.add_parser("tool-table")
+    ca = sub.add_parser("cache", help="tool rounds from the carried KV cache against the whole context each round")
+    ca.add_argument("--items", type=int, default=1)
+    ca.add_argument("--set", dest="extra", nargs="*", default=[])
     args = parser.parse_args()
     if args.command == "train":
         train(args.preset, args.seeds, args.extra)
     elif args.command == "tool":
         tool(args.seeds, args.n, args.tokens, args.extra)
+    elif args.command == "cache":
+        cache(args.items, args.extra)
     elif args.command == "tool-table":
         text = tool_table()
         (OUT.parent / "code_tool.md").write_text(text + "\n")

@@ -29,6 +29,7 @@ update's forward is kit/engine/forward.py.
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import time
 from contextlib import contextmanager
@@ -239,6 +240,7 @@ class HFEngine:
 
     name = "hf"
     compile_seconds = 0.0
+    carries_cache = True  # generate_carried: agents acting in rounds go on from their KV cache (kit/engine/tools.py)
 
     def __init__(self, model, share_prompts: bool = True):
         self.model, self.share_prompts = model, share_prompts
@@ -246,17 +248,26 @@ class HFEngine:
     def sync(self) -> None:  # PEFT reads its own weights
         pass
 
-    @torch.no_grad()
     def generate(self, input_ids, attention_mask, adapters, generation_config, row_seeds=None):
+        return self.generate_carried(input_ids, attention_mask, adapters, generation_config, row_seeds)[:2]
+
+    @torch.no_grad()
+    def generate_carried(self, input_ids, attention_mask, adapters, generation_config, row_seeds=None, past=None):
+        """`generate`, going on from `past` when given (a KV cache of the first `past.get_seq_length()` columns of
+        `input_ids`, made on the same adapters), and also returning the cache it ends with: (completion, sampler
+        log-probs, cache). The cache holds every input column and the completion's columns but its last."""
         config, processors = seeded_config(generation_config, row_seeds)
+        config = copy.copy(config)  # seeded_config may return the caller's own
+        config.return_dict_in_generate = True
         with restored(self.model):
             self.model.eval()
-            cache = self.prefill(input_ids, attention_mask, adapters) if self.share_prompts else None
-            seq = self.model.generate(input_ids=input_ids, attention_mask=attention_mask, adapter_names=adapters,
+            if past is None and self.share_prompts:
+                past = self.prefill(input_ids, attention_mask, adapters)
+            out = self.model.generate(input_ids=input_ids, attention_mask=attention_mask, adapter_names=adapters,
                                       generation_config=config, logits_processor=processors,
-                                      past_key_values=cache)  # None: generate makes its own
-        completion = seq[:, input_ids.shape[1]:]
-        return completion, sampled_logprobs(generation_config, processors, completion)
+                                      past_key_values=past)  # None: generate makes its own
+        completion = out.sequences[:, input_ids.shape[1]:]
+        return completion, sampled_logprobs(generation_config, processors, completion), out.past_key_values
 
     def prefill(self, input_ids, attention_mask, adapters):
         """The KV cache of every row's prompt but its last token, each distinct (prompt, adapter) forwarded once

@@ -11,13 +11,11 @@ added to every agent's prompt of that world.
 A rollout runs in rounds. Each round is one batched engine call per base for every live row of every world, each
 row on its agent's adapter. A row whose new text holds tool calls (and has calls left: `max_tool_calls` per agent
 per turn) gets each call run in its world, in agent order, and the results appended as the chat template's tool
-turn: the suffix text after the assistant's end-of-turn token is rendered by the template and tokenized on its own,
-so the ids of the history are extended, never re-tokenized. A round stops at the end of its first complete call
-(`</tool_call>`, a stop string as vLLM-served agents use), or of the last of several calls written one block after
-another (parallel calls: each runs, in order, and their results come back in one tool turn): what the model wrote
-after it is dropped (its earlier tokens do not depend on it), and the template's end of the assistant turn opens
-the tool turn. A row without a call (or out of calls, or out of its
-`max_new_tokens` budget of generated tokens) is done; its text for the reward is its last round's answer, its whole
+turn, rendered by the template and tokenized on its own: the ids of the history are extended, never re-tokenized.
+A round stops at the end of its first complete call (`</tool_call>`, a stop string as vLLM-served agents use), or of
+the last of several written one after another (parallel calls: their results come back in one tool turn); what
+follows is dropped, and the template's end of the assistant turn opens the tool turn. A row without a call (or out
+of calls, or of its `max_new_tokens` budget) is done; its text for the reward is its last round's answer, its whole
 transcript (calls and results) is kept for logs.
 
 The update sees one Segment per base as from `generate`: the prompt, then every round's generated tokens and the
@@ -27,13 +25,13 @@ while attention covers them (the model reads the results). Sampler log-probs are
 
 Tool calls are parsed from the text as Qwen's (Hermes) format, `<tool_call>{"name": ..., "arguments": {...}}
 </tool_call>`: the chat templates that support tools (Qwen2.5's among them) prompt for it, and a template without tool
-support (SmolLM2's) gets the same format described in a system turn (FALLBACK below) and the results as a user turn
-`<tool_response>...</tool_response>`. A text with no <tool_call> block may still call a tool with a JSON object that
+support (SmolLM2's) gets the same format described in a system turn and the results as a user turn
+`<tool_response>...</tool_response>` (kit/engine/toolcalls.py). A text with no <tool_call> block may still call a tool with a JSON object that
 names one of the environment's tools and gives its arguments (Qwen2.5-Coder-0.5B answers a tool prompt with a
 ```json block of exactly that).
 
-Not covered: truncating a tool prompt to max_prompt_tokens (the tools' schemas come first); the compiled engine's
-static shapes with tool rounds (it runs, each round a new shape; CUDA only).
+On the HF engine a round goes on from each row's KV cache of the round before (kit/engine/carry.py). Not covered:
+truncating a tool prompt to max_prompt_tokens; the compiled engine (CUDA) forwards each round's whole context.
 
 May import: kit.engine, kit.sandbox.
 """
@@ -41,154 +39,17 @@ May import: kit.engine, kit.sandbox.
 from __future__ import annotations
 
 import json
-import re
 import time
 from dataclasses import dataclass, field
 
 import torch
 
+from kit.engine import carry
 from kit.engine.prompts import answer_start
 from kit.engine.rollout import (Rollout, Sampler, Segment, completion_mask, engine_for, eos_ids, left_pad,
                                 sampling_config)
 from kit.engine.sampling import row_seed
-
-_CALL = re.compile(r"<tool_call>\s*(.*?)\s*(?:</tool_call>|$)", re.S)
-_MARK = "KITMARK0"
-
-FALLBACK = """You can call tools. To call one, write on its own line
-<tool_call>{{"name": "<tool name>", "arguments": {{<arguments as JSON>}}}}</tool_call>
-then stop; the result comes back in <tool_response></tool_response>. When you have what you need, answer without a
-tool call. Tools (JSON schemas):
-{schemas}"""
-
-
-def parse_calls(text: str, known=()) -> list[dict]:
-    """The tool calls in a model's text: [{"name", "arguments"}], or {"error"} for a call that is not valid JSON.
-    Without any <tool_call> block, a JSON object naming one of the `known` tools and giving its arguments (bare, or in
-    a ```json fence: how Qwen2.5-Coder-0.5B answers a tool prompt) is a call too."""
-    if "<tool_call>" not in text and known:
-        return bare_calls(text, set(known))
-    calls = []
-    for body in _CALL.findall(text):
-        if not body.strip():
-            continue
-        try:
-            call = json.loads(body)
-        except (ValueError, RecursionError) as err:  # a degenerate text (thousands of "[") is an error, not a crash
-            calls.append({"error": f"the tool call is not valid JSON ({getattr(err, 'msg', 'nested too deeply')}): "
-                                   f"{body[:200]}"})
-            continue
-        if not isinstance(call, dict) or "name" not in call:
-            calls.append({"error": f"a tool call needs a name and arguments: {body[:200]}"})
-            continue
-        arguments = call.get("arguments", call.get("parameters", {}))
-        if isinstance(arguments, str):  # some models write the arguments as a JSON string
-            try:
-                arguments = json.loads(arguments)
-            except ValueError:
-                pass
-        calls.append({"name": str(call["name"]), "arguments": arguments})
-    return calls
-
-
-def bare_calls(text: str, known: set) -> list[dict]:
-    """JSON objects in the text with a known tool's `name` and its `arguments` (or `parameters`), in order."""
-    decoder, calls, at = json.JSONDecoder(), [], text.find("{")
-    while at >= 0:
-        try:
-            value, end = decoder.raw_decode(text, at)
-        except (ValueError, RecursionError):
-            at = text.find("{", at + 1)
-            continue
-        if isinstance(value, dict) and value.get("name") in known and isinstance(
-                value.get("arguments", value.get("parameters")), dict):
-            calls.append({"name": value["name"], "arguments": value.get("arguments", value.get("parameters"))})
-        at = text.find("{", end)
-    return calls
-
-
-def call_end(tok, ids: list[int]) -> int | None:
-    """The number of tokens up to and including the end of the first run of complete calls in `ids`' text (None: no
-    complete call): the first `</tool_call>`, extended over every `<tool_call>...</tool_call>` that follows it with
-    only whitespace between (parallel calls, one block after another, as Qwen's template writes them). The tokens
-    after it were sampled but are dropped: the model's earlier tokens do not depend on them."""
-    text = tok.decode(ids, skip_special_tokens=True)
-    if "</tool_call>" not in text:
-        return None
-    end, calls = text.index("</tool_call>") + len("</tool_call>"), 1
-    while True:
-        rest = text[end:].lstrip()
-        if not (rest.startswith("<tool_call>") and "</tool_call>" in rest):
-            break
-        end = len(text) - len(rest) + rest.index("</tool_call>") + len("</tool_call>")
-        calls += 1
-    for n in range(1, len(ids) + 1):
-        if tok.decode(ids[:n], skip_special_tokens=True).count("</tool_call>") >= calls:
-            return n
-    return None
-
-
-def _messages(prompt: str) -> list[dict]:
-    return list(getattr(prompt, "messages", None) or [{"role": "user", "content": str(prompt)}])
-
-
-def template_has_tools(tok, schemas: list[dict]) -> bool:
-    """Whether the chat template renders `tools=` (Qwen2.5's does; SmolLM2's ignores them)."""
-    if not getattr(tok, "chat_template", None) or not schemas:
-        return False
-    try:
-        text = tok.apply_chat_template([{"role": "user", "content": "x"}], tools=schemas, tokenize=False,
-                                       add_generation_prompt=True)
-    except Exception:
-        return False
-    return schemas[0]["function"]["name"] in text if "function" in schemas[0] else schemas[0]["name"] in text
-
-
-def prompt_ids(tok, prompt: str, schemas: list[dict], use_chat_template: bool = True) -> list[int]:
-    """The ids of an agent's prompt with its tools offered (the template's own way, else FALLBACK)."""
-    messages = _messages(prompt)
-    start = answer_start(prompt)
-    if use_chat_template and getattr(tok, "chat_template", None):
-        if schemas and template_has_tools(tok, schemas):
-            text = tok.apply_chat_template(messages, tools=schemas, tokenize=False, add_generation_prompt=True)
-        else:
-            if schemas:
-                extra = FALLBACK.format(schemas=json.dumps(schemas, indent=1))
-                if messages[0]["role"] == "system":
-                    messages = [{"role": "system", "content": messages[0]["content"] + "\n\n" + extra}, *messages[1:]]
-                else:
-                    messages = [{"role": "system", "content": extra}, *messages]
-            text = tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
-    else:
-        body = "\n\n".join(m["content"] for m in messages)
-        text = (FALLBACK.format(schemas=json.dumps(schemas)) + "\n\n" if schemas else "") + body + "\n"
-    return tok(text + start, add_special_tokens=False).input_ids
-
-
-def tool_turn_text(tok, results: list[str], end_text: str, use_chat_template: bool = True,
-                   native: bool = True) -> str:
-    """The text that follows an assistant turn ending in `end_text` (its end-of-turn token, as generated): the tool
-    results as the template's tool turn, then the next assistant header. A template without tool support (`native`
-    False: template_has_tools) or without a tool role: a user turn of <tool_response> blocks (FALLBACK's promise);
-    no template: the blocks on their own."""
-    blocks = "\n".join(f"<tool_response>\n{r}\n</tool_response>" for r in results)
-    if not (use_chat_template and getattr(tok, "chat_template", None)):
-        return f"\n{blocks}\n"
-    base = [{"role": "user", "content": "u"}, {"role": "assistant", "content": _MARK}]
-    tool_turn = [{"role": "tool", "content": r} for r in results]
-    for turn in ([tool_turn] if native else []) + [[{"role": "user", "content": blocks}]]:
-        try:
-            full = tok.apply_chat_template(base + turn, tokenize=False, add_generation_prompt=True)
-        except Exception:
-            continue
-        at = full.find(_MARK)
-        rest = full[at + len(_MARK):] if at >= 0 else ""
-        if end_text and rest.startswith(end_text):
-            rest = rest[len(end_text):]
-        if all(r in rest for r in results):
-            return rest
-    raise ValueError("the chat template renders neither a tool turn nor a user turn after an assistant turn")
-
+from kit.engine.toolcalls import call_end, parse_calls, prompt_ids, template_has_tools, tool_turn_text
 
 @dataclass
 class _Row:
@@ -208,6 +69,8 @@ class _Row:
     pending: list = field(default_factory=list)  # this round's calls, run after every base's generation
     end_text: str = ""  # how the round's text ended (its EOS token's text; "" when stopped at </tool_call>)
     answer_round: int = 0
+    kv: list | None = None  # per layer (keys, values) of the row's first `cached` tokens, carried between rounds
+    cached: int = 0
 
 
 class ToolSampler(Sampler):
@@ -288,19 +151,25 @@ def act(team, requests, G: int, params, *, worlds: list[dict], host, roles: list
             config = config_for.setdefault((base, max(budget)), sampling_config(
                 max(budget), params.temperature, params.top_p, params.top_k, eos, tok.pad_token_id))
             device = next(model.parameters()).device
-            enc = left_pad([r.prompt + r.ids for r in live], tok.pad_token_id, device)
             seeds = None
             if config.do_sample:
                 seeds = torch.tensor([row_seed(seed, (*keys[r.k], "round", round_) if keys else (r.k, round_), r.g)
                                       for r in live])
             engine = engine_for(team, base)
             engine.sync()
+            adapters = [team.adapter_of[r.agent] for r in live]
             t0 = time.perf_counter()
-            comp, logprobs = engine.generate(enc["input_ids"], enc["attention_mask"],
-                                             [team.adapter_of[r.agent] for r in live], config, seeds)
+            if getattr(engine, "carries_cache", False):  # each row goes on from its cache of the last round
+                enc, past = carry.inputs(live, tok.pad_token_id, model.config, device)
+                comp, logprobs, cache = engine.generate_carried(enc["input_ids"], enc["attention_mask"], adapters,
+                                                                config, seeds, past)
+            else:
+                enc, cache = left_pad([r.prompt + r.ids for r in live], tok.pad_token_id, device), None
+                comp, logprobs = engine.generate(enc["input_ids"], enc["attention_mask"], adapters, config, seeds)
             out.seconds += time.perf_counter() - t0
             cmask = completion_mask(comp, eos)
             logprobs = torch.zeros(comp.shape) if logprobs is None else logprobs
+            before = [len(r.ids) for r in live]
             for i, (r, room) in enumerate(zip(live, budget)):
                 length = min(int(cmask[i].sum()), room)
                 new = comp[i, :length].tolist()
@@ -322,6 +191,8 @@ def act(team, requests, G: int, params, *, worlds: list[dict], host, roles: list
                     r.pending = calls[: r.calls_left]
                 else:  # finished: ended with EOS (a round cut at </tool_call> by the budget did not)
                     r.answer, r.answer_round, r.finished, r.live = text, round_, ended, False
+            if cache is not None:
+                carry.keep(cache, live, enc["attention_mask"], [len(r.ids) - n for r, n in zip(live, before)])
         # every base has generated: the round's calls run in (world, agent) order, whichever base an agent is on
         for r in sorted((r for r in rows if r.live and r.pending), key=lambda r: (r.world, r.agent)):
             base = team.base_of[r.agent]

@@ -1,0 +1,158 @@
+"""The text of tool calls (kit/engine/tools.py runs the rounds): how an agent's prompt offers its tools, how calls
+are read from what it writes, and how results come back into its context.
+
+    ids = prompt_ids(tok, prompt, schemas)        # the template's own tools= rendering, else FALLBACK in a system turn
+    calls = parse_calls(text, known_tools)        # [{"name", "arguments"}] or {"error"} per call
+    n = call_end(tok, new_ids)                    # where a round stops: after its first complete call(s)
+    suffix = tool_turn_text(tok, results, end_text, native=template_has_tools(tok, schemas))
+
+Calls are read in Qwen's (Hermes) format, `<tool_call>{"name": ..., "arguments": {...}}</tool_call>`; a text with no
+such block may still call a known tool with a bare or ```json-fenced JSON object. The tool turn is rendered by the
+chat template on its own (the text after an assistant turn), so the caller extends ids without re-tokenizing.
+
+May import: kit.engine.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+
+from kit.engine.prompts import answer_start
+
+_CALL = re.compile(r"<tool_call>\s*(.*?)\s*(?:</tool_call>|$)", re.S)
+_MARK = "KITMARK0"
+
+FALLBACK = """You can call tools. To call one, write on its own line
+<tool_call>{{"name": "<tool name>", "arguments": {{<arguments as JSON>}}}}</tool_call>
+then stop; the result comes back in <tool_response></tool_response>. When you have what you need, answer without a
+tool call. Tools (JSON schemas):
+{schemas}"""
+
+
+def parse_calls(text: str, known=()) -> list[dict]:
+    """The tool calls in a model's text: [{"name", "arguments"}], or {"error"} for a call that is not valid JSON.
+    Without any <tool_call> block, a JSON object naming one of the `known` tools and giving its arguments (bare, or in
+    a ```json fence: how Qwen2.5-Coder-0.5B answers a tool prompt) is a call too."""
+    if "<tool_call>" not in text and known:
+        return bare_calls(text, set(known))
+    calls = []
+    for body in _CALL.findall(text):
+        if not body.strip():
+            continue
+        try:
+            call = json.loads(body)
+        except (ValueError, RecursionError) as err:  # a degenerate text (thousands of "[") is an error, not a crash
+            calls.append({"error": f"the tool call is not valid JSON ({getattr(err, 'msg', 'nested too deeply')}): "
+                                   f"{body[:200]}"})
+            continue
+        if not isinstance(call, dict) or "name" not in call:
+            calls.append({"error": f"a tool call needs a name and arguments: {body[:200]}"})
+            continue
+        arguments = call.get("arguments", call.get("parameters", {}))
+        if isinstance(arguments, str):  # some models write the arguments as a JSON string
+            try:
+                arguments = json.loads(arguments)
+            except ValueError:
+                pass
+        calls.append({"name": str(call["name"]), "arguments": arguments})
+    return calls
+
+
+def bare_calls(text: str, known: set) -> list[dict]:
+    """JSON objects in the text with a known tool's `name` and its `arguments` (or `parameters`), in order."""
+    decoder, calls, at = json.JSONDecoder(), [], text.find("{")
+    while at >= 0:
+        try:
+            value, end = decoder.raw_decode(text, at)
+        except (ValueError, RecursionError):
+            at = text.find("{", at + 1)
+            continue
+        if isinstance(value, dict) and value.get("name") in known and isinstance(
+                value.get("arguments", value.get("parameters")), dict):
+            calls.append({"name": value["name"], "arguments": value.get("arguments", value.get("parameters"))})
+        at = text.find("{", end)
+    return calls
+
+
+def call_end(tok, ids: list[int]) -> int | None:
+    """The number of tokens up to and including the end of the first run of complete calls in `ids`' text (None: no
+    complete call): the first `</tool_call>`, extended over every `<tool_call>...</tool_call>` that follows it with
+    only whitespace between (parallel calls, one block after another, as Qwen's template writes them). The tokens
+    after it were sampled but are dropped: the model's earlier tokens do not depend on them."""
+    text = tok.decode(ids, skip_special_tokens=True)
+    if "</tool_call>" not in text:
+        return None
+    end, calls = text.index("</tool_call>") + len("</tool_call>"), 1
+    while True:
+        rest = text[end:].lstrip()
+        if not (rest.startswith("<tool_call>") and "</tool_call>" in rest):
+            break
+        end = len(text) - len(rest) + rest.index("</tool_call>") + len("</tool_call>")
+        calls += 1
+    for n in range(1, len(ids) + 1):
+        if tok.decode(ids[:n], skip_special_tokens=True).count("</tool_call>") >= calls:
+            return n
+    return None
+
+
+def _messages(prompt: str) -> list[dict]:
+    return list(getattr(prompt, "messages", None) or [{"role": "user", "content": str(prompt)}])
+
+
+def template_has_tools(tok, schemas: list[dict]) -> bool:
+    """Whether the chat template renders `tools=` (Qwen2.5's does; SmolLM2's ignores them)."""
+    if not getattr(tok, "chat_template", None) or not schemas:
+        return False
+    try:
+        text = tok.apply_chat_template([{"role": "user", "content": "x"}], tools=schemas, tokenize=False,
+                                       add_generation_prompt=True)
+    except Exception:
+        return False
+    return schemas[0]["function"]["name"] in text if "function" in schemas[0] else schemas[0]["name"] in text
+
+
+def prompt_ids(tok, prompt: str, schemas: list[dict], use_chat_template: bool = True) -> list[int]:
+    """The ids of an agent's prompt with its tools offered (the template's own way, else FALLBACK)."""
+    messages = _messages(prompt)
+    start = answer_start(prompt)
+    if use_chat_template and getattr(tok, "chat_template", None):
+        if schemas and template_has_tools(tok, schemas):
+            text = tok.apply_chat_template(messages, tools=schemas, tokenize=False, add_generation_prompt=True)
+        else:
+            if schemas:
+                extra = FALLBACK.format(schemas=json.dumps(schemas, indent=1))
+                if messages[0]["role"] == "system":
+                    messages = [{"role": "system", "content": messages[0]["content"] + "\n\n" + extra}, *messages[1:]]
+                else:
+                    messages = [{"role": "system", "content": extra}, *messages]
+            text = tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+    else:
+        body = "\n\n".join(m["content"] for m in messages)
+        text = (FALLBACK.format(schemas=json.dumps(schemas)) + "\n\n" if schemas else "") + body + "\n"
+    return tok(text + start, add_special_tokens=False).input_ids
+
+
+def tool_turn_text(tok, results: list[str], end_text: str, use_chat_template: bool = True,
+                   native: bool = True) -> str:
+    """The text that follows an assistant turn ending in `end_text` (its end-of-turn token, as generated): the tool
+    results as the template's tool turn, then the next assistant header. A template without tool support (`native`
+    False: template_has_tools) or without a tool role: a user turn of <tool_response> blocks (FALLBACK's promise);
+    no template: the blocks on their own."""
+    blocks = "\n".join(f"<tool_response>\n{r}\n</tool_response>" for r in results)
+    if not (use_chat_template and getattr(tok, "chat_template", None)):
+        return f"\n{blocks}\n"
+    base = [{"role": "user", "content": "u"}, {"role": "assistant", "content": _MARK}]
+    tool_turn = [{"role": "tool", "content": r} for r in results]
+    for turn in ([tool_turn] if native else []) + [[{"role": "user", "content": blocks}]]:
+        try:
+            full = tok.apply_chat_template(base + turn, tokenize=False, add_generation_prompt=True)
+        except Exception:
+            continue
+        at = full.find(_MARK)
+        rest = full[at + len(_MARK):] if at >= 0 else ""
+        if end_text and rest.startswith(end_text):
+            rest = rest[len(end_text):]
+        if all(r in rest for r in results):
+            return rest
+    raise ValueError("the chat template renders neither a tool turn nor a user turn after an assistant turn")
