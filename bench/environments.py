@@ -22,8 +22,9 @@ items, and tool minus plain paired on the same items.
 
 `cache`: one training step's rollout of the untrained coder_keys team (`--items` rows x 2 agents x G=4, sampled at
 the preset's temperature, the same seeds) twice: each tool round going on from the rows' KV cache of the round before
-(kit/engine/tools.py, the HF engine's default) and each round forwarding every row's whole context again. Prints the
-generate seconds of each, the rounds' tokens, and whether the two sampled the same transcripts.
+(kit/engine/tools.py, the HF engine's default) and each round forwarding every row's whole context again, both on the
+HF engine (`rollout_engine=hf`, also on CUDA). Prints the generate seconds of each, the rounds' tokens, and whether the
+two sampled the same transcripts.
 """
 
 from __future__ import annotations
@@ -159,7 +160,9 @@ def cache(items: int, extra: list[str], preset: str = "coder_keys") -> None:
     from kit.trainers.trainer import Trainer
 
     with tempfile.TemporaryDirectory() as tmp:
-        cfg = load_config(preset, overrides=[f"run_dir={tmp}/run", "progress=false", *extra])
+        # the HF engine on every machine: it is the one that carries a cache (the compiled one, CUDA's default for
+        # the team, forwards the whole context each round anyway)
+        cfg = load_config(preset, overrides=[f"run_dir={tmp}/run", "progress=false", "rollout_engine=hf", *extra])
         trainer = Trainer(cfg)
         engine = engine_for(trainer.team, 0)
         rows, out = trainer.train_items[:items], {}

@@ -326,6 +326,8 @@ def test_schedule_fields(overrides, expected, lr):
 class SpyEngine:
     """The real engine, recording what each generate call was given."""
 
+    carries_cache = False  # tool rounds go through generate too (else __getattr__ would hand out generate_carried)
+
     def __init__(self, engine):
         self.engine, self.calls = engine, []
 

@@ -51,8 +51,10 @@ def test_a_round_from_the_carried_cache_samples_what_the_whole_context_samples(t
     for r, extra in zip(rows, ["a tool said this", "ok", "and a much longer tool turn with many words in it"]):
         r.ids += tok(extra, add_special_tokens=False).input_ids  # a tool turn of its own length per row
 
+    cached = [r.cached for r in rows]
     enc, past = carry.inputs(rows, tok.pad_token_id, model.config, "cpu")
-    assert past is not None and past.get_seq_length() == max(r.cached for r in rows)
+    assert past is not None and past.get_seq_length() == max(cached)
+    assert all(r.kv is None for r in rows)  # moved into the batched cache, not held twice through the generate
     assert enc["attention_mask"].sum(1).tolist() == [len(r.prompt) + len(r.ids) for r in rows]
     carried, carried_logp, _ = engine.generate_carried(enc["input_ids"], enc["attention_mask"], adapters, config,
                                                        seeds, past)

@@ -1008,6 +1008,9 @@ MUTATIONS = [
     Mutation("tool cache: the carried keys are right-padded (their positions move)", "kit/engine/carry.py",
              "keys[i, :, P - c:] = r.kv[layer][0][:, :c]", "keys[i, :, :c] = r.kv[layer][0][:, :c]",
              ("tests/test_tool_cache.py",)),
+    Mutation("tool cache: each row keeps its copy through the generate (memory held twice)", "kit/engine/carry.py",
+             "    for r in rows:  # the batched cache holds them now", "    for r in []:  # the batched cache holds them now",
+             ("tests/test_tool_cache.py",)),
     # ---- issue 55: Colab, fifth pass
     Mutation("colab 5: closing again makes no copy", "kit/trainers/trainer.py",
              "        if self.mirror is not None and (not again or self.drive_lacks()):",

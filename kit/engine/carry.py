@@ -29,7 +29,8 @@ def inputs(rows: list, pad_id: int, config, device) -> tuple[dict, object]:
     tokens (left-padded to the longest), the rest its tokens not forwarded yet (the last round's last token, the
     tool turn; left-padded too). The padding in the middle is masked, and positions count only unmasked columns, so
     each token sits where one forward of the whole row puts it. (inputs, the rows' caches batched into one for the
-    first P columns, or None when no row has one: plain left padding, as in the first round)."""
+    first P columns, or None when no row has one: plain left padding, as in the first round). The rows' caches move
+    into the batched one (each row's `kv` is cleared); `keep` gives each live row its own again after generate."""
     full = [r.prompt + r.ids for r in rows]
     cached = [min(r.cached, len(f) - 1) if r.kv else 0 for r, f in zip(rows, full)]  # one token at least is new
     P, U = max(cached), max(len(f) - c for f, c in zip(full, cached))
@@ -50,6 +51,8 @@ def inputs(rows: list, pad_id: int, config, device) -> tuple[dict, object]:
                 keys[i, :, P - c:] = r.kv[layer][0][:, :c]
                 values[i, :, P - c:] = r.kv[layer][1][:, :c]
         past.update(keys, values, layer)
+    for r in rows:  # the batched cache holds them now: a row's own copy would only double the memory until `keep`
+        r.kv, r.cached = None, 0
     return enc, past
 
 

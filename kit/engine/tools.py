@@ -193,6 +193,7 @@ def act(team, requests, G: int, params, *, worlds: list[dict], host, roles: list
                     r.answer, r.answer_round, r.finished, r.live = text, round_, ended, False
             if cache is not None:
                 carry.keep(cache, live, enc["attention_mask"], [len(r.ids) - n for r, n in zip(live, before)])
+            past = cache = None  # the rows hold their columns now: the batch's cache is not kept through the tools
         # every base has generated: the round's calls run in (world, agent) order, whichever base an agent is on
         for r in sorted((r for r in rows if r.live and r.pending), key=lambda r: (r.world, r.agent)):
             base = team.base_of[r.agent]
