@@ -7,6 +7,7 @@
     python bench/smol.py train hanabi --seeds 0 1 2            # smol_hanabi (random / rule / untrained / trained)
     python bench/smol.py table                                 # bench/results/smol.md + smol_<task>.png
     python bench/smol.py train coder --seeds 0 1 2 --n 2 --set eval_every=0   # coder_code (Qwen2.5-Coder-0.5B)
+    python bench/smol.py train coder-g2 --turns 2 --seeds 0 --n 2 --set eval_every=0   # G=2, a feedback turn
     python bench/smol.py table --coder                         # bench/results/coder.md
     python bench/smol.py archive checkpoints/smol_bench/coder_s3 # keep a run's table data (train does it itself)
 
@@ -47,7 +48,7 @@ KEPT = Path(__file__).resolve().parent / "results" / "runs"  # archive(): runs k
 OUT = ROOT / "bench" / "results"
 PRESET = {"writing": "smol_writing", "code": "smol_code", "humaneval": "smol_code", "hanabi": "smol_hanabi",
           "coder": "coder_code", "coder-humaneval": "coder_code", "coder-mbpp": "coder_code",
-          "coder-humaneval-b2": "coder_code", "coder-mbpp-b2": "coder_code"}
+          "coder-humaneval-b2": "coder_code", "coder-mbpp-b2": "coder_code", "coder-g2": "coder_code"}
 # a task of this script that is a preset with other task_args: HumanEval's train/eval splits instead of coop's
 TASK_OVERRIDES = {"humaneval": ["task_args={dataset: humaneval, prefill: helper}"],
                   "coder-humaneval": ["task_args={dataset: humaneval, prefill: helper}"],
@@ -57,7 +58,10 @@ TASK_OVERRIDES = {"humaneval": ["task_args={dataset: humaneval, prefill: helper}
                   "coder-humaneval-b2": ["task_args={dataset: humaneval, prefill: helper}", "batch_size=2",
                                          "learning_rate=5e-5"],
                   "coder-mbpp-b2": ["task_args={dataset: mbpp, prefill: helper}", "batch_size=2",
-                                    "learning_rate=5e-5"]}
+                                    "learning_rate=5e-5"],
+                  # the cooperative problems with G=2: for multi-turn (`--turns 2`), where every first-turn joint
+                  # action branches into its own feedback node, G=4 makes 40 rows a step (~14 min here), G=2 12
+                  "coder-g2": ["num_generations=2"]}
 MODEL = {"coder": "Qwen2.5-Coder-0.5B-Instruct"}  # by the task's prefix; SmolLM2-135M-Instruct otherwise
 BASELINE_ORDER = ["single", "naive", "sequential", "discussion", "random", "rule", "base"]
 
@@ -155,7 +159,7 @@ def split(metrics: list[dict]) -> dict:
 
 
 SMOL_TASKS = ("writing", "code", "humaneval", "hanabi")
-CODER_TASKS = ("coder", "coder-humaneval", "coder-mbpp", "coder-humaneval-b2", "coder-mbpp-b2")
+CODER_TASKS = ("coder", "coder-humaneval", "coder-mbpp", "coder-humaneval-b2", "coder-mbpp-b2", "coder-g2")
 
 
 def table(tasks=SMOL_TASKS, out: str = "smol.md") -> None:
