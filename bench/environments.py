@@ -2,6 +2,7 @@
 one, against the game's exact optimum (1.0).
 
     python bench/environments.py train --seeds 0 1           # coder_keys (Qwen2.5-Coder-0.5B), one run per seed
+    python bench/environments.py train --seeds 2 --n 4       # + the untrained and trained team sampled, 4 per row
     python bench/environments.py table                       # bench/results/environments.md
     python bench/environments.py tool --seeds 1 2 --n 2      # the code team with run_tests and without (untrained)
     python bench/environments.py tool-table                  # bench/results/code_tool.md
@@ -9,8 +10,10 @@ one, against the game's exact optimum (1.0).
 
 Each run is the preset with `--set seed=S`, trained in checkpoints/env_bench/<preset>_s<S> (git-ignored), with the
 preset's greedy held-out evaluation (8 held-out rows, one joint rollout each) at step 0, every eval_every steps and the
-last step. The table: held-out reward per step and seed, its mean over seeds with the range, the share of the
-optimum, tool calls per completion and the s/step split (generation, tools, update).
+last step; with `--n`, then `kit baselines --methods naive` on the same rows: the untrained and the trained team
+sampled at the preset's temperature (greedy, the untrained team is near the optimum already). The table: held-out
+reward per step and seed, its mean over seeds with the range, the share of the optimum, tool calls per completion
+and the s/step split (generation, tools, update).
 
 `tool`: the untrained coder team (coder_code's settings) on HumanEval's first 8 eval problems in two arms that differ
 only in the environment: `CodeTests` (each agent may call `run_tests(code)` on the problem's visible docstring examples
@@ -42,7 +45,8 @@ RUNS = ROOT / "checkpoints" / "env_bench"
 OUT = Path(__file__).resolve().parent / "results" / "environments.md"
 
 
-def train(preset: str, seeds: list[int], extra: list[str]) -> None:
+def train(preset: str, seeds: list[int], extra: list[str], n: int = 0) -> None:
+    from kit.analysis.baselines import compare
     from kit.run.config import load_config
     from kit.trainers.trainer import Trainer
 
@@ -52,6 +56,8 @@ def train(preset: str, seeds: list[int], extra: list[str]) -> None:
         trainer = Trainer(cfg, resume=(run_dir / "config.json").exists())
         trainer.train()
         trainer.close()
+        if n:  # the untrained and the trained team sampled on the held-out rows (eval/baselines.json)
+            compare(run_dir, ["naive"], n=n)
 
 
 def table(preset: str) -> str:
@@ -191,6 +197,8 @@ def main() -> None:
     tr.add_argument("--preset", default="coder_keys")
     tr.add_argument("--seeds", type=int, nargs="+", default=[0])
     tr.add_argument("--set", dest="extra", nargs="*", default=[])
+    tr.add_argument("--n", type=int, default=0, help="after training: the untrained and the trained team sampled at "
+                    "the preset's temperature, n joint rollouts per held-out row (0: none)")
     tb = sub.add_parser("table")
     tb.add_argument("--preset", default="coder_keys")
     to = sub.add_parser("tool", help="the untrained code team with run_tests and without")
@@ -204,7 +212,7 @@ def main() -> None:
     ca.add_argument("--set", dest="extra", nargs="*", default=[])
     args = parser.parse_args()
     if args.command == "train":
-        train(args.preset, args.seeds, args.extra)
+        train(args.preset, args.seeds, args.extra, args.n)
     elif args.command == "tool":
         tool(args.seeds, args.n, args.tokens, args.extra)
     elif args.command == "cache":
