@@ -164,6 +164,34 @@ def test_a_critic_run_on_two_processes_equals_one_process(tmp_path):
         assert_close_weights(wa, wb, lr=3e-3, steps=2)
 
 
+@pytest.mark.slow
+def test_a_run_with_an_environment_on_two_processes_equals_one_process(tmp_path):
+    """An environment (issue 52) on 2 processes: each process runs its own environment child, built once and reset
+    with the rows of its share of the batch, and the run equals one process's: the same rollouts (with their
+    transcripts), rewards, advantages, metrics (tool time and calls among them) and adapters. Board on the toy task, whose reward varies within a group (a reward that is the same for every sample
+    would make every advantage 0 and an update a no-op that a broken run passes)."""
+    one, two = tmp_path / "one", tmp_path / "two"
+    env = ["environment=kit.tasks.environments:Board", "max_tool_calls=1", "num_steps=2"]
+    overrides = [a for a in ARGS if a != "--set"] + [f"run_dir={one}", *env]
+    trainer = Trainer(load_config("tiny_cpu", overrides=overrides), **QUIET)
+    trainer.train()
+    trainer.close()
+    launch(2, "--preset", "tiny_cpu", "--run-dir", str(two), *ARGS, *[x for e in env for x in ("--set", e)])
+    a, b = rows(one, "rollouts.jsonl"), rows(two, "rollouts.jsonl")
+    assert len(a) == len(b) == 2 * 4 * 2  # steps x items x aligned joint actions
+    for x, y in zip(a, b):
+        assert (x["step"], x["item"], x["completions"], x["reward"], x["transcripts"]) == \
+               (y["step"], y["item"], y["completions"], y["reward"], y["transcripts"])
+        assert y["advantages"] == pytest.approx(x["advantages"], abs=1e-9)
+    assert any(adv != 0 for r in a for adv in r["advantages"])
+    metrics = rows(two, "metrics.jsonl")
+    assert all("perf/tool_s" in m and "tools/calls_per_completion" in m for m in metrics)
+    assert_same_metrics(rows(one, "metrics.jsonl"), metrics)
+    wa, wb = adapters(one, 2), adapters(two, 2)
+    for agent in wa:
+        assert_close_weights(wa[agent], wb[agent], lr=3e-3, steps=2)
+
+
 # seed 3: the two episodes of a deal end differently on both steps, so both players' adapters move. At seed 0 every
 # untrained answer is illegal, each deal's episodes get the same fallback moves and the same return, every
 # advantage is 0 and the update is a no-op that a broken all-reduce passes.
