@@ -91,7 +91,34 @@ def table(preset: str) -> str:
                      f"{m('tools/calls_per_completion', first):.2f} -> {m('tools/calls_per_completion', last):.2f} | "
                      f"{m('perf/step_s', train_rows):.0f} | {m('perf/generate_s', train_rows):.0f} | "
                      f"{m('perf/tool_s', train_rows):.2f} | {m('perf/update_s', train_rows):.0f} |")
-    return "\n".join(lines)
+    return "\n".join(lines + sampled(runs))
+
+
+def sampled(runs: list[Path]) -> list[str]:
+    """`train --n`'s rows: the untrained and the trained team sampled on the held-out rows, per seed, with 95%
+    bootstrap intervals over rows and trained minus untrained paired on the same rows."""
+    from kit.analysis import stats
+
+    lines = []
+    for run in runs:
+        path = run / "eval" / "baselines.json"
+        if not path.exists():
+            continue
+        by = {r["method"]: r for r in json.loads(path.read_text())}
+        if not {"naive", "magrpo"} <= set(by):
+            continue
+        if not lines:
+            lines = ["", "Sampled at the preset's temperature on the held-out rows (`train --n`):", "",
+                     "| seed | untrained team (95% CI over rows) | trained team | trained minus untrained, paired | "
+                     "tool calls per completion (untrained -> trained) | joint rollouts per row |",
+                     "|---|---|---|---|---|---|"]
+        items = {m: np.asarray(by[m]["per_item"]["reward"], dtype=float) for m in ("naive", "magrpo")}
+        calls = [by[m].get("tools/calls_per_completion", 0.0) for m in ("naive", "magrpo")]
+        lines.append(f"| {run.name.rsplit('_s', 1)[1]} | {stats.fmt(*stats.bootstrap(items['naive']))} | "
+                     f"{stats.fmt(*stats.bootstrap(items['magrpo']))} | "
+                     f"{stats.fmt(*stats.paired_bootstrap(items['magrpo'], items['naive']))} | "
+                     f"{calls[0]:.2f} -> {calls[1]:.2f} | {by['magrpo']['num_samples']} |")
+    return lines
 
 
 TOOL_ENV = "kit.tasks.environments:CodeTests"
