@@ -168,8 +168,9 @@ def test_a_critic_run_on_two_processes_equals_one_process(tmp_path):
 def test_a_run_with_an_environment_on_two_processes_equals_one_process(tmp_path):
     """An environment (issue 52) on 2 processes: each process runs its own environment child, built once and reset
     with the rows of its share of the batch, and the run equals one process's: the same rollouts (with their
-    transcripts), rewards, advantages, metrics (tool time and calls among them) and adapters. Board on the toy task, whose reward varies within a group (a reward that is the same for every sample
-    would make every advantage 0 and an update a no-op that a broken run passes)."""
+    transcripts), rewards, advantages, metrics (tool time and calls among them) and adapters. Board on the toy
+    task, whose reward varies within a group (a reward that is the same for every sample would make every advantage
+    0 and an update a no-op that a broken run passes)."""
     one, two = tmp_path / "one", tmp_path / "two"
     env = ["environment=kit.tasks.environments:Board", "max_tool_calls=1", "num_steps=2"]
     overrides = [a for a in ARGS if a != "--set"] + [f"run_dir={one}", *env]
