@@ -4,6 +4,7 @@ one, against the game's exact optimum (1.0).
     python bench/environments.py train --seeds 0 1           # coder_keys (Qwen2.5-Coder-0.5B), one run per seed
     python bench/environments.py train --seeds 2 --n 4       # + the untrained and trained team sampled, 4 per row
     python bench/environments.py table                       # bench/results/environments.md
+    python bench/environments.py train --seeds 3 --name keys_local --set local_reward_weight=0.5   # its own folders
     python bench/environments.py tool --seeds 1 2 --n 2      # the code team with run_tests and without (untrained)
     python bench/environments.py tool-table                  # bench/results/code_tool.md
     python bench/environments.py cache --items 1             # tool rounds from the carried KV cache vs not
@@ -45,13 +46,13 @@ RUNS = ROOT / "checkpoints" / "env_bench"
 OUT = Path(__file__).resolve().parent / "results" / "environments.md"
 
 
-def train(preset: str, seeds: list[int], extra: list[str], n: int = 0) -> None:
+def train(preset: str, seeds: list[int], extra: list[str], n: int = 0, name: str = "") -> None:
     from kit.analysis.baselines import compare
     from kit.run.config import load_config
     from kit.trainers.trainer import Trainer
 
     for seed in seeds:
-        run_dir = RUNS / f"{preset}_s{seed}"
+        run_dir = RUNS / f"{name or preset}_s{seed}"
         cfg = load_config(preset, overrides=[f"seed={seed}", f"run_dir={run_dir}", "progress=false", *extra])
         trainer = Trainer(cfg, resume=(run_dir / "config.json").exists())
         trainer.train()
@@ -60,16 +61,16 @@ def train(preset: str, seeds: list[int], extra: list[str], n: int = 0) -> None:
             compare(run_dir, ["naive"], n=n)
 
 
-def table(preset: str) -> str:
-    runs = sorted(RUNS.glob(f"{preset}_s*"))
+def table(preset: str, name: str = "") -> str:
+    runs = sorted(RUNS.glob(f"{name or preset}_s*"))
     per_seed = {}
     for run in runs:
         rows = [json.loads(line) for line in open(run / "metrics.jsonl")]
         per_seed[int(run.name.rsplit("_s", 1)[1])] = rows
     if not per_seed:
-        return f"no runs of {preset} in {RUNS}"
+        return f"no runs named {name or preset} in {RUNS}"
     steps = sorted({r["step"] for rows in per_seed.values() for r in rows if "eval/reward_mean" in r})
-    lines = [f"### {preset}: held-out reward (greedy, 8 held-out rows; the optimum is 1.0)", "",
+    lines = [f"### {name or preset}: held-out reward (greedy, 8 held-out rows; the optimum is 1.0)", "",
              "| step | " + " | ".join(f"seed {s}" for s in per_seed) + " | mean over seeds (range) |",
              "|---|" + "---|" * (len(per_seed) + 1)]
     for step in steps:
@@ -226,8 +227,11 @@ def main() -> None:
     tr.add_argument("--set", dest="extra", nargs="*", default=[])
     tr.add_argument("--n", type=int, default=0, help="after training: the untrained and the trained team sampled at "
                     "the preset's temperature, n joint rollouts per held-out row (0: none)")
+    tr.add_argument("--name", default="", help="the runs' folder name before _s<seed> (default: the preset's), so "
+                    "that runs of one preset with other --set settings keep their own folders")
     tb = sub.add_parser("table")
     tb.add_argument("--preset", default="coder_keys")
+    tb.add_argument("--name", default="")
     to = sub.add_parser("tool", help="the untrained code team with run_tests and without")
     to.add_argument("--seeds", type=int, nargs="+", default=[1, 2])
     to.add_argument("--n", type=int, default=2, help="joint actions per held-out item")
@@ -239,7 +243,7 @@ def main() -> None:
     ca.add_argument("--set", dest="extra", nargs="*", default=[])
     args = parser.parse_args()
     if args.command == "train":
-        train(args.preset, args.seeds, args.extra, args.n)
+        train(args.preset, args.seeds, args.extra, args.n, args.name)
     elif args.command == "tool":
         tool(args.seeds, args.n, args.tokens, args.extra)
     elif args.command == "cache":
@@ -249,7 +253,7 @@ def main() -> None:
         (OUT.parent / "code_tool.md").write_text(text + "\n")
         print(text)
     else:
-        text = table(args.preset)
+        text = table(args.preset, args.name)
         OUT.parent.mkdir(exist_ok=True)
         OUT.write_text(text + "\n")
         print(text)

@@ -148,3 +148,21 @@ class Sized:
             Its constructor's arguments as JSON.
         """
         return json.dumps(self.built, sort_keys=True)
+
+
+class Shares(Recorder):
+    """Recorder with each agent's own share: `get_agent_rewards` answers `shares` (set by the test through a tool)."""
+
+    shares = [0.25, 0.75]
+
+    def set_shares(self, shares: str) -> str:
+        """Set what get_agent_rewards answers.
+
+        Args:
+            shares: A JSON list of numbers.
+        """
+        self.shares = json.loads(shares)
+        return "set"
+
+    def get_agent_rewards(self) -> list:
+        return self.shares

@@ -107,6 +107,11 @@ def test_the_key_game_scores_its_exact_optimum():
     assert env.get_reward() == pytest.approx(0.25 + 0.25)
     assert env.submit_left("submitted").startswith("already submitted (123)")  # the first submission is final
     assert env.get_reward() == pytest.approx(0.25 + 0.25)
+    assert env.get_agent_rewards() == [1.0, 0.0]  # left read and placed its three digits; right did nothing
+    env.reset(key="123456")
+    env.read_right(), env.submit_right("450")
+    assert env.get_agent_rewards() == pytest.approx([0.0, 0.5 + 0.5 * 2 / 3])
+    assert env.get_reward() == pytest.approx((0.0 + 0.5 + 0.5 * 2 / 3) / 2)  # the team's: the two shares' mean
 
 
 def test_visible_examples_are_the_docstrings_not_the_hidden_tests():
@@ -184,6 +189,7 @@ def test_the_team_plays_the_key_game_through_its_tools(team, keys):
     worlds = [{"id": "k0", "key": "123456"}, {"id": "k1", "key": "987654"}]
     ro, _ = play(team, keys, worlds)
     assert ro.world_rewards == [[1.0, 1.0], [1.0, 1.0]]
+    assert ro.agent_rewards == [[[1.0, 1.0], [1.0, 1.0]], [[1.0, 1.0], [1.0, 1.0]]]  # [world][g][agent]
     assert ro.texts[0][0] == "done" and ro.tool_calls == 2 * 2 * 2 * 2
     assert "<tool_response>\n123\n</tool_response>" in ro.transcripts[0][1]
     assert "<tool_response>\n654\n</tool_response>" in ro.transcripts[3][0]  # world k1, the right agent
@@ -315,6 +321,48 @@ def test_each_joint_action_gets_its_own_worlds_reward():
     rewards = Trainer.score(types.SimpleNamespace(), ro, [None] * 4, [(0, 0), (1, 1)])
     assert [r.total for r in rewards] == [0.1, 0.7, 0.4, 0.2]
     assert rewards[1].parts == {"environment": 0.7}
+
+
+def test_each_agents_own_share_of_its_world_is_a_local_part():
+    import types
+
+    from kit.trainers.trainer import Trainer
+
+    ro = types.SimpleNamespace(world_rewards=[[0.5, 0.7], [0.4, 0.2]],
+                               agent_rewards=[[[1.0, 0.0], [0.9, 0.5]], [[0.3, 0.5], [0.0, 0.4]]])
+    rewards = Trainer.score(types.SimpleNamespace(), ro, [None] * 4, [(0, 0), (1, 1)])
+    assert [r.total for r in rewards] == [0.5, 0.7, 0.4, 0.2]
+    assert rewards[1].parts == {"environment": 0.7, "local_0": 0.9, "local_1": 0.5}  # world 0's sample 1
+    assert rewards[2].parts == {"environment": 0.4, "local_0": 0.3, "local_1": 0.5}  # world 1's sample 0
+
+
+def test_agent_rewards_come_from_the_child_and_bad_ones_are_named():
+    host = EnvHost("scripted_envs:Shares", timeout_s=5)
+    try:
+        assert host.has_agent_rewards and "get_agent_rewards" not in host.tools
+        host.reset([{"id": "a"}, {"id": "b"}])
+        host.call(1, "set_shares", {"shares": "[0.5, 1]"})
+        assert host.agent_rewards([0, 1], 2) == [[0.25, 0.75], [0.5, 1.0]]
+        with pytest.raises(EnvironmentClassError, match=r"world 0: .*it must return 3 finite numbers"):
+            host.agent_rewards([0], 3)
+        host.call(0, "set_shares", {"shares": "[0.5, NaN]"})
+        with pytest.raises(EnvironmentClassError, match="get_agent_rewards"):
+            host.agent_rewards([0], 2)
+    finally:
+        host.close()
+    plain = EnvHost("scripted_envs:Recorder", timeout_s=5)
+    plain.close()
+    assert not plain.has_agent_rewards
+
+
+def test_a_local_reward_weight_needs_the_environments_own_shares(tmp_path):
+    from kit.trainers.trainer import Trainer
+
+    rows = key_rows(tmp_path / "rows.jsonl", 6)
+    with pytest.raises(ValueError, match="get_agent_rewards"):
+        Trainer(load_config("tiny_cpu", overrides=[
+            f"run_dir={tmp_path / 'r'}", "task=rows", f"task_args={{file: {rows}, num_eval: 2}}",
+            "environment=scripted_envs:Recorder", "local_reward_weight=0.5"]), **QUIET)
 
 
 def test_01s_parameters_take_an_environment_and_rows(tmp_path):

@@ -97,11 +97,13 @@ class Rollout:
     seconds: float = 0.0  # wall time inside generate calls (compilation excluded)
     compile_seconds: float = 0.0  # wall time spent compiling new shapes (compiled engine, first calls only)
     # with an environment (kit/engine/tools.py): each sample's whole transcript (tool calls and results), the
-    # calls made, the time inside tools, and get_reward() per world [group][g] when the environment owns the reward
+    # calls made, the time inside tools, get_reward() per world [group][g] when the environment owns the reward,
+    # and get_agent_rewards() per world [group][g][agent] when it gives each agent its own share
     transcripts: list[list[str]] | None = None
     tool_calls: int = 0
     tool_seconds: float = 0.0
     world_rewards: list[list[float]] | None = None
+    agent_rewards: list[list[list[float]]] | None = None
 
     def segment(self, base: int) -> Segment | None:
         """The rows generated on `base`; None when no request of this call was for it."""

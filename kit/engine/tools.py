@@ -215,6 +215,9 @@ def act(team, requests, G: int, params, *, worlds: list[dict], host, roles: list
     if host.has_reward:
         worlds_rewards = host.rewards(list(range(len(worlds) * G)))
         out.world_rewards = [[worlds_rewards[w * G + g] for g in range(G)] for w in range(len(worlds))]
+    if host.has_agent_rewards:  # each agent's own share (the parts local_0 .. that local_reward_weight mixes)
+        per_agent = host.agent_rewards(list(range(len(worlds) * G)), len(roles))
+        out.agent_rewards = [[per_agent[w * G + g] for g in range(G)] for w in range(len(worlds))]
     return out
 
 

@@ -7,6 +7,7 @@ notebook's own.
     host.reset([row, row, ...])                        # one instance per world, built once and reset each step
     host.call(world, "run_tests", {"code": "..."})     # the tool message's content: the result, or {"error": ...}
     host.rewards([0, 1, ...])                          # get_reward() of each world, when the class has one
+    host.agent_rewards([0, 1, ...], n)                 # get_agent_rewards() of each world: n floats, one per agent
     host.view(world).attribute, host.view(world).method()   # a world as reward functions see it (EnvView)
     host.close()
 
@@ -14,9 +15,10 @@ The contract is TRL's (trl 1.16, `GRPOTrainer(environment_factory=...)`): `reset
 fields as keyword arguments (a returned string is added to the prompt); every other public method (no leading `_`,
 not `reset`, not `get_reward`) is a tool whose schema comes from its name, type hints and Google-style docstring;
 an optional `get_reward() -> float` means the environment owns the reward. One instance per world, built once and
-reset often. The kit adds one optional class attribute, `tools_by_role = {"helper": ["left_half"], ...}`: a tool
-named there is offered only to those roles, any other tool to every agent (a TRL class has none: every agent gets
-every tool).
+reset often. The kit adds two optional parts (a TRL class has neither): a class attribute `tools_by_role =
+{"helper": ["left_half"], ...}` offers a tool named there only to those roles, any other tool to every agent; and a
+method `get_agent_rewards() -> list[float]`, each agent's own share of the outcome in the team's agent order (the
+reward parts local_0 .. local_{N-1} that `local_reward_weight` mixes into each agent's return).
 
 Safety and time: the class is imported, built and called only in the child, a fresh `python -m
 kit.sandbox.envhost` (nothing of the notebook's state is inherited; JSON lines over its stdin and stdout, so rows,
@@ -48,7 +50,7 @@ import time
 
 MAX_RESULT_CHARS = 2000  # a tool result longer than this is cut (the context is the completion's budget)
 MAX_RESET_CHARS = 4000  # what reset adds to every agent's prompt, cut alike
-NOT_TOOLS = ("reset", "get_reward", "tools_by_role")
+NOT_TOOLS = ("reset", "get_reward", "get_agent_rewards", "tools_by_role")
 
 
 class EnvironmentClassError(RuntimeError):
@@ -72,7 +74,8 @@ def load_class(spec: str):
 
 
 def describe(instance) -> dict:
-    """{"tools": name -> JSON schema, "by_role": {role: [names]}, "reward": bool} of an environment instance."""
+    """{"tools": name -> JSON schema, "by_role": {role: [names]}, "reward": bool, "agent_rewards": bool} of an
+    environment instance."""
     from transformers.utils import get_json_schema
 
     tools = {}
@@ -91,7 +94,8 @@ def describe(instance) -> dict:
         raise EnvironmentClassError(f"{type(instance).__name__}.tools_by_role names {unknown}, which are not tools; "
                                 f"its tools: {sorted(tools)}")
     return {"tools": tools, "by_role": {r: list(v) for r, v in by_role.items()},
-            "reward": callable(getattr(instance, "get_reward", None))}
+            "reward": callable(getattr(instance, "get_reward", None)),
+            "agent_rewards": callable(getattr(instance, "get_agent_rewards", None))}
 
 
 def arguments_error(name: str, tool, arguments: dict) -> str | None:
@@ -203,6 +207,12 @@ def _serve(spec: str) -> None:
                 if not math.isfinite(value):
                     raise ValueError(f"get_reward() returned {value}: a reward must be a finite number")
                 send("ok", value)
+            elif op == "agent_rewards":
+                values = [float(v) for v in _awaited(envs[args[0]].get_agent_rewards())]
+                if len(values) != args[1] or not all(math.isfinite(v) for v in values):
+                    raise ValueError(f"get_agent_rewards() returned {values}: it must return {args[1]} finite "
+                                     "numbers, one per agent in the team's order")
+                send("ok", values)
             else:
                 send("error", f"unknown request {op!r}")
         except BaseException as err:
@@ -249,6 +259,7 @@ class EnvHost:
         self.tools: dict[str, dict] = info["tools"]
         self.by_role: dict[str, list[str]] = info["by_role"]
         self.has_reward: bool = info["reward"]
+        self.has_agent_rewards: bool = info["agent_rewards"]
 
     def _read(self, timeout: float, number: int = 0):
         """The child's answer to request `number` ([number, status, value]), or None when none came in time or the
@@ -346,6 +357,17 @@ class EnvHost:
             ok, value = self._ask("reward", world)
             if not ok:
                 raise EnvironmentClassError(f"environment={self.spec!r}: get_reward() failed in world {world}: {value}")
+            out.append(value)
+        return out
+
+    def agent_rewards(self, worlds: list[int], num_agents: int) -> list[list[float]]:
+        """get_agent_rewards() of each world: `num_agents` floats each (the reward parts local_0 ..)."""
+        out = []
+        for world in worlds:
+            ok, value = self._ask("agent_rewards", world, num_agents)
+            if not ok:
+                raise EnvironmentClassError(f"environment={self.spec!r}: get_agent_rewards() failed in world "
+                                            f"{world}: {value}")
             out.append(value)
         return out
 

@@ -27,7 +27,9 @@ class KeyHalves:
     """Two agents, `left` and `right`; the key is six digits, the left agent's half its first three, the right's the
     last three. get_reward = 0.25 for each agent that read its half + 0.5 x the share of the key's digits that the
     two submissions (left's then right's) put in their places. A team that does both steps scores exactly 1.0. An
-    agent's first submission is final (a later one answers "already submitted" and changes nothing)."""
+    agent's first submission is final (a later one answers "already submitted" and changes nothing).
+    get_agent_rewards = each agent's own share: 0.5 if it read its half + 0.5 x the share of its half's digits its
+    submission put in their places; their mean is get_reward."""
 
     tools_by_role = {"left": ["read_left", "submit_left"], "right": ["read_right", "submit_right"]}
 
@@ -80,10 +82,16 @@ class KeyHalves:
         return "submitted"
 
     def get_reward(self) -> float:
-        rebuilt = "".join(c for c in self.submitted.get("left", "") if c.isdigit())[:3].ljust(3) + \
-            "".join(c for c in self.submitted.get("right", "") if c.isdigit())[:3].ljust(3)
-        right = sum(a == b for a, b in zip(rebuilt, self.key)) / max(len(self.key), 1)
-        return 0.25 * len(self.read) + 0.5 * right
+        return sum(self.get_agent_rewards()) / 2
+
+    def get_agent_rewards(self) -> list[float]:
+        return [0.5 * (side in self.read) + 0.5 * self._placed(side, half)
+                for side, half in (("left", self.key[:3]), ("right", self.key[3:]))]
+
+    def _placed(self, side: str, half: str) -> float:
+        """The share of `half`'s digits that `side`'s submission put in their places."""
+        digits = "".join(c for c in self.submitted.get(side, "") if c.isdigit())[:3].ljust(3)
+        return sum(a == b for a, b in zip(digits, half)) / 3
 
 
 def key_rows(path: str | Path, n: int, seed: int = 0) -> Path:

@@ -159,6 +159,11 @@ def assemble(cfg: TrainConfig, task=None, reward_funcs=None, team=None, resume: 
     if isinstance(rewards, EnvironmentReward) and not getattr(getattr(sampler, "host", None), "has_reward", False):
         raise ValueError(f"environment={cfg.environment!r} has no get_reward() and task {cfg.task!r} has no reward: "
                          "give the class a get_reward() -> float, or pass reward functions")
+    if isinstance(rewards, EnvironmentReward) and cfg.local_reward_weight > 0 and not sampler.host.has_agent_rewards:
+        raise ValueError(f"local_reward_weight={cfg.local_reward_weight} mixes each agent's own reward into its "
+                         f"return, and environment={cfg.environment!r} gives none: give the class a "
+                         "get_agent_rewards() -> list[float] (one per agent, in the team's order), or set "
+                         "local_reward_weight=0")
     correction = rollout_correction(cfg, team, log)  # none, token_truncate or sequence_mask
     optimizers, schedulers = {}, {}
     for adapter in team.adapters:

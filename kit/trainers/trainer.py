@@ -209,16 +209,19 @@ class Trainer:
 
     def score(self, ro: Rollout, jobs: list[tuple], joints: list[tuple[int, ...]]) -> list[Reward]:
         """Each joint action's reward: the environment's get_reward() of its world when the environment owns the
-        reward (kit/engine/tools.py; aligned joints, so joint (g, ..., g) is world g), else the scorer's (whose
-        reward functions with an `environment` parameter get that world's EnvView)."""
+        reward (kit/engine/tools.py; aligned joints, so joint (g, ..., g) is world g; its get_agent_rewards(), when
+        it has one, as the parts local_0 ..), else the scorer's (whose reward functions with an `environment`
+        parameter get that world's EnvView)."""
         if getattr(ro, "world_rewards", None) is None:
             if getattr(ro, "views", None) is not None:  # reward functions may read the world each joint acted on
                 G = len(ro.texts[0])
                 jobs = [(*job, ro.views[(j // len(joints)) * G + joints[j % len(joints)][0]])
                         for j, job in enumerate(jobs)]
             return [f.result() for f in self.scorer.submit(jobs)]
-        return [Reward(total=r, parts={"environment": r}) for node in ro.world_rewards
-                for r in (node[idx[0]] for idx in joints)]
+        own = getattr(ro, "agent_rewards", None)  # get_agent_rewards(): the parts local_0 .. of each joint action
+        return [Reward(total=node[idx[0]], parts={"environment": node[idx[0]], **(
+                    {} if own is None else {f"local_{a}": v for a, v in enumerate(own[n][idx[0]])})})
+                for n, node in enumerate(ro.world_rewards) for idx in joints]
 
     def joint(self, ro: Rollout, node: int, idx: tuple[int, ...]) -> tuple[str, ...]:
         N = self.cfg.num_agents
