@@ -190,6 +190,7 @@ def test_the_team_plays_the_key_game_through_its_tools(team, keys):
     ro, _ = play(team, keys, worlds)
     assert ro.world_rewards == [[1.0, 1.0], [1.0, 1.0]]
     assert ro.agent_rewards == [[[1.0, 1.0], [1.0, 1.0]], [[1.0, 1.0], [1.0, 1.0]]]  # [world][g][agent]
+    assert ro.reset_texts[1][0].startswith("The key has six digits.")  # what reset added, per world
     assert ro.texts[0][0] == "done" and ro.tool_calls == 2 * 2 * 2 * 2
     assert "<tool_response>\n123\n</tool_response>" in ro.transcripts[0][1]
     assert "<tool_response>\n654\n</tool_response>" in ro.transcripts[3][0]  # world k1, the right agent
@@ -310,6 +311,7 @@ def test_a_run_with_an_environment_trains_logs_tool_time_and_resumes_exactly(tmp
     assert all("perf/tool_s" in r and "reward/environment" in r for r in ref)
     logged = rundir.read_jsonl(tmp_path / "ref" / "rollouts.jsonl")
     assert logged and all(len(r["transcripts"]) == 2 for r in logged)
+    assert all(r["reset"].startswith("The key has six digits.") for r in logged)  # what reset added to prompts
 
 
 def test_each_joint_action_gets_its_own_worlds_reward():
@@ -454,9 +456,10 @@ def test_the_browser_shows_each_agents_tool_calls_and_results():
     row = {"item": "k0", "step": 1, "prompts": ["p0", "p1"], "completions": ["done", "done"], "reward": 1.0,
            "parts": {"environment": 1.0},
            "transcripts": ['<tool_call>{"name": "read_left"}</tool_call><tool_response>\n123\n</tool_response>done',
-                           "done"]}
+                           "done"], "reset": "The key has <six> digits."}
     page = render_joint(row, ["left", "right"])
     assert "left's tool calls and results" in page and "&lt;tool_response&gt;" in page and "123" in page
+    assert "reset added to each prompt</b>: The key has &lt;six&gt; digits." in page
 
 
 def test_the_board_carries_a_draft_from_one_agent_to_another_in_the_same_round(team):

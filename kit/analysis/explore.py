@@ -194,8 +194,11 @@ def render_joint(row: dict, roles: list[str]) -> str:
     head = "".join(f"<th>{html.escape(role)}'s prompt</th>" for role in roles)
     prompts = "".join(f"<td style='vertical-align:top'>{_scroll(p)}</td>" for p in row["prompts"])
     acted = ""
+    if row.get("reset"):  # what the environment's reset(**row) added to every agent's prompt above
+        acted += (f"<tr><td colspan='{len(roles)}'><b>the environment's reset added to each prompt</b>: "
+                  f"{html.escape(str(row['reset']))}</td></tr>")
     if row.get("transcripts"):  # a run with an environment: each agent's tool calls and their results
-        acted = ("<tr>" + "".join(f"<th>{html.escape(role)}'s tool calls and results</th>" for role in roles)
+        acted += ("<tr>" + "".join(f"<th>{html.escape(role)}'s tool calls and results</th>" for role in roles)
                  + "</tr><tr>" + "".join(f"<td style='vertical-align:top'>{_scroll(t)}</td>"
                                          for t in row["transcripts"]) + "</tr>")
     return (f"<p>{html.escape(str(row['item']))} · step {row['step']} · turn {row.get('turn', 0)}</p>"

@@ -104,6 +104,7 @@ class Rollout:
     tool_seconds: float = 0.0
     world_rewards: list[list[float]] | None = None
     agent_rewards: list[list[list[float]]] | None = None
+    reset_texts: list[list[str | None]] | None = None  # what reset(**row) added to the prompts, per world [group][g]
 
     def segment(self, base: int) -> Segment | None:
         """The rows generated on `base`; None when no request of this call was for it."""

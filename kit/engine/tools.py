@@ -126,6 +126,7 @@ def act(team, requests, G: int, params, *, worlds: list[dict], host, roles: list
               f"({roles}): those tools are offered to no agent")
     out = Rollout(requests, [[""] * G for _ in requests])
     out.transcripts = [[""] * G for _ in requests]
+    out.reset_texts = [[added[w * G + g] for g in range(G)] for w in range(len(worlds))]
     out.tool_calls = 0
     rows: list[_Row] = []
     for k, (agent, prompt) in enumerate(requests):

@@ -453,6 +453,8 @@ class Trainer:
                     if getattr(lv.rollout, "transcripts", None) is not None:  # an environment's: calls, results
                         rows[-1]["transcripts"] = [lv.rollout.transcripts[n * self.cfg.num_agents + a][g]
                                                    for a, g in enumerate(idx)]
+                        if getattr(lv.rollout, "reset_texts", None) is not None:  # what reset added to prompts
+                            rows[-1]["reset"] = lv.rollout.reset_texts[n][idx[0]]
                     if (r.details or {}).get("violation"):  # what the program tried, beside the 0/1 part
                         rows[-1]["violation"] = r.details["violation"]
                     if (r.details or {}).get("logged"):  # what the reward functions logged (log_metric)
