@@ -104,7 +104,8 @@ def sampler_for(team, cfg, log=print) -> Sampler:
     host = EnvHost(cfg.environment, timeout_s=cfg.tool_timeout_s, args=getattr(cfg, "environment_args", None))
     log(f"[kit] environment {cfg.environment}: tools {', '.join(sorted(host.tools)) or 'none'}"
         + (f" (by role: {host.by_role})" if host.by_role else "")
-        + ("; it owns the reward (get_reward)" if host.has_reward else ""))
+        + ("; it owns the reward (get_reward)" if host.has_reward else "")
+        + (" and gives each agent its share (get_agent_rewards: local_0 ..)" if host.has_agent_rewards else ""))
     roles = list(getattr(team, "roles", None) or [f"agent_{i}" for i in range(cfg.num_agents)])
     return ToolSampler(team, SamplingParams.from_config(cfg), host, roles, cfg.max_tool_calls, cfg.seed)
 
