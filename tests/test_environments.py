@@ -86,7 +86,7 @@ def test_the_class_is_built_with_the_configs_arguments_in_every_world(monkeypatc
     class Host:
         def __init__(self, spec, timeout_s, args):
             seen.update(spec=spec, args=args)
-            self.tools, self.by_role, self.has_reward = {}, {}, False
+            self.tools, self.by_role, self.has_reward, self.has_agent_rewards = {}, {}, False, False
 
     monkeypatch.setattr("kit.sandbox.envhost.EnvHost", Host)
     cfg = load_config("tiny_cpu", overrides=["environment=scripted_envs:Sized", "environment_args={size: 3}"])
