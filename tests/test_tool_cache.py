@@ -119,3 +119,43 @@ def test_a_joint_rollout_with_tool_rounds_is_the_same_with_and_without_the_carri
     a, b = with_cache.segments[0], without.segments[0]
     assert torch.equal(a.input_ids, b.input_ids) and torch.equal(a.completion_mask, b.completion_mask)
     assert torch.allclose(a.sampler_logprobs, b.sampler_logprobs, atol=1e-4)
+
+
+def test_with_distinct_adapters_each_row_acts_on_its_own_agents_adapter(monkeypatch):
+    """Every row of a tool round on its own agent's adapter (fresh LoRA is zero, so the tests above cannot tell the
+    adapters apart): with only the left agent's adapter moved, the right agent's rows act exactly as on the bare base
+    and the left agent's do not; two worlds rolled out together, agents interleaved, going on from the carried
+    cache, act as each world acts alone."""
+    from kit.engine.models import adapter_parameters, build_team
+
+    team = build_team(load_config("tiny_cpu", overrides=["num_agents=2"]), **QUIET)
+    team.roles = ["left", "right"]
+    tok = team.tokenizers[0]
+    plain = rollout.seeded_config
+    monkeypatch.setattr(rollout, "seeded_config",
+                        lambda config, seeds: (lambda c, p: (c, type(p)([*p, Force(tok)])))(*plain(config, seeds)))
+    host = EnvHost("kit.tasks.environments:KeyHalves", timeout_s=10)
+    try:
+        worlds = [{"id": "k0", "key": "123456"}, {"id": "k1", "key": "987654"}]
+        params = SamplingParams(max_new_tokens=90, temperature=0.0, use_chat_template=False)
+
+        def play(ws):
+            requests = [(a, f"Item {w['id']}: hand in the key.") for w in ws for a in range(2)]
+            keys = [("t", w["id"], a) for w in ws for a in range(2)]
+            return tools.act(team, requests, 1, params, worlds=ws, host=host, roles=team.roles, max_tool_calls=1,
+                             keys=keys, seed=3)
+
+        bare = play(worlds)
+        g = torch.Generator().manual_seed(1)
+        with torch.no_grad():
+            for p in adapter_parameters(team.models[0], team.adapter_of[0]):
+                p.add_(torch.randn(p.shape, generator=g) * 0.3)
+        moved = play(worlds)
+        alone = [play([w]) for w in worlds]
+    finally:
+        host.close()
+    assert moved.tool_calls == 4
+    left, right = [0, 2], [1, 3]  # the requests' rows: world k0's left and right agents, then k1's
+    assert [moved.transcripts[k] for k in right] == [bare.transcripts[k] for k in right]
+    assert all(moved.transcripts[k] != bare.transcripts[k] for k in left)
+    assert moved.transcripts == alone[0].transcripts + alone[1].transcripts
