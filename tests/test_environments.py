@@ -107,10 +107,10 @@ def test_the_key_game_scores_its_exact_optimum():
     assert env.get_reward() == pytest.approx(0.25 + 0.25)
     assert env.submit_left("submitted").startswith("already submitted (123)")  # the first submission is final
     assert env.get_reward() == pytest.approx(0.25 + 0.25)
-    assert env.get_agent_rewards() == [1.0, 0.0]  # left read and placed its three digits; right did nothing
+    assert env.get_agent_rewards() == {"left": 1.0, "right": 0.0}  # left read and placed its digits; right nothing
     env.reset(key="123456")
     env.read_right(), env.submit_right("450")
-    assert env.get_agent_rewards() == pytest.approx([0.0, 0.5 + 0.5 * 2 / 3])
+    assert env.get_agent_rewards() == pytest.approx({"left": 0.0, "right": 0.5 + 0.5 * 2 / 3})
     assert env.get_reward() == pytest.approx((0.0 + 0.5 + 0.5 * 2 / 3) / 2)  # the team's: the two shares' mean
 
 
@@ -189,7 +189,6 @@ def test_the_team_plays_the_key_game_through_its_tools(team, keys):
     worlds = [{"id": "k0", "key": "123456"}, {"id": "k1", "key": "987654"}]
     ro, _ = play(team, keys, worlds)
     assert ro.world_rewards == [[1.0, 1.0], [1.0, 1.0]]
-    assert ro.agent_rewards == [[[1.0, 1.0], [1.0, 1.0]], [[1.0, 1.0], [1.0, 1.0]]]  # [world][g][agent]
     assert ro.reset_texts[1][0].startswith("The key has six digits.")  # what reset added, per world
     assert ro.texts[0][0] == "done" and ro.tool_calls == 2 * 2 * 2 * 2
     assert "<tool_response>\n123\n</tool_response>" in ro.transcripts[0][1]
@@ -344,12 +343,17 @@ def test_agent_rewards_come_from_the_child_and_bad_ones_are_named():
         assert host.has_agent_rewards and "get_agent_rewards" not in host.tools
         host.reset([{"id": "a"}, {"id": "b"}])
         host.call(1, "set_shares", {"shares": "[0.5, 1]"})
-        assert host.agent_rewards([0, 1], 2) == [[0.25, 0.75], [0.5, 1.0]]
-        with pytest.raises(EnvironmentClassError, match=r"world 0: .*it must return 3 finite numbers"):
-            host.agent_rewards([0], 3)
+        assert host.agent_rewards([0, 1], ["x", "y"]) == [[0.25, 0.75], [0.5, 1.0]]  # a list: the team's order
+        host.call(1, "set_shares", {"shares": '{"y": 0.5, "x": 1}'})
+        assert host.agent_rewards([1], ["x", "y"]) == [[1.0, 0.5]]  # a dict: by role, whatever its order
+        assert host.agent_rewards([1], ["y", "x"]) == [[0.5, 1.0]]
+        with pytest.raises(EnvironmentClassError, match=r"world 1: .*no share for role\(s\) \['z'\]"):
+            host.agent_rewards([1], ["x", "z"])
+        with pytest.raises(EnvironmentClassError, match=r"world 0: .*a list of 3 numbers"):
+            host.agent_rewards([0], ["x", "y", "z"])
         host.call(0, "set_shares", {"shares": "[0.5, NaN]"})
-        with pytest.raises(EnvironmentClassError, match="get_agent_rewards"):
-            host.agent_rewards([0], 2)
+        with pytest.raises(EnvironmentClassError, match="finite"):
+            host.agent_rewards([0], ["x", "y"])
     finally:
         host.close()
     plain = EnvHost("scripted_envs:Recorder", timeout_s=5)
@@ -357,14 +361,61 @@ def test_agent_rewards_come_from_the_child_and_bad_ones_are_named():
     assert not plain.has_agent_rewards
 
 
-def test_a_local_reward_weight_needs_the_environments_own_shares(tmp_path):
+@pytest.mark.parametrize("task", ["rows", "toy"])
+def test_a_local_reward_weight_needs_the_environments_own_shares(tmp_path, task):
+    """An environment that owns the reward must give the shares too, whether or not the task has a reward of its
+    own (get_reward replaces it)."""
     from kit.trainers.trainer import Trainer
 
     rows = key_rows(tmp_path / "rows.jsonl", 6)
-    with pytest.raises(ValueError, match="get_agent_rewards"):
+    args = [f"task_args={{file: {rows}, num_eval: 2}}"] if task == "rows" else []
+    with pytest.raises(ValueError, match="gives no share per agent: give the class a get_agent_rewards"):
         Trainer(load_config("tiny_cpu", overrides=[
-            f"run_dir={tmp_path / 'r'}", "task=rows", f"task_args={{file: {rows}, num_eval: 2}}",
-            "environment=scripted_envs:Recorder", "local_reward_weight=0.5"]), **QUIET)
+            f"run_dir={tmp_path / 'r'}", f"task={task}", *args, "environment=scripted_envs:Recorder",
+            "local_reward_weight=0.5"]), **QUIET)
+
+
+class Skipper(Scripted):
+    """Reads its half, then submits it or not as its row's seed says: the shares differ by world, sample and agent."""
+
+    def generate(self, input_ids, attention_mask, adapters, generation_config, row_seeds=None):
+        comp, logp = super().generate(input_ids, attention_mask, adapters, generation_config)
+        for i, (ids, mask) in enumerate(zip(input_ids, attention_mask)):
+            context = self.tok.decode(ids[mask.bool()].tolist())
+            read = re.findall(r"<tool_response>\n(.*?)\n</tool_response>", context, re.S)
+            if len(read) == 1 and int(row_seeds[i]) % 2:  # it has read its half; it skips the submission
+                done = self.tok("done", add_special_tokens=False).input_ids + [self.eos]
+                comp[i] = torch.tensor(done + [self.tok.pad_token_id] * (comp.shape[1] - len(done)))
+        return comp, logp
+
+
+def test_each_worlds_shares_reach_each_agents_return(team, keys, tmp_path):
+    """act -> score -> returns with local_reward_weight w: agent i's return is (1 - w) get_reward() + w share_i of
+    its own world and sample, the shares read from what each row did (a submission in its transcript)."""
+    from kit.trainers.trainer import Trainer
+
+    saved = team.engines[0]
+    team.engines[0] = Skipper(team.tokenizers[0], team.tokenizers[0].eos_token_id)
+    try:
+        ro, _ = play(team, keys, [{"id": "k0", "key": "123456"}, {"id": "k1", "key": "987654"}], G=2)
+        assert ro.agent_rewards is None  # not asked for: local_reward_weight is 0
+        trainer = Trainer(key_cfg(tmp_path, tmp_path / "run", "local_reward_weight=0.25", "batch_size=2",
+                                  "max_new_tokens=200", "max_tool_calls=4"), team=team, **QUIET)
+        levels = trainer.sample(trainer.batch_items(0))
+        trainer.close()
+    finally:
+        team.engines[0] = saved
+    level, N, G = levels[0], 2, 2
+    own = level.rollout.agent_rewards
+    shares = [[[0.5 + 0.5 * ("<tool_response>\nsubmitted\n" in level.rollout.transcripts[n * N + a][g])
+                for a in range(N)] for g in range(G)] for n in range(len(level.nodes))]
+    assert own == shares and len({s for node in shares for per in node for s in per}) == 2  # both kinds happen
+    for n in range(len(level.nodes)):
+        for j, idx in enumerate(level.joints):
+            team_reward = level.rewards[n][j].total
+            assert team_reward == pytest.approx(sum(shares[n][idx[0]]) / N)
+            assert level.per_agent[n, :, idx[0]] == pytest.approx(
+                [0.75 * team_reward + 0.25 * shares[n][idx[0]][a] for a in range(N)])
 
 
 def test_01s_parameters_take_an_environment_and_rows(tmp_path):

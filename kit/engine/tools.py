@@ -79,16 +79,18 @@ class ToolSampler(Sampler):
 
     acts = True
 
-    def __init__(self, team, params, host, roles: list[str], max_tool_calls: int = 4, seed: int = 0):
+    def __init__(self, team, params, host, roles: list[str], max_tool_calls: int = 4, seed: int = 0,
+                 agent_rewards: bool = False):
         super().__init__(team, params, seed)
         self.host, self.roles, self.max_tool_calls = host, list(roles), max_tool_calls
+        self.agent_rewards = agent_rewards  # read get_agent_rewards() after each rollout (local_reward_weight > 0)
         self.tool_calls, self.completions = 0, 0  # counted over every acted sample (evaluation reads the rate)
 
     def sample(self, requests, n, params=None, keys=None, worlds=None) -> Rollout:
         if worlds is None:
             return super().sample(requests, n, params, keys)
         out = act(self.team, requests, n, params or self.params, worlds=worlds, host=self.host, roles=self.roles,
-                  max_tool_calls=self.max_tool_calls, keys=keys, seed=self.seed)
+                  max_tool_calls=self.max_tool_calls, keys=keys, seed=self.seed, agent_rewards=self.agent_rewards)
         self.tool_calls, self.completions = self.tool_calls + out.tool_calls, self.completions + len(requests) * n
         return out
 
@@ -107,12 +109,14 @@ def sampler_for(team, cfg, log=print) -> Sampler:
         + ("; it owns the reward (get_reward)" if host.has_reward else "")
         + (" and gives each agent its share (get_agent_rewards: local_0 ..)" if host.has_agent_rewards else ""))
     roles = list(getattr(team, "roles", None) or [f"agent_{i}" for i in range(cfg.num_agents)])
-    return ToolSampler(team, SamplingParams.from_config(cfg), host, roles, cfg.max_tool_calls, cfg.seed)
+    return ToolSampler(team, SamplingParams.from_config(cfg), host, roles, cfg.max_tool_calls, cfg.seed,
+                       agent_rewards=host.has_reward and getattr(cfg, "local_reward_weight", 0) > 0)
 
 
 def act(team, requests, G: int, params, *, worlds: list[dict], host, roles: list[str], max_tool_calls: int,
-        keys=None, seed: int = 0) -> Rollout:
-    """G samples of each request, its agents acting on the world of its group (module docstring)."""
+        keys=None, seed: int = 0, agent_rewards: bool = False) -> Rollout:
+    """G samples of each request, its agents acting on the world of its group (module docstring); with
+    `agent_rewards`, each world's get_agent_rewards() too (a float per role, `out.agent_rewards[group][g]`)."""
     N = len(roles)
     if len(requests) != len(worlds) * N:
         raise ValueError(f"{len(requests)} requests for {len(worlds)} worlds of {N} agents: give one row per group "
@@ -217,8 +221,8 @@ def act(team, requests, G: int, params, *, worlds: list[dict], host, roles: list
     if host.has_reward:
         worlds_rewards = host.rewards(list(range(len(worlds) * G)))
         out.world_rewards = [[worlds_rewards[w * G + g] for g in range(G)] for w in range(len(worlds))]
-    if host.has_agent_rewards:  # each agent's own share (the parts local_0 .. that local_reward_weight mixes)
-        per_agent = host.agent_rewards(list(range(len(worlds) * G)), len(roles))
+    if agent_rewards:  # each agent's own share (the parts local_0 .. that local_reward_weight mixes)
+        per_agent = host.agent_rewards(list(range(len(worlds) * G)), roles)
         out.agent_rewards = [[per_agent[w * G + g] for g in range(G)] for w in range(len(worlds))]
     return out
 

@@ -7,7 +7,7 @@ notebook's own.
     host.reset([row, row, ...])                        # one instance per world, built once and reset each step
     host.call(world, "run_tests", {"code": "..."})     # the tool message's content: the result, or {"error": ...}
     host.rewards([0, 1, ...])                          # get_reward() of each world, when the class has one
-    host.agent_rewards([0, 1, ...], n)                 # get_agent_rewards() of each world: n floats, one per agent
+    host.agent_rewards([0, 1, ...], roles)             # get_agent_rewards() of each world: a float per role
     host.view(world).attribute, host.view(world).method()   # a world as reward functions see it (EnvView)
     host.close()
 
@@ -17,8 +17,8 @@ not `reset`, not `get_reward`) is a tool whose schema comes from its name, type 
 an optional `get_reward() -> float` means the environment owns the reward. One instance per world, built once and
 reset often. The kit adds two optional parts (a TRL class has neither): a class attribute `tools_by_role =
 {"helper": ["left_half"], ...}` offers a tool named there only to those roles, any other tool to every agent; and a
-method `get_agent_rewards() -> list[float]`, each agent's own share of the outcome in the team's agent order (the
-reward parts local_0 .. local_{N-1} that `local_reward_weight` mixes into each agent's return).
+method `get_agent_rewards()`, each agent's own share of the outcome, a `{role: float}` dict or a list in the team's
+agent order (the reward parts local_0 .. local_{N-1} that `local_reward_weight` mixes into each agent's return).
 
 Safety and time: the class is imported, built and called only in the child, a fresh `python -m
 kit.sandbox.envhost` (nothing of the notebook's state is inherited; JSON lines over its stdin and stdout, so rows,
@@ -96,6 +96,24 @@ def describe(instance) -> dict:
     return {"tools": tools, "by_role": {r: list(v) for r, v in by_role.items()},
             "reward": callable(getattr(instance, "get_reward", None)),
             "agent_rewards": callable(getattr(instance, "get_agent_rewards", None))}
+
+
+def agent_shares(value, roles: list[str]) -> list[float]:
+    """get_agent_rewards()'s value as a float per role, in the team's order: a {role: number} dict names every role,
+    a list has one number per agent in the team's order; each a finite number."""
+    if isinstance(value, dict):
+        missing = [r for r in roles if r not in value]
+        if missing:
+            raise ValueError(f"get_agent_rewards() returned {str(value)[:200]}: it names no share for role(s) "
+                             f"{missing}; give a {{role: number}} for each of {roles}")
+        value = [value[r] for r in roles]
+    if not isinstance(value, (list, tuple)) or len(value) != len(roles):
+        raise ValueError(f"get_agent_rewards() returned {str(value)[:200]}: give a {{role: number}} dict or a list "
+                         f"of {len(roles)} numbers, one per agent in the team's order {roles}")
+    shares = [float(v) for v in value]
+    if not all(math.isfinite(v) for v in shares):
+        raise ValueError(f"get_agent_rewards() returned {shares}: each share must be a finite number")
+    return shares
 
 
 def arguments_error(name: str, tool, arguments: dict) -> str | None:
@@ -208,11 +226,7 @@ def _serve(spec: str) -> None:
                     raise ValueError(f"get_reward() returned {value}: a reward must be a finite number")
                 send("ok", value)
             elif op == "agent_rewards":
-                values = [float(v) for v in _awaited(envs[args[0]].get_agent_rewards())]
-                if len(values) != args[1] or not all(math.isfinite(v) for v in values):
-                    raise ValueError(f"get_agent_rewards() returned {values}: it must return {args[1]} finite "
-                                     "numbers, one per agent in the team's order")
-                send("ok", values)
+                send("ok", agent_shares(_awaited(envs[args[0]].get_agent_rewards()), args[1]))
             else:
                 send("error", f"unknown request {op!r}")
         except BaseException as err:
@@ -360,11 +374,11 @@ class EnvHost:
             out.append(value)
         return out
 
-    def agent_rewards(self, worlds: list[int], num_agents: int) -> list[list[float]]:
-        """get_agent_rewards() of each world: `num_agents` floats each (the reward parts local_0 ..)."""
+    def agent_rewards(self, worlds: list[int], roles: list[str]) -> list[list[float]]:
+        """get_agent_rewards() of each world: a float per role, in the order of `roles` (the parts local_0 ..)."""
         out = []
         for world in worlds:
-            ok, value = self._ask("agent_rewards", world, num_agents)
+            ok, value = self._ask("agent_rewards", world, list(roles))
             if not ok:
                 raise EnvironmentClassError(f"environment={self.spec!r}: get_agent_rewards() failed in world "
                                             f"{world}: {value}")

@@ -28,8 +28,9 @@ class KeyHalves:
     last three. get_reward = 0.25 for each agent that read its half + 0.5 x the share of the key's digits that the
     two submissions (left's then right's) put in their places. A team that does both steps scores exactly 1.0. An
     agent's first submission is final (a later one answers "already submitted" and changes nothing).
-    get_agent_rewards = each agent's own share: 0.5 if it read its half + 0.5 x the share of its half's digits its
-    submission put in their places; their mean is get_reward."""
+    get_agent_rewards = each role's own share: 0.5 if it read its half + 0.5 x the share of its half's digits its
+    submission put in their places; their mean is get_reward. A key has exactly six characters (reset refuses
+    others: the halves and the optimum of 1.0 depend on it)."""
 
     tools_by_role = {"left": ["read_left", "submit_left"], "right": ["read_right", "submit_right"]}
 
@@ -38,6 +39,9 @@ class KeyHalves:
 
     def reset(self, key: str = "", **row) -> str:
         self.key = str(key)
+        if len(self.key) != 6:
+            raise ValueError(f"KeyHalves needs a key of six characters (a JSON string, e.g. \"012345\"); got "
+                             f"{key!r}")
         self.read, self.submitted = set(), {}
         return "The key has six digits. Read your half with your read tool, then submit it with your submit tool."
 
@@ -82,11 +86,11 @@ class KeyHalves:
         return "submitted"
 
     def get_reward(self) -> float:
-        return sum(self.get_agent_rewards()) / 2
+        return sum(self.get_agent_rewards().values()) / 2
 
-    def get_agent_rewards(self) -> list[float]:
-        return [0.5 * (side in self.read) + 0.5 * self._placed(side, half)
-                for side, half in (("left", self.key[:3]), ("right", self.key[3:]))]
+    def get_agent_rewards(self) -> dict[str, float]:
+        return {side: 0.5 * (side in self.read) + 0.5 * self._placed(side, half)
+                for side, half in (("left", self.key[:3]), ("right", self.key[3:]))}
 
     def _placed(self, side: str, half: str) -> float:
         """The share of `half`'s digits that `side`'s submission put in their places."""

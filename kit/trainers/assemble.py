@@ -159,11 +159,16 @@ def assemble(cfg: TrainConfig, task=None, reward_funcs=None, team=None, resume: 
     if isinstance(rewards, EnvironmentReward) and not getattr(getattr(sampler, "host", None), "has_reward", False):
         raise ValueError(f"environment={cfg.environment!r} has no get_reward() and task {cfg.task!r} has no reward: "
                          "give the class a get_reward() -> float, or pass reward functions")
-    if isinstance(rewards, EnvironmentReward) and cfg.local_reward_weight > 0 and not sampler.host.has_agent_rewards:
+    host = getattr(sampler, "host", None)  # an environment owning the reward owns each agent's share of it too
+    if host is not None and cfg.local_reward_weight > 0 and host.has_reward and not host.has_agent_rewards:
         raise ValueError(f"local_reward_weight={cfg.local_reward_weight} mixes each agent's own reward into its "
-                         f"return, and environment={cfg.environment!r} gives none: give the class a "
-                         "get_agent_rewards() -> list[float] (one per agent, in the team's order), or set "
-                         "local_reward_weight=0")
+                         f"return, and environment={cfg.environment!r} owns the reward (get_reward) but gives no "
+                         "share per agent: give the class a get_agent_rewards() ({role: number}, or a list in the "
+                         "team's order), or set local_reward_weight=0")
+    if host is not None and cfg.local_reward_weight > 0 and host.has_agent_rewards and not host.has_reward:
+        raise ValueError(f"environment={cfg.environment!r} has get_agent_rewards() but no get_reward(): the shares "
+                         "would be ignored (the task's reward functions score the team); give the class a "
+                         "get_reward() -> float, or let the reward functions return the parts local_0 ..")
     correction = rollout_correction(cfg, team, log)  # none, token_truncate or sequence_mask
     optimizers, schedulers = {}, {}
     for adapter in team.adapters:
