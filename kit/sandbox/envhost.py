@@ -33,6 +33,9 @@ apart so that a hang, a crash or a stray print cannot take the notebook down; ge
 run_tests) goes through kit/sandbox/sandbox.py as every program the agents write.
 
 May import: the standard library (the child imports the user's module and transformers for the schemas).
+
+Past 400 lines: the child's request loop and the parent's EnvHost speak one numbered protocol (each op, its
+validation in the child and its error in the parent), kept in one file so that a request and its answer read together.
 """
 
 from __future__ import annotations
