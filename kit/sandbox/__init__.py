@@ -6,6 +6,7 @@
     runner.py     the child that runs the program and answers calls (read as source, never imported by the kit)
     checker.py    the child that runs the tests in its own namespace (read as source, never imported)
     envhost.py    an environment class (TRL's contract) in a child process: tools with a time limit per call
+    envclass.py   what such a class offers and how it is read: tool schemas, argument errors, shares, results
 
 May import: the standard library only (runner, checker and wire: nothing else at all, they run in the child;
 envhost's child imports the environment's own module and transformers for the tools' schemas).

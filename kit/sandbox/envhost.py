@@ -34,14 +34,12 @@ run_tests) goes through kit/sandbox/sandbox.py as every program the agents write
 
 May import: the standard library (the child imports the user's module and transformers for the schemas).
 
-Past 400 lines: the child's request loop and the parent's EnvHost speak one numbered protocol (each op, its
-validation in the child and its error in the parent), kept in one file so that a request and its answer read together.
+What a class offers and how its values are read (tools' schemas, argument errors, shares, results as text):
+kit/sandbox/envclass.py.
 """
 
 from __future__ import annotations
 
-import importlib
-import inspect
 import json
 import math
 import os
@@ -51,114 +49,8 @@ import sys
 import threading
 import time
 
-MAX_RESULT_CHARS = 2000  # a tool result longer than this is cut (the context is the completion's budget)
-MAX_RESET_CHARS = 4000  # what reset adds to every agent's prompt, cut alike
-NOT_TOOLS = ("reset", "get_reward", "get_agent_rewards", "tools_by_role")
-
-
-class EnvironmentClassError(RuntimeError):
-    """The environment class cannot be used: the message names the class and what to fix."""
-
-
-def load_class(spec: str):
-    """'module.path:ClassName' -> the class (imported in the child only)."""
-    module, sep, name = spec.partition(":")
-    if not sep or not module or not name:
-        raise EnvironmentClassError(f"environment={spec!r}: give 'module.path:ClassName' (e.g. "
-                                "'kit.tasks.environments:KeyHalves'), a class importable from the working folder")
-    try:
-        cls = getattr(importlib.import_module(module), name)
-    except (ImportError, AttributeError) as err:
-        raise EnvironmentClassError(f"environment={spec!r} cannot be imported: {type(err).__name__}: {err}") from None
-    if not hasattr(cls, "reset"):
-        raise EnvironmentClassError(f"environment={spec!r} has no reset(**row) method: a TRL environment class "
-                                    "needs one")
-    return cls
-
-
-def describe(instance) -> dict:
-    """{"tools": name -> JSON schema, "by_role": {role: [names]}, "reward": bool, "agent_rewards": bool} of an
-    environment instance."""
-    from transformers.utils import get_json_schema
-
-    tools = {}
-    for name in sorted(dir(type(instance))):
-        if name.startswith("_") or name in NOT_TOOLS or not callable(getattr(instance, name, None)):
-            continue
-        try:
-            tools[name] = get_json_schema(getattr(instance, name))
-        except Exception as err:  # transformers names what is missing (a type hint, an Args: line)
-            raise EnvironmentClassError(f"tool {type(instance).__name__}.{name}: its schema cannot be made from its "
-                                    f"type hints and docstring ({err}); give every argument a type hint and a "
-                                    "Google-style 'Args:' line, as TRL requires") from None
-    by_role = dict(getattr(instance, "tools_by_role", None) or {})
-    unknown = sorted({t for names in by_role.values() for t in names} - set(tools))
-    if unknown:
-        raise EnvironmentClassError(f"{type(instance).__name__}.tools_by_role names {unknown}, which are not tools; "
-                                f"its tools: {sorted(tools)}")
-    return {"tools": tools, "by_role": {r: list(v) for r, v in by_role.items()},
-            "reward": callable(getattr(instance, "get_reward", None)),
-            "agent_rewards": callable(getattr(instance, "get_agent_rewards", None))}
-
-
-def agent_shares(value, roles: list[str]) -> list[float]:
-    """get_agent_rewards()'s value as a float per role, in the team's order: a {role: number} dict names every role,
-    a list has one number per agent in the team's order; each a finite number."""
-    if isinstance(value, dict):
-        missing = [r for r in roles if r not in value]
-        if missing:
-            raise ValueError(f"get_agent_rewards() returned {str(value)[:200]}: it names no share for role(s) "
-                             f"{missing}; give a {{role: number}} for each of {roles}")
-        value = [value[r] for r in roles]
-    if not isinstance(value, (list, tuple)) or len(value) != len(roles):
-        raise ValueError(f"get_agent_rewards() returned {str(value)[:200]}: give a {{role: number}} dict or a list "
-                         f"of {len(roles)} numbers, one per agent in the team's order {roles}")
-    shares = [float(v) for v in value]
-    if not all(math.isfinite(v) for v in shares):
-        raise ValueError(f"get_agent_rewards() returned {shares}: each share must be a finite number")
-    return shares
-
-
-def arguments_error(name: str, tool, arguments: dict) -> str | None:
-    """None when `arguments` fit the tool's signature, else an error that names what was wrong and what the tool
-    takes (the model reads it in the tool turn: "read_left takes no arguments: call it with {}")."""
-    try:
-        signature = inspect.signature(tool)
-    except (TypeError, ValueError):
-        return None
-    try:
-        signature.bind(**arguments)
-        return None
-    except TypeError as err:
-        params = [p for p in signature.parameters.values() if p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)]
-        if not params:
-            takes = f"{name} takes no arguments: call it with \"arguments\": {{}}"
-        else:
-            takes = f"{name} takes " + ", ".join(
-                p.name + ("" if p.default is p.empty else " (optional)") for p in params)
-        return f"wrong arguments ({err}); {takes}"
-
-
-def as_text(value, limit: int = None) -> str:
-    """A result as text: a str as it is, else JSON; cut to `limit` characters; never a string UTF-8 cannot encode
-    (a file name with a stray byte), which the tokenizer would refuse."""
-    limit = limit or MAX_RESULT_CHARS
-    text = value if isinstance(value, str) else json.dumps(value, default=str)
-    text = text.encode("utf-8", "replace").decode("utf-8")
-    return text if len(text) <= limit else text[:limit] + " ...[cut]"
-
-
-def _awaited(value):
-    """An async tool's (or reset's) result: TRL awaits coroutines, so does the kit."""
-    if inspect.isawaitable(value):
-        import asyncio
-
-        return asyncio.run(_wait(value))
-    return value
-
-
-async def _wait(awaitable):
-    return await awaitable
+from kit.sandbox.envclass import (MAX_RESET_CHARS, EnvironmentClassError, _awaited, agent_shares, arguments_error,
+                                    as_text, describe, load_class)
 
 
 def _serve(spec: str) -> None:

@@ -156,10 +156,11 @@ def assemble(cfg: TrainConfig, task=None, reward_funcs=None, team=None, resume: 
     cfg.model_sources = team_cfg.model_sources = {**cfg.model_sources, **team.sources}  # recorded in config.json
     team.roles = list(getattr(task, "roles", [])) or [f"agent_{i}" for i in range(cfg.num_agents)]
     sampler = sampler or sampler_for(team, cfg, log)  # with an environment: its agents act (kit/engine/tools.py)
-    if isinstance(rewards, EnvironmentReward) and not getattr(getattr(sampler, "host", None), "has_reward", False):
+    host = getattr(sampler, "host", None)  # the environment's, when the team acts on one
+    if isinstance(rewards, EnvironmentReward) and not getattr(host, "has_reward", False):
         raise ValueError(f"environment={cfg.environment!r} has no get_reward() and task {cfg.task!r} has no reward: "
                          "give the class a get_reward() -> float, or pass reward functions")
-    host = getattr(sampler, "host", None)  # an environment owning the reward owns each agent's share of it too
+    # an environment owning the reward owns each agent's share of it too (local_reward_weight > 0)
     if host is not None and cfg.local_reward_weight > 0 and host.has_reward and not host.has_agent_rewards:
         raise ValueError(f"local_reward_weight={cfg.local_reward_weight} mixes each agent's own reward into its "
                          f"return, and environment={cfg.environment!r} owns the reward (get_reward) but gives no "

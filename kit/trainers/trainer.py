@@ -219,9 +219,15 @@ class Trainer:
                         for j, job in enumerate(jobs)]
             return [f.result() for f in self.scorer.submit(jobs)]
         own = getattr(ro, "agent_rewards", None)  # get_agent_rewards(): the parts local_0 .. of each joint action
-        return [Reward(total=node[idx[0]], parts={"environment": node[idx[0]], **(
-                    {} if own is None else {f"local_{a}": v for a, v in enumerate(own[n][idx[0]])})})
-                for n, node in enumerate(ro.world_rewards) for idx in joints]
+        out = []
+        for n, node in enumerate(ro.world_rewards):
+            for idx in joints:
+                world_reward = node[idx[0]]
+                parts = {"environment": world_reward}
+                if own is not None:
+                    parts.update({f"local_{a}": v for a, v in enumerate(own[n][idx[0]])})
+                out.append(Reward(total=world_reward, parts=parts))
+        return out
 
     def joint(self, ro: Rollout, node: int, idx: tuple[int, ...]) -> tuple[str, ...]:
         N = self.cfg.num_agents
