@@ -275,7 +275,7 @@ def tiny_learns(cfg) -> bool:
 def notebook_config(preset: str, task: str, task_args: dict, run_name: str, drive: Path | None = None,
                     drive_folder: str = DRIVE_FOLDER, num_steps: int | None = None,
                     judge_model: str | None = None, judge_budget_usd: float = 15.0, smoke: bool = False, log=print,
-                    save_every: int | None = None, algorithm: str = "magrpo", environment: str | None = None):
+                    save_every: int | None = None, algorithm: str = "magrpo", environment=None):
     """01_train's parameters as a validated TrainConfig: the run on this disk, mirrored to Drive when mounted.
     `smoke` (KIT_SMOKE=1) swaps in the tiny CPU preset and a few steps of the code task (a game task: the same
     game, 6 decisions per episode), mirrored (if at all) to its own Drive folder `<drive_folder>/_smoke/<run_name>`,

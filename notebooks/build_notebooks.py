@@ -156,8 +156,9 @@ ALGORITHM = "magrpo"  # magrpo, iac, maac (critics on the shared base), centrali
 #             madpo or marlhf (learning from preferences: README)
 TASK_ARGS = {"dataset": "humaneval"}  # code: humaneval, coop, mbpp, hub:<name>; writing: {"kind": "tldr"};
 #           rows (a JSONL of rows, with ENVIRONMENT): {"file": "rows.jsonl", "roles": ["left", "right"]}
-ENVIRONMENT = None  # a TRL-style environment class the agents act on with tools, "module.path:ClassName" (README:
-#             Teams that act), e.g. "kit.tasks.environments:CodeTests" for the code task's test tool
+ENVIRONMENT = None  # a TRL-style environment class the agents act on with tools (README: Teams that act): a class
+#             defined in a cell above, or "module.path:ClassName", e.g. "kit.tasks.environments:CodeTests" (the code
+#             task's test tool)
 JUDGE_MODEL = None  # e.g. "claude-sonnet-4-5": adds the judge's score as a reward (needs ANTHROPIC_API_KEY)
 JUDGE_BUDGET_USD = 15.0  # hard cap on judge spend for this run
 RUN_NAME = "magrpo_code"  # the run's folder name, here and on Drive

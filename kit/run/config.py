@@ -19,8 +19,8 @@ import warnings
 from pathlib import Path
 
 from kit.run.fields import (  # noqa: F401  (re-exported: kit.run.config is the config's one name)
-    CHOICES, NON_TRAINING, SAVED_DEFAULTS, ConfigError, TrainConfig, _field_types, _float_types, _legacy, from_dict,
-    load_file, parse_override, preset, save, saved_values, to_dict)
+    CHOICES, NON_TRAINING, SAVED_DEFAULTS, ConfigError, TrainConfig, _environment, _field_types, _float_types, _legacy,
+    from_dict, load_file, parse_override, preset, save, saved_values, to_dict)
 
 
 def load_config(preset_name: str | None = None, path: str | Path | None = None,
@@ -43,6 +43,7 @@ def validate(cfg: TrainConfig) -> TrainConfig:
     """Raise ConfigError on the first bad value; return cfg unchanged otherwise."""
     cfg.scale_rewards = _legacy("scale_rewards", cfg.scale_rewards)  # True/False set from Python: group/none
     cfg.advantage_mode = _legacy("advantage_mode", cfg.advantage_mode)  # marloo set from Python: rloo
+    cfg.environment = _environment(cfg.environment)  # a class set from Python: "module:ClassName"
     from_dict(dataclasses.asdict(cfg))  # types
     for name, hint in _field_types().items():  # inf and nan pass every range check below: refuse them first
         value = getattr(cfg, name)

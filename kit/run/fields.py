@@ -52,7 +52,8 @@ class TrainConfig:
     task_args: dict = field(default_factory=dict)  # keyword arguments for the task's constructor
     num_eval_items: int = 16  # held-out items scored at each evaluation
     # --- an environment the agents act on with tools (kit/engine/tools.py; TRL's environment classes unchanged)
-    environment: str | None = None  # "module.path:ClassName"; one instance per joint rollout (the team's world)
+    environment: str | None = None  # "module.path:ClassName" or a class (a notebook's: "__main__:ClassName", sent by
+    # value); one instance per joint rollout (the team's world)
     environment_args: dict = field(default_factory=dict)  # keyword arguments for its constructor (JSON values):
     # TRL's environment_factory with arguments (a partial or a lambda) as a config can hold it
     max_tool_calls: int = 4  # tool calls per agent per turn (TRL's max_tool_calling_iterations)
@@ -272,12 +273,24 @@ def from_dict(values: dict, base: TrainConfig | None = None) -> TrainConfig:
     hints = _field_types()
     for key, value in values.items():
         value = _legacy(key, value)
+        if key == "environment":
+            value = _environment(value)
         if key not in hints:
             near = [f for f in hints if key.lower() in f or f in key.lower()]
             hint = f"; did you mean {', '.join(near)}?" if near else "; see kit/run/fields.py for the fields"
             raise ConfigError(f"unknown config field {key!r}{hint}")
         setattr(cfg, key, _check_type(key, value, hints[key]))
     return cfg
+
+
+def _environment(value):
+    """A class given as TRL's environment_factory takes it, as the config holds it: "module:ClassName"."""
+    from kit.sandbox.envclass import EnvironmentClassError, spec_of
+
+    try:
+        return spec_of(value)
+    except EnvironmentClassError as err:
+        raise ConfigError(str(err)) from None
 
 
 def parse_override(text: str) -> tuple[str, object]:

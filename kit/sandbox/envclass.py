@@ -1,13 +1,16 @@
 """What an environment class offers and how the kit reads it (kit/sandbox/envhost.py runs it; this is the contract):
 
-    load_class("my_module:MyEnv")      the class, imported (in the environment's child process only)
+    spec_of(MyEnv)                     the class as the config holds it: "my_module:MyEnv", or "__main__:MyEnv" for a
+                                       class defined in a notebook cell or the running script
+    class_bytes("__main__:MyEnv")      such a class by value (dill), sent to the child; None for an importable one
+    load_class("my_module:MyEnv")      the class, imported or rebuilt from its bytes (in the environment's child only)
     describe(instance)                 its tools' JSON schemas, tools_by_role, whether it has get_reward and
                                        get_agent_rewards
     arguments_error(name, tool, args)  what a call's wrong arguments were and what the tool takes (the model reads it)
     agent_shares(value, roles)         get_agent_rewards()'s value as a float per role, in the team's order
     as_text(value)                     a tool's result as the text of its tool turn, cut to MAX_RESULT_CHARS
 
-May import: the standard library (describe imports transformers for the schemas).
+May import: the standard library (describe imports transformers for the schemas, class_bytes and load_class dill).
 """
 
 from __future__ import annotations
@@ -26,16 +29,69 @@ class EnvironmentClassError(RuntimeError):
     """The environment class cannot be used: the message names the class and what to fix."""
 
 
-def load_class(spec: str):
-    """'module.path:ClassName' -> the class (imported in the child only)."""
+NOTEBOOK = "__main__"  # the module of a class defined in a notebook cell (or the script that runs the kit)
+
+
+def spec_of(environment) -> str | None:
+    """The config's form of an environment: a "module.path:ClassName" string as it is; a class (TRL's
+    environment_factory=MyEnv) as "its_module:ClassName", "__main__:ClassName" for one defined in a notebook cell."""
+    if environment is None or isinstance(environment, str):
+        return environment
+    if not inspect.isclass(environment):
+        raise EnvironmentClassError(f"environment={environment!r}: give a class (TRL's environment_factory) or "
+                                    "'module.path:ClassName'")
+    name, module = environment.__qualname__, environment.__module__
+    if "." in name:  # defined inside a function or another class: no name reaches it from a fresh process
+        raise EnvironmentClassError(f"environment class {name!r} is not defined at the top level of {module!r}: "
+                                    "define it at the top level of a notebook cell or a module")
+    return f"{module}:{name}"
+
+
+def class_bytes(spec: str) -> str | None:
+    """A class defined in the notebook (or the running script), "__main__:ClassName", pickled by value with dill (its
+    methods and the notebook's functions and constants they use; modules by name), base64 text for the child; None for
+    an importable class, which the child imports itself. The notebook must have defined it: a notebook's run is
+    rebuilt (resumed, evaluated) from a notebook that runs the class's cell first."""
+    module, _, name = spec.partition(":")
+    if module != NOTEBOOK:
+        return None
+    import base64
+    import sys
+
+    import dill
+
+    cls = getattr(sys.modules.get(NOTEBOOK), name, None)
+    if not inspect.isclass(cls):
+        raise EnvironmentClassError(
+            f"environment={spec!r} is a class defined in a notebook cell (or the script that runs the kit), and "
+            f"{name!r} is not defined here: run the cell that defines it first (a run of a notebook's class is "
+            "resumed and evaluated from a notebook), or write it to a module file and give 'module.path:" + name + "'")
+    try:
+        return base64.b64encode(dill.dumps(cls, recurse=True)).decode("ascii")
+    except Exception as err:
+        raise EnvironmentClassError(f"environment={spec!r}: the class cannot be sent to the environment's process "
+                                    f"({type(err).__name__}: {err}); write it to a module file and give "
+                                    f"'module.path:{name}'") from None
+
+
+def load_class(spec: str, pickled: str | None = None):
+    """'module.path:ClassName' -> the class (imported in the child only); a notebook's class from its bytes."""
     module, sep, name = spec.partition(":")
     if not sep or not module or not name:
         raise EnvironmentClassError(f"environment={spec!r}: give 'module.path:ClassName' (e.g. "
                                 "'kit.tasks.environments:KeyHalves'), a class importable from the working folder")
-    try:
-        cls = getattr(importlib.import_module(module), name)
-    except (ImportError, AttributeError) as err:
-        raise EnvironmentClassError(f"environment={spec!r} cannot be imported: {type(err).__name__}: {err}") from None
+    if pickled:
+        import base64
+
+        import dill
+
+        cls = dill.loads(base64.b64decode(pickled))
+    else:
+        try:
+            cls = getattr(importlib.import_module(module), name)
+        except (ImportError, AttributeError) as err:
+            raise EnvironmentClassError(f"environment={spec!r} cannot be imported: {type(err).__name__}: "
+                                        f"{err}") from None
     if not hasattr(cls, "reset"):
         raise EnvironmentClassError(f"environment={spec!r} has no reset(**row) method: a TRL environment class "
                                     "needs one")

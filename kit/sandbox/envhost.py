@@ -50,12 +50,12 @@ import threading
 import time
 
 from kit.sandbox.envclass import (MAX_RESET_CHARS, EnvironmentClassError, _awaited, agent_shares, arguments_error,
-                                    as_text, describe, load_class)
+                                    as_text, class_bytes, describe, load_class, spec_of)
 
 
 def _serve(spec: str) -> None:
-    """The child (`python -m kit.sandbox.envhost <spec>`): read the constructor's arguments (the first line, JSON),
-    build instances of the class (each `cls(**arguments)`, from its own copy) and answer reset / call / reward
+    """The child (`python -m kit.sandbox.envhost <spec>`): read the constructor's arguments (the first line, JSON)
+    and a notebook's class by value (the second, empty for an importable class), build instances of the class (each `cls(**arguments)`, from its own copy) and answer reset / call / reward
     requests, one JSON line each, one at a time. The requests and answers travel on private copies of its stdin and
     stdout: what the environment's code prints goes to stderr, and what it reads from stdin is empty."""
     proto = os.fdopen(os.dup(1), "w", buffering=1)
@@ -77,11 +77,12 @@ def _serve(spec: str) -> None:
     envs = {}
     try:
         constructor = requests.readline()  # not on the command line: no size limit, not shown by ps
+        pickled = requests.readline().strip()
 
         def build():  # every world gets its own copy of the arguments: none shares a list or dict with another
             return cls(**json.loads(constructor))
 
-        cls = load_class(spec)
+        cls = load_class(spec, pickled)
         envs[0] = build()
         send("ok", describe(envs[0]))
     except BaseException as err:  # said in the parent with the class's name
@@ -131,8 +132,10 @@ def _serve(spec: str) -> None:
 class EnvHost:
     """An environment class's instances in a child process (see the module docstring)."""
 
-    def __init__(self, spec: str, timeout_s: float = 10.0, start_timeout_s: float = 120.0, args: dict | None = None):
+    def __init__(self, spec, timeout_s: float = 10.0, start_timeout_s: float = 120.0, args: dict | None = None):
+        spec = spec_of(spec)  # a class given as TRL takes it: its "module:ClassName"
         self.spec, self.timeout_s, self.start_timeout_s = spec, timeout_s, start_timeout_s
+        self._pickled = class_bytes(spec) or ""  # a notebook's class travels by value; taken once, for restarts too
         try:  # the constructor's keyword arguments travel to the child as JSON
             if not isinstance(args or {}, dict):
                 raise TypeError(f"a mapping of keyword arguments was expected, got {type(args).__name__}")
@@ -152,7 +155,7 @@ class EnvHost:
         self._proc = subprocess.Popen([sys.executable, "-m", "kit.sandbox.envhost", self.spec],
                                       stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=None, text=True, bufsize=1, env=env,
                                       cwd=os.getcwd(), start_new_session=True)  # killed with what it started
-        self._proc.stdin.write(self.args + "\n")  # the constructor's arguments, the child's first line
+        self._proc.stdin.write(self.args + "\n" + self._pickled + "\n")  # the constructor's arguments, the class
         self._proc.stdin.flush()
         self._number = 0
         answer = self._read(self.start_timeout_s)
