@@ -166,3 +166,34 @@ class Shares(Recorder):
 
     def get_agent_rewards(self) -> list:
         return self.shares
+
+
+class Rendezvous(Recorder):
+    """`arrive` leaves a file; `wait` waits for one (up to `seconds`): two worlds meet only if their calls run at once."""
+
+    def arrive(self, path: str) -> str:
+        """Leave a file.
+
+        Args:
+            path: Where.
+        """
+        import os
+
+        open(path, "w").close()
+        return f"arrived in process {os.getpid()}"
+
+    def wait(self, path: str, seconds: float = 60.0) -> str:
+        """Wait for a file.
+
+        Args:
+            path: Which.
+            seconds: How long at most.
+        """
+        import os
+
+        end = time.monotonic() + seconds
+        while not os.path.exists(path):
+            if time.monotonic() > end:
+                return "alone"
+            time.sleep(0.01)
+        return "met"

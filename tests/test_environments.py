@@ -195,6 +195,21 @@ def test_the_team_plays_the_key_game_through_its_tools(team, keys):
     assert "<tool_response>\n654\n</tool_response>" in ro.transcripts[3][0]  # world k1, the right agent
 
 
+def test_on_several_environment_processes_the_team_plays_as_on_one(team, keys):
+    from kit.sandbox.envpool import EnvPool
+
+    worlds = [{"id": "k0", "key": "123456"}, {"id": "k1", "key": "987654"}, {"id": "k2", "key": "555111"}]
+    one, _ = play(team, keys, worlds)
+    pool = EnvPool("kit.tasks.environments:KeyHalves", workers=2, timeout_s=10)
+    try:
+        two, _ = play(team, pool, worlds)
+    finally:
+        pool.close()
+    assert two.transcripts == one.transcripts and two.world_rewards == one.world_rewards == [[1.0] * 2] * 3
+    assert all(torch.equal(a.input_ids, b.input_ids) and torch.equal(a.completion_mask, b.completion_mask)
+               for a, b in zip(two.segments, one.segments)) and two.tool_calls == one.tool_calls
+
+
 def test_the_ids_are_extended_without_retokenizing_and_tool_tokens_are_off_the_mask(team, keys):
     tok = team.tokenizers[0]
     ro, requests = play(team, keys, [{"id": "k0", "key": "123456"}], G=1)
@@ -513,9 +528,12 @@ def test_the_browser_shows_each_agents_tool_calls_and_results():
     assert "reset added to each prompt</b>: The key has &lt;six&gt; digits." in page
 
 
-def test_the_board_carries_a_draft_from_one_agent_to_another_in_the_same_round(team):
-    """The sequential schedule as an environment: the helper's post runs before main's read (agent order)."""
+@pytest.mark.parametrize("workers", [1, 2])
+def test_the_board_carries_a_draft_from_one_agent_to_another_in_the_same_round(team, workers):
+    """The sequential schedule as an environment: the helper's post runs before main's read (agent order), on one
+    environment process or on two (each world's calls in order in its own)."""
     from kit.engine.tools import act
+    from kit.sandbox.envpool import EnvPool
 
     class Poster(Scripted):
         def generate(self, input_ids, attention_mask, adapters, generation_config, row_seeds=None):
@@ -533,16 +551,17 @@ def test_the_board_carries_a_draft_from_one_agent_to_another_in_the_same_round(t
             return torch.tensor([r + [self.tok.pad_token_id] * (width - len(r)) for r in rows]), \
                 torch.full((len(rows), width), -0.5)
 
-    host = EnvHost("kit.tasks.environments:Board", timeout_s=10)
+    host = EnvHost("kit.tasks.environments:Board", timeout_s=10) if workers == 1 else \
+        EnvPool("kit.tasks.environments:Board", workers, timeout_s=10)
     saved = team.engines[0]
     team.engines[0] = Poster(team.tokenizers[0], team.tokenizers[0].eos_token_id)
     try:
-        ro = act(team, [(0, "write aux"), (1, "write main")], 1, SamplingParams(max_new_tokens=200),
+        ro = act(team, [(0, "write aux"), (1, "write main")], 2, SamplingParams(max_new_tokens=200),
                  worlds=[{"id": "p"}], host=host, roles=["helper", "main"], max_tool_calls=2)
     finally:
         team.engines[0] = saved
         host.close()
-    assert "[helper]\ndef aux(): return 1" in ro.transcripts[1][0]
+    assert all("[helper]\ndef aux(): return 1" in ro.transcripts[1][g] for g in range(2))  # worlds 0 and 1
 
 
 def test_a_forked_answer_is_dropped_and_a_reset_that_kills_the_child_is_an_error_not_a_loop():

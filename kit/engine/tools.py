@@ -97,13 +97,16 @@ class ToolSampler(Sampler):
 
 def sampler_for(team, cfg, log=print) -> Sampler:
     """The run's sampler: with `cfg.environment`, a ToolSampler whose agents (team.roles) act on it, its class run
-    in a child process (kit/sandbox/envhost.py); otherwise the plain one. Training and evaluation build it alike."""
+    in a child process (kit/sandbox/envhost.py; `tool_workers` > 1: that many, envpool.py); otherwise the plain one. Training and evaluation build it alike."""
     if not getattr(cfg, "environment", None):
         return Sampler.from_config(team, cfg)
     from kit.engine.rollout import SamplingParams
     from kit.sandbox.envhost import EnvHost
+    from kit.sandbox.envpool import EnvPool
 
-    host = EnvHost(cfg.environment, timeout_s=cfg.tool_timeout_s, args=getattr(cfg, "environment_args", None))
+    workers, options = getattr(cfg, "tool_workers", 1), dict(timeout_s=cfg.tool_timeout_s,
+                                                             args=getattr(cfg, "environment_args", None))
+    host = EnvHost(cfg.environment, **options) if workers == 1 else EnvPool(cfg.environment, workers, **options)
     log(f"[kit] environment {cfg.environment}: tools {', '.join(sorted(host.tools)) or 'none'}"
         + (f" (by role: {host.by_role})" if host.by_role else "")
         + ("; it owns the reward (get_reward)" if host.has_reward else "")
@@ -201,10 +204,13 @@ def act(team, requests, G: int, params, *, worlds: list[dict], host, roles: list
                 carry.keep(cache, live, enc["attention_mask"], [len(r.ids) - n for r, n in zip(live, before)])
             past = cache = None  # the rows hold their columns now: the batch's cache is not kept through the tools
         # every base has generated: the round's calls run in (world, agent) order, whichever base an agent is on
-        for r in sorted((r for r in rows if r.live and r.pending), key=lambda r: (r.world, r.agent)):
+        # (in one batch: with tool_workers > 1 the worlds' calls run in parallel, each world's in this order)
+        calling = sorted((r for r in rows if r.live and r.pending), key=lambda r: (r.world, r.agent))
+        answers = iter(_run(host, [(r, call) for r in calling for call in r.pending], roles))
+        for r in calling:
             base = team.base_of[r.agent]
             tok = team.tokenizers[base]
-            results = [_run(host, r, call, roles) for call in r.pending]
+            results = [next(answers) for _ in r.pending]
             r.calls_left -= len(r.pending)
             r.calls += len(r.pending)
             out.tool_calls += len(r.pending)
@@ -241,13 +247,22 @@ def _with(prompt, extra: str):
     return Prompt(f"{prompt}\n\n{extra}", answer_start(prompt))
 
 
-def _run(host, row: _Row, call: dict, roles: list[str]) -> str:
-    if "error" in call:
-        return json.dumps({"error": call["error"]})
-    if call["name"] not in host.tools_for(roles[row.agent]):
-        return json.dumps({"error": f"tool {call['name']!r} is not one of {roles[row.agent]}'s tools: "
-                                    f"{sorted(host.tools_for(roles[row.agent]))}"})
-    return host.call(row.world, call["name"], call["arguments"])
+def _run(host, calls: list[tuple[_Row, dict]], roles: list[str]) -> list[str]:
+    """Each (row, call)'s result, in order: a call that cannot run (unparsed, another role's tool) answers its error
+    here; the others go to the environment in one batch (host.call_many)."""
+    out, runs = [], []
+    for row, call in calls:
+        mine = host.tools_for(roles[row.agent])
+        if "error" in call:
+            out.append(json.dumps({"error": call["error"]}))
+        elif call["name"] not in mine:
+            out.append(json.dumps({"error": f"tool {call['name']!r} is not one of {roles[row.agent]}'s tools: "
+                                            f"{sorted(mine)}"}))
+        else:
+            out.append(None)
+            runs.append((row.world, call["name"], call["arguments"]))
+    answers = iter(host.call_many(runs))
+    return [next(answers) if result is None else result for result in out]
 
 
 def _segments(team, requests, G: int, rows: list[_Row], out: Rollout) -> None:

@@ -59,6 +59,8 @@ class TrainConfig:
     max_tool_calls: int = 4  # tool calls per agent per turn (TRL's max_tool_calling_iterations)
     tool_timeout_s: float = 30.0  # seconds one tool call may take (past it: an error result, every world restarted;
     # above CodeTests' own sandbox limit, 2 + 3 x (examples + 1) s, so a looping draft gets the sandbox's "timeout")
+    tool_workers: int = 1  # environment processes: world w in process w % tool_workers, a round's calls in parallel
+    # across them, in order within each world (kit/sandbox/envpool.py); a timeout restarts only its world's process
     # --- sampling
     num_generations: int = 4  # G: samples per agent per prompt (the group)
     max_new_tokens: int = 256  # completion length cap
@@ -187,7 +189,7 @@ CHOICES = {
 # the correction follows the sampler, and a resume that changes it says so from which step (Trainer._resume).
 NON_TRAINING = {"run_dir", "mirror_dir", "judge_budget_usd", "judge_timeout_s", "judge_max_retries",
                 "judge_max_failures", "judge_cooldown_s", "eval_every", "save_every", "keep_last", "keep_history",
-                "log_rollouts", "use_wandb", "wandb_project", "progress", "reward_workers", "reward_pool",
+                "log_rollouts", "use_wandb", "wandb_project", "progress", "reward_workers", "reward_pool", "tool_workers",
                 "num_eval_items", "device", "agent_devices", "num_steps",
                 "rollout_engine", "generation_weights", "share_prompts"}
 

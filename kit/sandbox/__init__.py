@@ -7,6 +7,7 @@
     checker.py    the child that runs the tests in its own namespace (read as source, never imported)
     envhost.py    an environment class (TRL's contract) in a child process: tools with a time limit per call
     envclass.py   what such a class offers and how it is read: tool schemas, argument errors, shares, results
+    envpool.py    several such children: world w in child w % k, a round's calls in parallel across them
 
 May import: the standard library only (runner, checker and wire: nothing else at all, they run in the child;
 envhost's child imports the environment's own module and transformers for the tools' schemas).

@@ -234,19 +234,19 @@ class EnvHost:
 
     def reset(self, rows: list[dict]) -> list[str | None]:
         """Reset world w with rows[w] (instances built the first time); returns what each reset added."""
-        out = []
-        for world, row in enumerate(rows):
-            try:
-                json.dumps(row)
-            except (TypeError, ValueError) as err:
-                raise EnvironmentClassError(f"row {world} cannot be sent to the environment's process as JSON "
-                                            f"({err}); rows must hold JSON values") from None
-            ok, value = self._ask("reset", world, dict(row), timeout=max(self.timeout_s, 30.0))
-            if not ok:
-                raise EnvironmentClassError(f"environment={self.spec!r}: reset(**row) failed on row {world}: {value}")
-            self.rows[world] = dict(row)
-            out.append(value)
-        return out
+        return [self.reset_world(world, row) for world, row in enumerate(rows)]
+
+    def reset_world(self, world: int, row: dict) -> str | None:
+        try:
+            json.dumps(row)
+        except (TypeError, ValueError) as err:
+            raise EnvironmentClassError(f"row {world} cannot be sent to the environment's process as JSON "
+                                        f"({err}); rows must hold JSON values") from None
+        ok, value = self._ask("reset", world, dict(row), timeout=max(self.timeout_s, 30.0))
+        if not ok:
+            raise EnvironmentClassError(f"environment={self.spec!r}: reset(**row) failed on row {world}: {value}")
+        self.rows[world] = dict(row)
+        return value
 
     def call(self, world: int, name: str, arguments) -> str:
         """One tool call's result as the tool message's content; an error is `{"error": "..."}`, never raised."""
@@ -258,6 +258,11 @@ class EnvHost:
         ok, value = self._ask("call", world, name, arguments)
         self.tool_seconds += time.perf_counter() - t0
         return value if ok else json.dumps({"error": value})
+
+    def call_many(self, calls: list[tuple[int, str, object]]) -> list[str]:
+        """A round's calls, (world, tool, arguments) each, run in the order given (kit/sandbox/envpool.py runs
+        several children's in parallel)."""
+        return [self.call(*c) for c in calls]
 
     def view(self, world: int) -> "EnvView":
         """What a reward function with an `environment` parameter receives for a joint action of this world."""
