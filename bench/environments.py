@@ -7,6 +7,8 @@ one, against the game's exact optimum (1.0).
     python bench/environments.py train --seeds 3 --name keys_local --set local_reward_weight=0.5   # its own folders
     python bench/environments.py tool --seeds 1 2 --n 2      # the code team with run_tests and without (untrained)
     python bench/environments.py tool-table                  # bench/results/code_tool.md
+    python bench/environments.py tool --env kit.tasks.environments:Board --name board --seeds 100 --n 1 \
+        --set "task_args={dataset: coop, prefill: none}"    # the same for the Board (sequential/discussion)
     python bench/environments.py cache --items 1             # tool rounds from the carried KV cache vs not
 
 Each run is the preset with `--set seed=S`, trained in checkpoints/env_bench/<preset>_s<S> (git-ignored), with the
@@ -127,31 +129,32 @@ ARMS = ("tool", "plain")
 
 
 def tool(seeds: list[int], n: int, tokens: int, extra: list[str], preset: str = "coder_code",
-         runs: Path = RUNS) -> None:
-    """The untrained team with CodeTests' run_tests and without it, every other setting equal (module docstring)."""
+         runs: Path = RUNS, env: str = TOOL_ENV, name: str = "code") -> None:
+    """The untrained team with an environment's tools (CodeTests' run_tests) and without them, every other setting
+    equal (module docstring); run folders <name>_<arm>_s<seed>."""
     from kit.analysis.baselines import compare
     from kit.run import fields
     from kit.run.config import load_config
 
     for seed in seeds:
         for arm in ARMS:
-            run_dir = runs / f"code_{arm}_s{seed}"
+            run_dir = runs / f"{name}_{arm}_s{seed}"
             if (run_dir / "eval" / "baselines.json").exists():
                 continue  # done: rerun by deleting the folder
             overrides = ["task_args={dataset: humaneval, prefill: helper}", f"max_new_tokens={tokens}",
                          f"seed={seed}", f"run_dir={run_dir}", "progress=false", *extra]
-            cfg = load_config(preset, overrides=overrides + ([f"environment={TOOL_ENV}"] if arm == "tool" else []))
+            cfg = load_config(preset, overrides=overrides + ([f"environment={env}"] if arm == "tool" else []))
             run_dir.mkdir(parents=True, exist_ok=True)
             fields.save(cfg, run_dir / "config.json")
             compare(run_dir, ["naive"], n=n)
 
 
-def tool_table(runs: Path = RUNS) -> str:
+def tool_table(runs: Path = RUNS, name: str = "code") -> str:
     from kit.analysis import stats
 
     rows = {arm: {} for arm in ARMS}  # arm -> seed -> the untrained team's baselines row
-    for run in sorted(runs.glob("code_*_s*")):
-        arm, seed = run.name[len("code_"):].rsplit("_s", 1)
+    for run in sorted(runs.glob(f"{name}_*_s*")):
+        arm, seed = run.name[len(name) + 1:].rsplit("_s", 1)
         if arm in rows and (run / "eval" / "baselines.json").exists():
             rows[arm][int(seed)] = next(r for r in json.loads((run / "eval" / "baselines.json").read_text())
                                         if r["method"] == "naive")
@@ -165,7 +168,8 @@ def tool_table(runs: Path = RUNS) -> str:
                        axis=0)
 
     first = rows["tool"][seeds[0]]
-    lines = [f"### The untrained coder team on HumanEval with `run_tests` and without (seeds "
+    config = json.loads((runs / f"{name}_tool_s{seeds[0]}" / "config.json").read_text())
+    lines = [f"### The untrained coder team with `{config['environment']}` and without, {config['task_args']} (seeds "
              f"{', '.join(map(str, seeds))}, {len(first['per_item']['reward'])} items, {first['num_samples']} joint "
              "actions per item per seed)", "",
              "| arm | pass@1 (95% CI over items) | per seed | reward (95% CI) | per seed | tool calls per completion "
@@ -237,7 +241,10 @@ def main() -> None:
     to.add_argument("--n", type=int, default=2, help="joint actions per held-out item")
     to.add_argument("--tokens", type=int, default=480, help="max_new_tokens of both arms")
     to.add_argument("--set", dest="extra", nargs="*", default=[])
-    sub.add_parser("tool-table")
+    to.add_argument("--env", default=TOOL_ENV, help="the tool arm's environment (default: CodeTests)")
+    to.add_argument("--name", default="code", help="the run folders' prefix: <name>_<arm>_s<seed>")
+    tt = sub.add_parser("tool-table")
+    tt.add_argument("--name", default="code")
     ca = sub.add_parser("cache", help="tool rounds from the carried KV cache against the whole context each round")
     ca.add_argument("--items", type=int, default=1)
     ca.add_argument("--set", dest="extra", nargs="*", default=[])
@@ -245,12 +252,12 @@ def main() -> None:
     if args.command == "train":
         train(args.preset, args.seeds, args.extra, args.n, args.name)
     elif args.command == "tool":
-        tool(args.seeds, args.n, args.tokens, args.extra)
+        tool(args.seeds, args.n, args.tokens, args.extra, env=args.env, name=args.name)
     elif args.command == "cache":
         cache(args.items, args.extra)
     elif args.command == "tool-table":
-        text = tool_table()
-        (OUT.parent / "code_tool.md").write_text(text + "\n")
+        text = tool_table(name=args.name)
+        (OUT.parent / f"{args.name}_tool.md").write_text(text + "\n")
         print(text)
     else:
         text = table(args.preset, args.name)
