@@ -299,6 +299,11 @@ class EnvHost:
         if self._proc.poll() is None:
             self._proc.kill()
         self._proc.wait(5)
+        for pipe in (self._proc.stdin, self._proc.stdout):  # a restarted or closed child leaves no open pipe behind
+            try:
+                pipe.close()
+            except OSError:
+                pass
 
     def close(self) -> None:
         if self._proc is not None and self._proc.poll() is None:

@@ -19,6 +19,7 @@ from __future__ import annotations
 import time
 from concurrent.futures import ThreadPoolExecutor
 
+from kit.sandbox import envhost
 from kit.sandbox.envhost import EnvHost, EnvView
 
 
@@ -29,7 +30,7 @@ class EnvPool:
         if workers < 1:
             raise ValueError(f"workers={workers}: give an integer >= 1")
         self._threads = ThreadPoolExecutor(workers, thread_name_prefix="kit-env")
-        starts = [self._threads.submit(EnvHost, spec, **host_args) for _ in range(workers)]
+        starts = [self._threads.submit(envhost.EnvHost, spec, **host_args) for _ in range(workers)]
         self.hosts: list[EnvHost] = []
         try:
             for start in starts:
