@@ -263,6 +263,8 @@ def test_a_role_cannot_use_another_roles_tools(team, keys):
     finally:
         team.engines[0] = saved
     assert "is not one of right's tools" in ro.transcripts[1][0]
+    assert "<tool_response>\n123\n</tool_response>" in ro.transcripts[0][0]  # each answer on its own call: the
+    assert "is not one of" not in ro.transcripts[0][0]  # left agent's read ran, the refusal is the right agent's
 
 
 # --- rows as a task, and a training run with an environment --------------------------------------------------------

@@ -30,13 +30,18 @@ CELLS = [
     "        \"\"\"Say the digits.\n\n        Args:\n            digits: three digits\n        \"\"\"\n"
     "        self.said = digits\n"
     "        return f'said by {os.getpid()}'\n\n"
+    "    def nap(self, seconds: float) -> str:\n"
+    "        \"\"\"Sleep.\n\n        Args:\n            seconds: how long\n        \"\"\"\n"
+    "        import time\n        time.sleep(seconds)\n        return 'woke'\n\n"
     "    def get_reward(self) -> float:\n"
     "        return BONUS + (1.0 if self.said == half(self.key) else 0.0) + random.random() * 0",
     "from kit.sandbox.envhost import EnvHost\n"
-    "host = EnvHost(Guess, timeout_s=10)\n"
+    "host = EnvHost(Guess, timeout_s=5)\n"
     "host.reset([{'key': '123456'}])\n"
+    "print('NAP', host.call(0, 'nap', {'seconds': 60}), 'RESTARTS', host.restarts)  # past the limit: a new child\n"
     "print('CALL', host.call(0, 'say', {'digits': '123'}), 'KERNEL', os.getpid(), 'REWARD', host.rewards([0]))\n"
-    "host.close()",
+    "host.close()\n"
+    "cfg = load_config('tiny_cpu')\ncfg.environment = Guess\nprint('SET', validate(cfg).environment)",
     "rows = key_rows(os.environ['KIT_TEST_DIR'] + '/rows.jsonl', 6)\n"
     "def cfg():\n"
     "    values = {'run_dir': os.environ['KIT_TEST_DIR'] + '/run', 'progress': False, 'task': 'rows',\n"
@@ -47,6 +52,14 @@ CELLS = [
     "first = Trainer(cfg(), log=lambda *_: None)\nfirst.train(max_steps=1)\nfirst.close()\n"
     "again = Trainer(cfg(), resume=True, log=lambda *_: None)\nagain.train()\nagain.close()\n"
     "print('SPEC', cfg().environment)",
+    # hints as strings (a notebook keeps the future import for every later cell) name types the code never uses
+    "from __future__ import annotations\nfrom typing import Optional",
+    "class Later:\n"
+    "    def reset(self, **row):\n        return None\n\n"
+    "    def pick(self, n: Optional[int] = None) -> str:\n"
+    "        \"\"\"Pick.\n\n        Args:\n            n: which\n        \"\"\"\n"
+    "        return str(n)\n\n"
+    "late = EnvHost(Later, timeout_s=10)\nprint('LATER', late.tools['pick']['function']['parameters'])\nlate.close()",
 ]
 
 
@@ -62,6 +75,9 @@ def test_a_class_defined_in_a_notebook_cell_trains_and_resumes_from_the_notebook
     call, kernel = text.split("CALL ")[1].split(" KERNEL ")
     assert call.startswith("said by ") and call.split()[2] != kernel.split()[0]  # the tool ran in a child process
     assert "REWARD [1.25]" in text  # the class's notebook constant and helper went with it
+    assert "timed out" in text and "RESTARTS 1" in text  # the restarted child got the class by value again
+    assert "SET __main__:Guess" in text  # a class set on a config, then validated
+    assert "LATER {'type': 'object', 'properties': {'n': {'type': 'integer'" in text
     assert "SPEC __main__:Guess" in text
     saved = json.loads((tmp_path / "run" / "config.json").read_text())
     assert saved["environment"] == "__main__:Guess"
@@ -90,3 +106,16 @@ def test_a_class_is_held_as_its_module_and_name():
         from_dict({"environment": inner()}, load_config("tiny_cpu"))
     with pytest.raises(ConfigError, match="give a class"):
         from_dict({"environment": 3}, load_config("tiny_cpu"))
+
+
+def test_a_notebook_class_that_is_not_defined_is_said_before_the_model_loads(tmp_path, monkeypatch):
+    from kit.run.config import load_config
+    from kit.trainers.trainer import Trainer
+
+    def load(*_, **__):
+        raise AssertionError("the model was loaded before the missing class was said")
+
+    monkeypatch.setattr("kit.engine.models.build_team", load)
+    cfg = load_config("tiny_cpu", overrides=[f"run_dir={tmp_path}", "environment=__main__:NotHere", "task=toy"])
+    with pytest.raises(EnvironmentClassError, match="no class 'NotHere' is defined here: run the cell"):
+        Trainer(cfg, log=lambda *_: None)

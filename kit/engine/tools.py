@@ -97,7 +97,8 @@ class ToolSampler(Sampler):
 
 def sampler_for(team, cfg, log=print) -> Sampler:
     """The run's sampler: with `cfg.environment`, a ToolSampler whose agents (team.roles) act on it, its class run
-    in a child process (kit/sandbox/envhost.py; `tool_workers` > 1: that many, envpool.py); otherwise the plain one. Training and evaluation build it alike."""
+    in a child process (kit/sandbox/envhost.py; `tool_workers` > 1: that many, envpool.py); otherwise the plain one.
+    Training and evaluation build it alike."""
     if not getattr(cfg, "environment", None):
         return Sampler.from_config(team, cfg)
     from kit.engine.rollout import SamplingParams

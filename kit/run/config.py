@@ -81,6 +81,8 @@ def validate(cfg: TrainConfig) -> TrainConfig:
     need(cfg.max_tool_calls >= 0, "max_tool_calls", "an integer >= 0")
     need(cfg.tool_timeout_s > 0, "tool_timeout_s", "a number > 0")
     need(cfg.tool_workers >= 1, "tool_workers", "an integer >= 1 (the environment's processes)")
+    need(cfg.tool_workers == 1 or bool(cfg.environment), "tool_workers",
+         "1 without an environment (its processes run the environment's tools)")
     if cfg.environment:
         need(cfg.joint_mode == "aligned", "joint_mode", "aligned with an environment (the agents' g-th samples act "
              "on one world; cross pairs samples that never met)")

@@ -189,8 +189,8 @@ CHOICES = {
 # the correction follows the sampler, and a resume that changes it says so from which step (Trainer._resume).
 NON_TRAINING = {"run_dir", "mirror_dir", "judge_budget_usd", "judge_timeout_s", "judge_max_retries",
                 "judge_max_failures", "judge_cooldown_s", "eval_every", "save_every", "keep_last", "keep_history",
-                "log_rollouts", "use_wandb", "wandb_project", "progress", "reward_workers", "reward_pool", "tool_workers",
-                "num_eval_items", "device", "agent_devices", "num_steps",
+                "log_rollouts", "use_wandb", "wandb_project", "progress", "reward_workers", "reward_pool",
+                "tool_workers", "num_eval_items", "device", "agent_devices", "num_steps",
                 "rollout_engine", "generation_weights", "share_prompts"}
 
 

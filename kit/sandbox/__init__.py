@@ -10,5 +10,6 @@
     envpool.py    several such children: world w in child w % k, a round's calls in parallel across them
 
 May import: the standard library only (runner, checker and wire: nothing else at all, they run in the child;
-envhost's child imports the environment's own module and transformers for the tools' schemas).
+envhost's child imports the environment's own module and transformers for the tools' schemas; envclass imports
+dill to send a notebook's class by value).
 """

@@ -61,17 +61,35 @@ def class_bytes(spec: str) -> str | None:
     import dill
 
     cls = getattr(sys.modules.get(NOTEBOOK), name, None)
-    if not inspect.isclass(cls):
+    if not inspect.isclass(cls) or cls.__module__ != NOTEBOOK:
         raise EnvironmentClassError(
             f"environment={spec!r} is a class defined in a notebook cell (or the script that runs the kit), and "
-            f"{name!r} is not defined here: run the cell that defines it first (a run of a notebook's class is "
-            "resumed and evaluated from a notebook), or write it to a module file and give 'module.path:" + name + "'")
+            f"no class {name!r} is defined here: run the cell that defines it first (a run of a notebook's class is "
+            f"resumed and evaluated from a notebook), or, for a new run, write it to a module file and give "
+            f"'module.path:{name}'")
+    _resolve_annotations(cls)
     try:
         return base64.b64encode(dill.dumps(cls, recurse=True)).decode("ascii")
     except Exception as err:
         raise EnvironmentClassError(f"environment={spec!r}: the class cannot be sent to the environment's process "
                                     f"({type(err).__name__}: {err}); write it to a module file and give "
                                     f"'module.path:{name}'") from None
+
+
+def _resolve_annotations(cls) -> None:
+    """Type hints written as strings (`from __future__ import annotations`, which a notebook keeps for every cell)
+    name types the methods never use, so they would not travel with the class: resolve them here, where the names
+    are defined (the tools' schemas are made from them in the child)."""
+    import typing
+
+    for value in vars(cls).values():
+        function = getattr(value, "__func__", value)
+        hints = getattr(function, "__annotations__", None)
+        if inspect.isfunction(function) and hints and any(isinstance(h, str) for h in hints.values()):
+            try:
+                function.__annotations__ = typing.get_type_hints(function)
+            except Exception:  # a hint this process cannot resolve either: the child's schema error names it
+                pass
 
 
 def load_class(spec: str, pickled: str | None = None):

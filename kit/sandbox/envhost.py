@@ -55,9 +55,10 @@ from kit.sandbox.envclass import (MAX_RESET_CHARS, EnvironmentClassError, _await
 
 def _serve(spec: str) -> None:
     """The child (`python -m kit.sandbox.envhost <spec>`): read the constructor's arguments (the first line, JSON)
-    and a notebook's class by value (the second, empty for an importable class), build instances of the class (each `cls(**arguments)`, from its own copy) and answer reset / call / reward
-    requests, one JSON line each, one at a time. The requests and answers travel on private copies of its stdin and
-    stdout: what the environment's code prints goes to stderr, and what it reads from stdin is empty."""
+    and a notebook's class by value (the second, empty for an importable class), build instances of the class (each
+    `cls(**arguments)`, from its own copy) and answer reset / call / reward requests, one JSON line each, one at a
+    time. The requests and answers travel on private copies of its stdin and stdout: what the environment's code
+    prints goes to stderr, and what it reads from stdin is empty."""
     proto = os.fdopen(os.dup(1), "w", buffering=1)
     requests = os.fdopen(os.dup(0), "r")
     os.dup2(2, 1)
@@ -146,7 +147,7 @@ class EnvHost:
         self.rows: dict[int, dict] = {}  # each world's last row: a restarted child resets its instances with them
         self.tool_seconds = 0.0  # wall time inside tool calls (perf/tool_s)
         self.restarts = 0
-        self._proc = None
+        self._proc, self._closed = None, False
         self._lock = threading.RLock()  # reward functions may read worlds from several threads (EnvView)
         self._start()
 
@@ -214,7 +215,7 @@ class EnvHost:
             answer = self._read(self.timeout_s if timeout is None else timeout, self._number)
         if answer is None:
             died = self._proc.poll() is not None
-            if restart:
+            if restart and not self._closed:  # a child killed by close() is not started again
                 self._restart()
             return False, ("the environment's process died (it was restarted)" if died else
                            f"timed out after {self.timeout_s:g}s (the environment was restarted)")
@@ -306,6 +307,7 @@ class EnvHost:
                 pass
 
     def close(self) -> None:
+        self._closed = True
         if self._proc is not None and self._proc.poll() is None:
             try:
                 self._proc.stdin.write(json.dumps([0, "close"]) + "\n")

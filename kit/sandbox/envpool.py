@@ -17,7 +17,7 @@ May import: the standard library and kit.sandbox.envhost.
 from __future__ import annotations
 
 import time
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor, wait
 
 from kit.sandbox import envhost
 from kit.sandbox.envhost import EnvHost, EnvView
@@ -64,6 +64,7 @@ class EnvPool:
             shares.setdefault(item[0] % len(self.hosts), []).append((position, item))
         futures = {k: self._threads.submit(run, self.hosts[k], [item for _, item in share])
                    for k, share in shares.items()}
+        wait(futures.values())  # every child's share done (or failed) before any error is raised: none still runs
         out = [None] * len(items)
         for k, share in shares.items():
             for (position, _), value in zip(share, futures[k].result()):
