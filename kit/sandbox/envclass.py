@@ -82,7 +82,7 @@ def _resolve_annotations(cls) -> None:
     are defined (the tools' schemas are made from them in the child)."""
     import typing
 
-    for value in vars(cls).values():
+    for value in [v for klass in cls.__mro__ if klass.__module__ == NOTEBOOK for v in vars(klass).values()]:
         function = getattr(value, "__func__", value)
         hints = getattr(function, "__annotations__", None)
         if inspect.isfunction(function) and hints and any(isinstance(h, str) for h in hints.values()):
