@@ -48,7 +48,8 @@ KEPT = Path(__file__).resolve().parent / "results" / "runs"  # archive(): runs k
 OUT = ROOT / "bench" / "results"
 PRESET = {"writing": "smol_writing", "code": "smol_code", "humaneval": "smol_code", "hanabi": "smol_hanabi",
           "coder": "coder_code", "coder-humaneval": "coder_code", "coder-mbpp": "coder_code",
-          "coder-humaneval-b2": "coder_code", "coder-mbpp-b2": "coder_code", "coder-g2": "coder_code"}
+          "coder-humaneval-b2": "coder_code", "coder-mbpp-b2": "coder_code", "coder-g2": "coder_code",
+          "coder-humaneval-lr3e-5": "coder_code"}
 # a task of this script that is a preset with other task_args: HumanEval's train/eval splits instead of coop's
 TASK_OVERRIDES = {"humaneval": ["task_args={dataset: humaneval, prefill: helper}"],
                   "coder-humaneval": ["task_args={dataset: humaneval, prefill: helper}"],
@@ -61,7 +62,10 @@ TASK_OVERRIDES = {"humaneval": ["task_args={dataset: humaneval, prefill: helper}
                                     "learning_rate=5e-5"],
                   # the cooperative problems with G=2: for multi-turn (`--turns 2`), where every first-turn joint
                   # action branches into its own feedback node, G=4 makes 40 rows a step (~14 min here), G=2 12
-                  "coder-g2": ["num_generations=2"]}
+                  "coder-g2": ["num_generations=2"],
+                  # third settings for HumanEval, from KeyHalves (2026-11-29): there 1e-4 locked an agent into a
+                  # failing loop and 3e-5 learned, with the team's reward alone too; no HumanEval seed was looked at
+                  "coder-humaneval-lr3e-5": ["task_args={dataset: humaneval, prefill: helper}", "learning_rate=3e-5"]}
 MODEL = {"coder": "Qwen2.5-Coder-0.5B-Instruct"}  # by the task's prefix; SmolLM2-135M-Instruct otherwise
 BASELINE_ORDER = ["single", "naive", "sequential", "discussion", "random", "rule", "base"]
 
@@ -159,7 +163,8 @@ def split(metrics: list[dict]) -> dict:
 
 
 SMOL_TASKS = ("writing", "code", "humaneval", "hanabi")
-CODER_TASKS = ("coder", "coder-humaneval", "coder-mbpp", "coder-humaneval-b2", "coder-mbpp-b2", "coder-g2")
+CODER_TASKS = ("coder", "coder-humaneval", "coder-mbpp", "coder-humaneval-b2", "coder-mbpp-b2", "coder-g2",
+               "coder-humaneval-lr3e-5")
 
 
 def table(tasks=SMOL_TASKS, out: str = "smol.md") -> None:
