@@ -218,9 +218,9 @@ class RunContext:
         items = self.task.load(split)
         self.items = items[:num_items or self.cfg.num_eval_items or len(items)]
         from kit.engine.tools import sampler_for
-        from kit.sandbox.envclass import class_bytes
+        from kit.sandbox.envclass import notebook_class
 
-        class_bytes(self.cfg.environment or "")  # a notebook's environment class must be defined: said before loading
+        notebook_class(self.cfg.environment or "")  # a notebook's environment class is defined: said before loading
         self.team = build_team(self.cfg, log=log)
         self.team.roles = list(getattr(self.task, "roles", []) or []) or [f"agent_{i}" for i in
                                                                          range(self.cfg.num_agents)]

@@ -2,6 +2,7 @@
 
     spec_of(MyEnv)                     the class as the config holds it: "my_module:MyEnv", or "__main__:MyEnv" for a
                                        class defined in a notebook cell or the running script
+    notebook_class("__main__:MyEnv")   such a class, defined in this process (else an error saying to run its cell)
     class_bytes("__main__:MyEnv")      such a class by value (dill), sent to the child; None for an importable one
     load_class("my_module:MyEnv")      the class, imported or rebuilt from its bytes (in the environment's child only)
     describe(instance)                 its tools' JSON schemas, tools_by_role, whether it has get_reward and
@@ -47,18 +48,14 @@ def spec_of(environment) -> str | None:
     return f"{module}:{name}"
 
 
-def class_bytes(spec: str) -> str | None:
-    """A class defined in the notebook (or the running script), "__main__:ClassName", pickled by value with dill (its
-    methods and the notebook's functions and constants they use; modules by name), base64 text for the child; None for
-    an importable class, which the child imports itself. The notebook must have defined it: a notebook's run is
-    rebuilt (resumed, evaluated) from a notebook that runs the class's cell first."""
+def notebook_class(spec: str):
+    """The class a "__main__:ClassName" spec names, defined in this process (a notebook cell, or the script that runs
+    the kit); None for an importable class. A notebook's run is rebuilt (resumed, evaluated) from a notebook that runs
+    the class's cell first: without it, the error says so (the kit asks before the model loads)."""
     module, _, name = spec.partition(":")
     if module != NOTEBOOK:
         return None
-    import base64
     import sys
-
-    import dill
 
     cls = getattr(sys.modules.get(NOTEBOOK), name, None)
     if not inspect.isclass(cls) or cls.__module__ != NOTEBOOK:
@@ -67,13 +64,27 @@ def class_bytes(spec: str) -> str | None:
             f"no class {name!r} is defined here: run the cell that defines it first (a run of a notebook's class is "
             f"resumed and evaluated from a notebook), or, for a new run, write it to a module file and give "
             f"'module.path:{name}'")
+    return cls
+
+
+def class_bytes(spec: str) -> str | None:
+    """A notebook's class (notebook_class) pickled by value with dill (its methods and the notebook's functions and
+    constants they use; modules by name), base64 text for the child; None for an importable class, which the child
+    imports itself."""
+    cls = notebook_class(spec)
+    if cls is None:
+        return None
+    import base64
+
+    import dill
+
     _resolve_annotations(cls)
     try:
         return base64.b64encode(dill.dumps(cls, recurse=True)).decode("ascii")
     except Exception as err:
         raise EnvironmentClassError(f"environment={spec!r}: the class cannot be sent to the environment's process "
                                     f"({type(err).__name__}: {err}); write it to a module file and give "
-                                    f"'module.path:{name}'") from None
+                                    f"'module.path:{cls.__name__}'") from None
 
 
 def _resolve_annotations(cls) -> None:

@@ -150,9 +150,9 @@ def assemble(cfg: TrainConfig, task=None, reward_funcs=None, team=None, resume: 
         raise ValueError(f"task {getattr(task, 'name', task)!r} has no train items")
     if team is None:
         from kit.engine.models import build_team
-        from kit.sandbox.envclass import class_bytes
+        from kit.sandbox.envclass import notebook_class
 
-        class_bytes(cfg.environment or "")  # a notebook's environment class is defined: said before the model loads
+        notebook_class(cfg.environment or "")  # a notebook's environment class is defined: said before the model loads
         pin_weights(cfg, dist, log)
         team = build_team(dataclasses.replace(cfg, device=dist.device(cfg.device)), log=log)
     cfg.model_sources = team_cfg.model_sources = {**cfg.model_sources, **team.sources}  # recorded in config.json
