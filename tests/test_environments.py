@@ -485,6 +485,29 @@ def test_the_code_test_tool_runs_a_draft_on_the_visible_examples_only():
     assert "ok: assert add(2, 2) == 4" in bad and "FAILED: assert add(1, 2) == 3" in bad
 
 
+def test_a_code_draft_runs_after_the_problems_imports_and_with_the_teams_latest_functions():
+    from kit.tasks.code import humaneval_problems
+    from kit.tasks.environments import CodeTests
+
+    env = CodeTests()
+    item = humaneval_problems()[0]  # has_close_elements(numbers: List[float], ...): `List` comes from its context
+    env.reset(**item)
+    typed = ("def has_close_elements(numbers: List[float], threshold: float) -> bool:\n"
+             "    return any(abs(a - b) < threshold for i, a in enumerate(numbers) for b in numbers[i + 1:])\n")
+    assert env.run_tests(typed).count("ok: ") == 2
+    # main's draft calls aux: before the helper tested one it is not defined; then it runs with the helper's latest
+    main = "def has_close_elements(numbers: List[float], threshold: float) -> bool:\n    return aux(numbers) < threshold\n"
+    assert "NameError" in env.run_tests(main)
+    env.run_tests("def aux(xs):\n    return 0.0\n")  # a wrong aux first, then a right one: the latest counts
+    assert "FAILED: assert has_close_elements([1.0, 2.0, 3.0], 0.5) == False" in env.run_tests(main)
+    env.run_tests("```python\ndef aux(xs):\n    s = sorted(xs)\n    return min(b - a for a, b in zip(s, s[1:]))\n```")
+    assert env.run_tests(main).count("ok: ") == 2
+    own = "def aux(xs):\n    return 99.0\n\n" + main  # a draft's own aux wins over the team's
+    assert env.run_tests(own).count("ok: ") == 1
+    env.reset(**item)  # a new row forgets the drafts
+    assert "NameError" in env.run_tests(main)
+
+
 def test_a_built_in_task_runs_with_an_environment(tmp_path):
     from kit.run import rundir
     from kit.trainers.trainer import Trainer

@@ -3,6 +3,7 @@
     extract_code(text) -> str                 the Python in a completion: fenced blocks, or the lines that parse
     function_info(code, name) -> (defined, returns_value)
     drop_function(code, name) -> str          the code without a top-level def of `name`
+    top_functions(code) -> {name: source}     the top-level defs of `code`
     aux_use(main_code, entry_point) -> AuxUse how the entry point uses aux: calls, thin wrapper, ignored results
 
 Everything here is static: nothing is executed (extraction only calls `ast.parse`). `aux_use` reads the AST and
@@ -256,6 +257,17 @@ def drop_function(code: str, name: str) -> str:
             first = min([node.lineno] + [d.lineno for d in node.decorator_list])
             cut.update(range(first - 1, node.end_lineno))
     return "\n".join(line for i, line in enumerate(lines) if i not in cut)
+
+
+def top_functions(code: str) -> dict[str, str]:
+    """The top-level function definitions of `code` (decorators included), name -> source, the last of a name; {} if
+    it does not parse."""
+    tree = _parse(code)
+    if tree is None:
+        return {}
+    lines = code.split("\n")
+    return {node.name: "\n".join(lines[min([node.lineno] + [d.lineno for d in node.decorator_list]) - 1:node.end_lineno])
+            for node in tree.body if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))}
 
 
 @dataclass

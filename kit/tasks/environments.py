@@ -9,8 +9,9 @@
                 reaches main at once, the sequential schedule; drafts read in a later round: the discussion).
                 Any task; its reward stays the task's.
     CodeTests   the code task with a test tool: `run_tests(code)` runs a draft against the problem's VISIBLE examples
-                (the >>> lines of its docstring) in the kit's sandbox, never its hidden asserts; the reward stays the
-                level reward of the final answers (the task's own).
+                (the >>> lines of its docstring) in the kit's sandbox, never its hidden asserts, after the problem's
+                own code and with the team's latest tested definitions of the functions it does not define (main's
+                draft runs with the helper's `aux`); the reward stays the level reward of the final answers (the task's own).
 
 Each class is built once per world and reset with the world's row each step (TRL's "construct once, reset often").
 """
@@ -21,6 +22,8 @@ import doctest
 import json
 import random
 from pathlib import Path
+
+from kit.tasks.codeparse import extract_code, top_functions
 
 
 class KeyHalves:
@@ -141,19 +144,27 @@ class Board:
 
 class CodeTests:
     """The code task's helper and main may call `run_tests(code)` on a draft before answering: the draft runs in the
-    kit's sandbox against the problem's visible examples (its docstring's >>> lines), never the hidden asserts."""
+    kit's sandbox against the problem's visible examples (its docstring's >>> lines), never the hidden asserts.
+
+    A draft runs as the answer will: after the problem's own code (its imports, e.g. HumanEval's `from typing import
+    List`), and with the team's latest tested definitions of the functions it does not define itself (main's draft
+    that calls `aux` runs with the helper's last tested `aux`; the world is the team's, and calls run in agent order,
+    so the helper's draft of a round reaches main's draft of the same round). A draft sent in a ```python fence runs
+    as its code."""
 
     def __init__(self):
-        self.prompt, self.entry_point, self.examples = "", "", []
+        self.prompt, self.entry_point, self.context, self.examples = "", "", "", []
+        self.drafts: dict[str, str] = {}  # function name -> the source of its latest tested definition
 
-    def reset(self, prompt: str = "", entry_point: str = "", **item) -> str | None:
+    def reset(self, prompt: str = "", entry_point: str = "", context: str = "", **item) -> str | None:
         """Tells the agents of the tool when the problem has examples to run (else they are told nothing: the tool
         could only say that the code runs)."""
-        self.prompt, self.entry_point = str(prompt), str(entry_point)
-        self.examples = visible_examples(self.prompt)
+        self.prompt, self.entry_point, self.context = str(prompt), str(entry_point), str(context or "")
+        self.examples, self.drafts = visible_examples(self.prompt), {}
         if self.examples:
-            return (f"You can check a draft before you answer: run_tests(code) runs it on the docstring's "
-                    f"{len(self.examples)} example(s) and says which pass. Then give your final code.")
+            return (f"You can check a draft before you answer: run_tests(code) runs it (with your teammate's latest "
+                    f"tested functions that it calls) on the docstring's {len(self.examples)} example(s) and says "
+                    f"which pass. Then give your final code.")
         return None
 
     def run_tests(self, code: str) -> str:
@@ -167,10 +178,15 @@ class CodeTests:
         """
         from kit.sandbox.sandbox import run
 
+        draft = extract_code(str(code)) or str(code)
+        mine = top_functions(draft)
+        program = "\n\n".join(part.strip("\n") for part in (
+            self.context, *(src for name, src in self.drafts.items() if name not in mine), draft) if part.strip())
+        self.drafts.update(mine)
         if not self.examples:
-            result = run(str(code), [])
+            result = run(program + "\n", [])
             return "no visible examples; the code ran" + ("" if not result.error else f" with an error: {result.error}")
-        result = run(str(code), self.examples, call_names=[self.entry_point] if self.entry_point else ())
+        result = run(program + "\n", self.examples, call_names=[self.entry_point] if self.entry_point else ())
         lines = [f"{'ok' if ok else 'FAILED'}: {test}" + ("" if ok else f" ({why})")
                  for test, ok, why in zip(self.examples, result.passed, result.reasons)]
         return "\n".join(lines) if lines else f"the code did not run: {result.error}"
