@@ -9,6 +9,8 @@ one, against the game's exact optimum (1.0).
     python bench/environments.py tool-table                  # bench/results/code_tool.md
     python bench/environments.py tool --env kit.tasks.environments:Board --name board --seeds 100 --n 1 \
         --set "task_args={dataset: coop, prefill: none}"    # the same for the Board (sequential/discussion)
+    python bench/environments.py tool --name codecall --seeds 1 --n 1 \
+        --tool-set "task_args={dataset: humaneval, prefill: tool}"   # each tool-arm answer started as a run_tests call
     python bench/environments.py cache --items 1             # tool rounds from the carried KV cache vs not
 
 Each run is the preset with `--set seed=S`, trained in checkpoints/env_bench/<preset>_s<S> (git-ignored), with the
@@ -24,7 +26,8 @@ before answering; the reward stays the level reward on the hidden asserts) and n
 and token budget (`--tokens`, shared by the calls, their results' turns excluded, and the answer), `kit baselines
 --methods naive` at `--n` joint actions per item, one run folder per arm and seed (checkpoints/env_bench/code_<arm>_s<S>,
 no training). `tool-table`: pass@1 and reward per arm, pooled over seeds per item, with 95% bootstrap intervals over
-items, and tool minus plain paired on the same items.
+items, and tool minus plain paired on the same items. `--tool-set` overrides the tool arm alone (after `--set`), e.g.
+`prefill: tool`, where each answer starts as a run_tests call, against the plain arm's `def aux(` start.
 
 `cache`: one training step's rollout of the untrained coder_keys team (`--items` rows x 2 agents x G=4, sampled at
 the preset's temperature, the same seeds) twice: each tool round going on from the rows' KV cache of the round before
@@ -129,7 +132,7 @@ ARMS = ("tool", "plain")
 
 
 def tool(seeds: list[int], n: int, tokens: int, extra: list[str], preset: str = "coder_code",
-         runs: Path = RUNS, env: str = TOOL_ENV, name: str = "code") -> None:
+         runs: Path = RUNS, env: str = TOOL_ENV, name: str = "code", tool_extra: list[str] = ()) -> None:
     """The untrained team with an environment's tools (CodeTests' run_tests) and without them, every other setting
     equal (module docstring); run folders <name>_<arm>_s<seed>."""
     from kit.analysis.baselines import compare
@@ -143,7 +146,7 @@ def tool(seeds: list[int], n: int, tokens: int, extra: list[str], preset: str = 
                 continue  # done: rerun by deleting the folder
             overrides = ["task_args={dataset: humaneval, prefill: helper}", f"max_new_tokens={tokens}",
                          f"seed={seed}", f"run_dir={run_dir}", "progress=false", *extra]
-            cfg = load_config(preset, overrides=overrides + ([f"environment={env}"] if arm == "tool" else []))
+            cfg = load_config(preset, overrides=overrides + ([f"environment={env}", *tool_extra] if arm == "tool" else []))
             run_dir.mkdir(parents=True, exist_ok=True)
             fields.save(cfg, run_dir / "config.json")
             compare(run_dir, ["naive"], n=n)
@@ -243,6 +246,7 @@ def main() -> None:
     to.add_argument("--set", dest="extra", nargs="*", default=[])
     to.add_argument("--env", default=TOOL_ENV, help="the tool arm's environment (default: CodeTests)")
     to.add_argument("--name", default="code", help="the run folders' prefix: <name>_<arm>_s<seed>")
+    to.add_argument("--tool-set", dest="tool_extra", nargs="*", default=[], help="overrides of the tool arm alone")
     tt = sub.add_parser("tool-table")
     tt.add_argument("--name", default="code")
     ca = sub.add_parser("cache", help="tool rounds from the carried KV cache against the whole context each round")
@@ -252,7 +256,7 @@ def main() -> None:
     if args.command == "train":
         train(args.preset, args.seeds, args.extra, args.n, args.name)
     elif args.command == "tool":
-        tool(args.seeds, args.n, args.tokens, args.extra, env=args.env, name=args.name)
+        tool(args.seeds, args.n, args.tokens, args.extra, env=args.env, name=args.name, tool_extra=args.tool_extra)
     elif args.command == "cache":
         cache(args.items, args.extra)
     elif args.command == "tool-table":

@@ -48,8 +48,10 @@ def test_a_cut_prompt_keeps_its_start_at_the_end():
     assert len(ids) == 40 and tok.decode(ids).endswith(format_prompt(tok, "\x00").split("\x00")[1] + "go")
 
 
-@pytest.mark.parametrize("prefill, starts", [("none", ["", ""]), ("helper", [HELPER_START, ""]),
-                                             ("both", [HELPER_START, "```python\ndef {entry}("])])
+@pytest.mark.parametrize("prefill, starts", [
+    ("none", ["", ""]), ("helper", [HELPER_START, ""]), ("both", [HELPER_START, "```python\ndef {entry}("]),
+    ("tool", ['<tool_call>\n{{"name": "run_tests", "arguments": {{"code": "def aux(',
+              '<tool_call>\n{{"name": "run_tests", "arguments": {{"code": "def {entry}('])])
 def test_the_code_task_starts_the_answers_prefill_names_in_every_turn_and_baseline(prefill, starts):
     task = make_task(dataset="coop", prefill=prefill)
     item = task.load("eval")[0]
@@ -59,7 +61,7 @@ def test_the_code_task_starts_the_answers_prefill_names_in_every_turn_and_baseli
     assert [answer_start(p) for p in task.feedback(item, ("", ""), reward)] == want
     assert [answer_start(sequential_prompt(task, item, a, ("x",) * a)) for a in range(2)] == want
     assert [answer_start(discussion_prompt(task, item, a, ("x", "y"))) for a in range(2)] == want
-    assert answer_start(task.single_prompt(item)) == ("" if prefill == "none" else HELPER_START)
+    assert answer_start(task.single_prompt(item)) == {"none": "", "tool": want[0]}.get(prefill, HELPER_START)
 
 
 def test_a_bad_prefill_names_the_choices():

@@ -621,6 +621,55 @@ def test_the_reward_reads_the_answer_start_only_on_a_first_round_answer(team, ke
     assert ro.transcripts[0][0].startswith("I say: <tool_call>")
 
 
+class CallsFirst(Scripted):
+    """An engine that goes on from the code task's `prefill: tool` start: the rest of a run_tests call on its draft
+    (newlines written as they read, inside the JSON string), then after the results its final answer."""
+
+    DRAFTS = {"agent_0": ("xs):\n    s = sorted(xs)\n    return min(b - a for a, b in zip(s, s[1:]))",
+                          "def aux(xs):\n    s = sorted(xs)\n    return min(b - a for a, b in zip(s, s[1:]))"),
+              "agent_1": ("numbers, threshold):\n    return aux(numbers) < threshold",
+                          "def has_close_elements(numbers, threshold):\n    return aux(numbers) < threshold")}
+
+    def generate(self, input_ids, attention_mask, adapters, generation_config, row_seeds=None):
+        rows = []
+        for ids, mask, adapter in zip(input_ids, attention_mask, adapters):
+            rest, final = self.DRAFTS[adapter]
+            tested = rest in self.tok.decode(ids[mask.bool()].tolist())  # its call is in its context
+            text = f"```python\n{final}\n```" if tested else rest + '"}}\n</tool_call>'
+            rows.append(self.tok(text, add_special_tokens=False).input_ids + [self.eos])
+        width = max(map(len, rows))
+        comp = torch.tensor([r + [self.tok.pad_token_id] * (width - len(r)) for r in rows])
+        return comp, torch.full(comp.shape, -0.25)
+
+
+def test_prefill_tool_starts_each_answer_as_a_test_call_and_main_tests_with_the_helpers_aux():
+    from kit.engine.models import build_team
+    from kit.tasks.code import CodeTask
+
+    team = build_team(load_config("tiny_cpu"), **QUIET)
+    team.engines[0] = CallsFirst(team.tokenizers[0], team.tokenizers[0].eos_token_id)
+    team.roles = ["helper", "main"]
+    task = CodeTask(dataset="humaneval", prefill="tool")
+    item = task.load("eval")[0]  # has_close_elements: 2 docstring examples
+    prompts = task.prompts(item)
+    assert prompts[1].answer_start.endswith('{"code": "def has_close_elements(')
+    host = EnvHost("kit.tasks.environments:CodeTests", timeout_s=30)
+    try:
+        ro = tools.act(team, [(a, prompts[a]) for a in range(2)], 1, SamplingParams(max_new_tokens=400), worlds=[item],
+                       host=host, roles=team.roles, max_tool_calls=1, keys=[("t", a) for a in range(2)])
+    finally:
+        host.close()
+    assert ro.tool_calls == 2
+    assert ro.transcripts[1][0].count("ok: assert has_close_elements") == 2  # main's draft ran with the helper's aux
+    assert all(ro.texts[a][0].startswith("```python\ndef ") for a in range(2))  # the reward reads the final answers
+    assert task.reward(item, (ro.texts[0][0], ro.texts[1][0])).parts["tests"] == pytest.approx(1.0)
+
+
+def test_prefill_tool_needs_an_environment():
+    with pytest.raises(ConfigError, match="prefill: tool only with an environment"):
+        load_config("tiny_cpu", overrides=["task=code", "task_args={dataset: coop, prefill: tool}"])
+
+
 def test_evaluation_leaves_no_environment_process_behind(tmp_path, monkeypatch):
     from kit.analysis import baselines
     from kit.analysis.evaluate import evaluate_run

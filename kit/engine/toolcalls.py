@@ -41,7 +41,7 @@ def parse_calls(text: str, known=()) -> list[dict]:
         if not body.strip():
             continue
         try:
-            call = json.loads(body)
+            call = json.loads(body, strict=False)  # a literal newline in a string (code written as it reads) is read
         except (ValueError, RecursionError) as err:  # a degenerate text (thousands of "[") is an error, not a crash
             calls.append({"error": f"the tool call is not valid JSON ({getattr(err, 'msg', 'nested too deeply')}): "
                                    f"{body[:200]}"})

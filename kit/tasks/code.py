@@ -71,9 +71,14 @@ Instructions:
 
 
 DATASETS = ("humaneval", "coop", "mbpp")  # bundled or offline; hub:<name> besides
-PREFILLS = ("none", "helper", "both")  # whose answers the sampler starts (CodeTask.started)
+PREFILLS = ("none", "helper", "both", "tool")  # whose answers the sampler starts, and how (CodeTask.started)
 HELPER_START = "```python\ndef aux("
 MAIN_START = "```python\ndef {entry}("
+# `prefill: tool`, with environment=kit.tasks.environments:CodeTests: each agent's answer starts as a call of the
+# test tool on its draft, in Qwen's (Hermes) format, so a model that never calls a tool unprompted tests a draft first
+# and answers after the results (the reward reads that later answer). The draft is a JSON string: the model escapes
+# its newlines (a literal newline is read too, kit/engine/toolcalls.py).
+TOOL_START = '<tool_call>\n{{"name": "run_tests", "arguments": {{"code": "def {name}('
 
 SINGLE_PROMPT = """Solve this coding problem with two functions: a helper `aux` and `{entry}`, which calls `aux`.
 
@@ -165,9 +170,10 @@ class CodeTask:
     def started(self, item: dict, prompts: list[str]) -> list[str]:
         """The prompts with their answers started as `prefill` asks: the helper's `def aux(`, main's `def <entry>(`
         (a small model told to write `aux` mostly writes the entry point instead; SmolLM2-135M defines `aux` in 1
-        of 64 samples unstarted, bench/README.md)."""
+        of 64 samples unstarted, bench/README.md); `tool`: each answer started as a run_tests call on that draft."""
         starts = {"none": ("", ""), "helper": (HELPER_START, ""),
-                  "both": (HELPER_START, MAIN_START.format(entry=item["entry_point"]))}[self.prefill]
+                  "both": (HELPER_START, MAIN_START.format(entry=item["entry_point"])),
+                  "tool": (TOOL_START.format(name=AUX), TOOL_START.format(name=item["entry_point"]))}[self.prefill]
         return [Prompt(p, s) if s else p for p, s in zip(prompts, starts)]
 
     # --- reward
@@ -238,7 +244,8 @@ class CodeTask:
     def single_prompt(self, item: dict) -> str:
         """The fixed single-model baseline: one model writes both functions."""
         text = SINGLE_PROMPT.format(prompt=item["prompt"].rstrip() + "\n", entry=item["entry_point"])
-        return Prompt(text, HELPER_START) if self.prefill != "none" else text  # it writes aux first
+        start = TOOL_START.format(name=AUX) if self.prefill == "tool" else HELPER_START  # it writes aux first
+        return Prompt(text, start) if self.prefill != "none" else text
 
     def split_single(self, item: dict, text: str) -> tuple[str, str]:
         """A single completion holds both functions; the program joiner takes aux from it and main from it."""
