@@ -176,3 +176,18 @@ def test_a_v_critic_that_advantage_normalization_cancels_is_warned(preset_name, 
             with warnings.catch_warnings():
                 warnings.simplefilter("error")
                 load_config(preset_name, overrides=[*base, fix])
+
+
+def test_the_coder_mbpp_preset_is_the_config_its_figures_were_measured_with():
+    """bench/README's MBPP rows at lr 3e-5 (seeds 5-7) ran as `smol.py train coder-mbpp-lr3e-5`; the preset that the
+    README offers for them must train the same maths (seed, folders, evaluation cadence and progress bars aside)."""
+    import dataclasses
+    import json
+    from pathlib import Path
+
+    kept = Path(__file__).resolve().parents[1] / "bench" / "results" / "runs" / "coder-mbpp-lr3e-5_s5" / "config.json"
+    measured = json.loads(kept.read_text())
+    ours = dataclasses.asdict(preset("coder_mbpp"))
+    differ = {k for k in ours if k in measured and ours[k] != measured[k]}
+    assert differ <= {"seed", "run_dir", "eval_every", "progress", "model_sources"}, differ
+    assert ours["learning_rate"] == 3e-5 and ours["task_args"]["dataset"] == "mbpp"

@@ -91,6 +91,14 @@ CODER_CODE = {**SMOL, "model_name": "qwen2.5-coder-0.5b", "task": "code",
               "num_steps": 10, "eval_every": 5, "save_every": 5, "reward_workers": 2, "num_eval_items": 8,
               "run_dir": "checkpoints/coder_code"}
 
+# The same code team on MBPP (397 bundled problems, the first 32 held out; 8 of them evaluated) at lr 3e-5: the rate
+# the KeyHalves team learned with, chosen there before any MBPP run at it (at 1e-4 the one MBPP seed lost pass@1,
+# 0.56 -> 0.25). On fresh seeds 5-7 the trained team passes more held-out MBPP problems than the untrained team on
+# every seed (pass@1 0.48 -> 0.67, +0.19 [+0.06, +0.33] paired; bench/README.md, "MBPP at lr 3e-5"). About 2 minutes a
+# step on one thread. On HumanEval the same rate raises the reward, not pass@1 (seeds 5-7).
+CODER_MBPP = {**CODER_CODE, "task_args": {"dataset": "mbpp", "prefill": "helper"}, "learning_rate": 3e-5,
+              "run_dir": "checkpoints/coder_mbpp"}
+
 # Qwen2.5-Coder-0.5B-Instruct in the KeyHalves information game (kit/tasks/environments.py): each of two agents reads
 # its half of a six-digit key with its own tool and submits it; get_reward's optimum is exactly 1.0. Its chat template
 # offers the tools itself. 8 of the 64 bundled rows held out. 4 calls and 128 tokens a turn (each pretty-printed call
@@ -112,5 +120,5 @@ CODER_KEYS = {**SMOL, "model_name": "qwen2.5-coder-0.5b", "task": "rows",
 
 PRESETS = {"tiny_cpu": TINY_CPU, "colab_t4": COLAB_T4, "colab_a100": COLAB_A100, "tiny_hanabi": TINY_HANABI,
            "colab_hanabi": COLAB_HANABI, "smol_writing": SMOL_WRITING, "smol_code": SMOL_CODE,
-           "smol_hanabi": SMOL_HANABI, "coder_code": CODER_CODE,
+           "smol_hanabi": SMOL_HANABI, "coder_code": CODER_CODE, "coder_mbpp": CODER_MBPP,
            "coder_keys": CODER_KEYS}
