@@ -254,8 +254,7 @@ def drop_function(code: str, name: str) -> str:
     cut = set()
     for node in tree.body:
         if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.name == name:
-            first = min([node.lineno] + [d.lineno for d in node.decorator_list])
-            cut.update(range(first - 1, node.end_lineno))
+            cut.update(_lines_of(node))
     return "\n".join(line for i, line in enumerate(lines) if i not in cut)
 
 
@@ -266,8 +265,13 @@ def top_functions(code: str) -> dict[str, str]:
     if tree is None:
         return {}
     lines = code.split("\n")
-    return {node.name: "\n".join(lines[min([node.lineno] + [d.lineno for d in node.decorator_list]) - 1:node.end_lineno])
+    return {node.name: "\n".join(lines[i] for i in _lines_of(node))
             for node in tree.body if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))}
+
+
+def _lines_of(node: ast.AST) -> range:
+    """The 0-based line numbers of a definition, its decorators included."""
+    return range(min([node.lineno] + [d.lineno for d in node.decorator_list]) - 1, node.end_lineno)
 
 
 @dataclass

@@ -186,7 +186,8 @@ class CodeTests:
         if not self.examples:
             result = run(program + "\n", [])
             return "no visible examples; the code ran" + ("" if not result.error else f" with an error: {result.error}")
-        result = run(program + "\n", self.examples, call_names=[self.entry_point] if self.entry_point else ())
+        result = run(program + "\n", self.examples, context=self.context,  # the checker has the problem's code too,
+                     call_names=[self.entry_point] if self.entry_point else ())  # as in the task's reward
         lines = [f"{'ok' if ok else 'FAILED'}: {test}" + ("" if ok else f" ({why})")
                  for test, ok, why in zip(self.examples, result.passed, result.reasons)]
         return "\n".join(lines) if lines else f"the code did not run: {result.error}"
