@@ -49,7 +49,8 @@ OUT = ROOT / "bench" / "results"
 PRESET = {"writing": "smol_writing", "code": "smol_code", "humaneval": "smol_code", "hanabi": "smol_hanabi",
           "coder": "coder_code", "coder-humaneval": "coder_code", "coder-mbpp": "coder_code",
           "coder-humaneval-b2": "coder_code", "coder-mbpp-b2": "coder_code", "coder-g2": "coder_code",
-          "coder-humaneval-lr3e-5": "coder_code", "coder-mbpp-lr3e-5": "coder_code"}
+          "coder-humaneval-lr3e-5": "coder_code", "coder-mbpp-lr3e-5": "coder_code",
+          "coder-humaneval-g2": "coder_code"}
 # a task of this script that is a preset with other task_args: HumanEval's train/eval splits instead of coop's
 TASK_OVERRIDES = {"humaneval": ["task_args={dataset: humaneval, prefill: helper}"],
                   "coder-humaneval": ["task_args={dataset: humaneval, prefill: helper}"],
@@ -67,7 +68,10 @@ TASK_OVERRIDES = {"humaneval": ["task_args={dataset: humaneval, prefill: helper}
                   # failing loop and 3e-5 learned, with the team's reward alone too; no HumanEval seed was looked at
                   "coder-humaneval-lr3e-5": ["task_args={dataset: humaneval, prefill: helper}", "learning_rate=3e-5"],
                   # the same rate on MBPP, chosen before any MBPP run at it
-                  "coder-mbpp-lr3e-5": ["task_args={dataset: mbpp, prefill: helper}", "learning_rate=3e-5"]}
+                  "coder-mbpp-lr3e-5": ["task_args={dataset: mbpp, prefill: helper}", "learning_rate=3e-5"],
+                  # HumanEval multi-turn (`--turns 2`): G=2 as coder-g2, at HumanEval's single-turn rate above
+                  "coder-humaneval-g2": ["task_args={dataset: humaneval, prefill: helper}", "learning_rate=3e-5",
+                                         "num_generations=2"]}
 MODEL = {"coder": "Qwen2.5-Coder-0.5B-Instruct"}  # by the task's prefix; SmolLM2-135M-Instruct otherwise
 BASELINE_ORDER = ["single", "naive", "sequential", "discussion", "random", "rule", "base"]
 
@@ -166,7 +170,7 @@ def split(metrics: list[dict]) -> dict:
 
 SMOL_TASKS = ("writing", "code", "humaneval", "hanabi")
 CODER_TASKS = ("coder", "coder-humaneval", "coder-mbpp", "coder-humaneval-b2", "coder-mbpp-b2", "coder-g2",
-               "coder-humaneval-lr3e-5", "coder-mbpp-lr3e-5")
+               "coder-humaneval-lr3e-5", "coder-mbpp-lr3e-5", "coder-humaneval-g2")
 
 
 def table(tasks=SMOL_TASKS, out: str = "smol.md") -> None:
