@@ -460,6 +460,22 @@ def test_a_json_object_naming_a_known_tool_is_a_call_without_tags():
     assert tools.parse_calls(text) == []  # without the known tools: only <tool_call> blocks count
 
 
+def test_a_call_of_one_string_argument_that_is_not_valid_json_is_read_as_meant():
+    # how the 0.5B coder writes a draft into a call: a docstring's quotes unescaped, a \' escape JSON lacks, a
+    # newline as written or as \n, the last brace missing
+    draft = 'def f(x):\n    """Doc."""\n    return x == \'a\' + "\\\\n"'
+    written = draft.replace("'", "\\'").replace("\\\\", "\\\\\\\\")
+    assert tools.parse_calls('<tool_call>\n{"name": "run_tests", "arguments": {"code": "' + written + '"}}\n</tool_call>') \
+        == [{"name": "run_tests", "arguments": {"code": draft}}]
+    assert tools.parse_calls('<tool_call>{"name": "run_tests", "arguments": {"code": "def f():\\n    return 1"}') \
+        == [{"name": "run_tests", "arguments": {"code": "def f():\n    return 1"}}]
+    bare = '```json\n{"name": "run_tests", "arguments": {"code": "s = """a""""}}\n```'
+    assert tools.parse_calls(bare, ["run_tests"]) == [{"name": "run_tests", "arguments": {"code": 's = """a"""'}}]
+    assert tools.parse_calls(bare, ["read_left"]) == []  # bare: only a known tool's
+    two = '<tool_call>{"name": "f", "arguments": {"a": "x", "b": "y"</tool_call>'  # not one string argument
+    assert "not valid JSON" in tools.parse_calls(two)[0]["error"]
+
+
 def test_a_tool_that_prints_and_reads_stdin_cannot_touch_the_protocol():
     host = EnvHost("scripted_envs:Noisy", timeout_s=5)
     try:
@@ -471,7 +487,7 @@ def test_a_tool_that_prints_and_reads_stdin_cannot_touch_the_protocol():
 
 
 def test_the_code_test_tool_runs_a_draft_on_the_visible_examples_only():
-    from kit.tasks.environments import CodeTests
+    from kit.tasks.environments import DONE, FIX, CodeTests
 
     env = CodeTests()
     prompt = 'def add(a, b):\n    """Add two numbers.\n    >>> add(1, 2)\n    3\n    >>> add(2, 2)\n    4\n    """\n'
@@ -483,11 +499,16 @@ def test_the_code_test_tool_runs_a_draft_on_the_visible_examples_only():
     assert good.count("ok: ") == 2 and "FAILED" not in good and "add(5, 5)" not in good
     bad = env.run_tests("def add(a, b):\n    return a * b\n")
     assert "ok: assert add(2, 2) == 4" in bad and "FAILED: assert add(1, 2) == 3" in bad
+    # each result ends with the next step: answer when every example passes, else fix (a final answer is what counts)
+    assert good.endswith(DONE) and bad.endswith(FIX) and env.run_tests("def add(a, b):\n    return (").endswith(FIX)
+    env.reset(prompt='def f():\n    """No examples."""\n', entry_point="f")
+    assert env.run_tests("def f():\n    return 1\n").endswith(DONE)
+    assert env.run_tests("def f():\n    return 1 +\n").endswith(FIX)
 
 
 def test_a_code_draft_runs_after_the_problems_imports_and_with_the_teams_latest_functions():
     from kit.tasks.code import humaneval_problems
-    from kit.tasks.environments import CodeTests
+    from kit.tasks.environments import FIX, CodeTests
 
     env = CodeTests()
     item = humaneval_problems()[0]  # has_close_elements(numbers: List[float], ...): `List` comes from its context
@@ -506,6 +527,10 @@ def test_a_code_draft_runs_after_the_problems_imports_and_with_the_teams_latest_
     assert env.run_tests(own).count("ok: ") == 1
     env.reset(**item)  # a new row forgets the drafts
     assert "NameError" in env.run_tests(main)
+    env.reset(**item)  # the helper's aux before any draft of the entry point: it only runs (no example can call it)
+    said = env.run_tests("def aux(xs):\n    return 0.0\n")
+    assert said.startswith("the examples call has_close_elements, which no tested draft defines yet; the code ran\n")
+    assert env.run_tests("def aux(xs):\n    return (").endswith(FIX)
 
 
 def test_a_built_in_task_runs_with_an_environment(tmp_path):

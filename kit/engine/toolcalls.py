@@ -7,8 +7,10 @@ are read from what it writes, and how results come back into its context.
     suffix = tool_turn_text(tok, results, end_text, native=template_has_tools(tok, schemas))
 
 Calls are read in Qwen's (Hermes) format, `<tool_call>{"name": ..., "arguments": {...}}</tool_call>`; a text with no
-such block may still call a known tool with a bare or ```json-fenced JSON object. The tool turn is rendered by the
-chat template on its own (the text after an assistant turn), so the caller extends ids without re-tokenizing.
+such block may still call a known tool with a bare or ```json-fenced JSON object. A call of one string argument that
+is not valid JSON (a code draft with its docstring's quotes unescaped) is read as meant (one_string_call). The tool
+turn is rendered by the chat template on its own (the text after an assistant turn), so the caller extends ids
+without re-tokenizing.
 
 May import: kit.engine.
 """
@@ -43,9 +45,11 @@ def parse_calls(text: str, known=()) -> list[dict]:
         try:
             call = json.loads(body, strict=False)  # a literal newline in a string (code written as it reads) is read
         except (ValueError, RecursionError) as err:  # a degenerate text (thousands of "[") is an error, not a crash
-            calls.append({"error": f"the tool call is not valid JSON ({getattr(err, 'msg', 'nested too deeply')}): "
-                                   f"{body[:200]}"})
-            continue
+            call = one_string_call(body)
+            if call is None:
+                calls.append({"error": f"the tool call is not valid JSON ({getattr(err, 'msg', 'nested too deeply')}"
+                                       f"): {body[:200]}"})
+                continue
         if not isinstance(call, dict) or "name" not in call:
             calls.append({"error": f"a tool call needs a name and arguments: {body[:200]}"})
             continue
@@ -59,8 +63,31 @@ def parse_calls(text: str, known=()) -> list[dict]:
     return calls
 
 
+_ONE_STRING = re.compile(r'\{\s*"name"\s*:\s*"([\w.-]+)"\s*,\s*"(?:arguments|parameters)"\s*:\s*\{\s*"(\w+)"\s*:\s*"(.*)"'
+                         r'\s*\}\s*\}?', re.S)
+_ESCAPES = {"n": "\n", "t": "\t", "r": "\r", '"': '"', "\\": "\\", "'": "'", "/": "/"}
+
+
+def one_string_call(body: str) -> dict | None:
+    """A call of one string argument that is not valid JSON, read as meant: `{"name": N, "arguments": {"k": "..."}}`
+    whose string runs to the object's end (code with an unescaped `\"\"\"` docstring or a `\\'`, how a 0.5B coder
+    writes a draft into a call; its last closing brace may be missing), with the string's escapes undone. None when
+    the body is not of that shape."""
+    match = _ONE_STRING.fullmatch(body.strip())
+    if match is None:
+        return None
+    name, key, value = match.groups()
+    value = re.sub(r"\\(.)", lambda m: _ESCAPES.get(m.group(1), m.group(0)), value, flags=re.S)
+    return {"name": name, "arguments": {key: value}}
+
+
 def bare_calls(text: str, known: set) -> list[dict]:
-    """JSON objects in the text with a known tool's `name` and its `arguments` (or `parameters`), in order."""
+    """JSON objects in the text with a known tool's `name` and its `arguments` (or `parameters`), in order; a text
+    that is one call of one string argument (bare or ```json-fenced) but not valid JSON is read by one_string_call."""
+    body = re.sub(r"^```(?:json)?\s*|\s*```$", "", text.strip())
+    repaired = one_string_call(body) if body.startswith("{") else None
+    if repaired is not None and repaired["name"] in known and not _valid(body):
+        return [repaired]
     decoder, calls, at = json.JSONDecoder(), [], text.find("{")
     while at >= 0:
         try:
@@ -73,6 +100,14 @@ def bare_calls(text: str, known: set) -> list[dict]:
             calls.append({"name": value["name"], "arguments": value.get("arguments", value.get("parameters"))})
         at = text.find("{", end)
     return calls
+
+
+def _valid(text: str) -> bool:
+    try:
+        json.loads(text, strict=False)
+        return True
+    except (ValueError, RecursionError):
+        return False
 
 
 def call_end(tok, ids: list[int]) -> int | None:

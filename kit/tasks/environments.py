@@ -142,6 +142,12 @@ class Board:
         return "\n\n".join(f"[{author}]\n{text}" for author, text in self.posts)
 
 
+# what a run_tests result ends with: the next step, as a final answer is what the reward reads (the untrained 0.5B coder,
+# told nothing, sent the same call again until its calls ran out: bench/README.md, "CodeTests")
+DONE = "Now give your final code in a ```python block, without a call."
+FIX = "Fix the code, then call run_tests again or give your final code in a ```python block."
+
+
 class CodeTests:
     """The code task's helper and main may call `run_tests(code)` on a draft before answering: the draft runs in the
     kit's sandbox against the problem's visible examples (its docstring's >>> lines), never the hidden asserts.
@@ -149,8 +155,9 @@ class CodeTests:
     A draft runs as the answer will: after the problem's own code (its imports, e.g. HumanEval's `from typing import
     List`), and with the team's latest tested definitions of the functions it does not define itself (main's draft
     that calls `aux` runs with the helper's last tested `aux`; the world is the team's, and calls run in agent order,
-    so the helper's draft of a round reaches main's draft of the same round). A draft sent in a ```python fence runs
-    as its code."""
+    so the helper's draft of a round reaches main's draft of the same round). A draft without the entry point, and
+    no tested one of it to run with (the helper's `aux` in the first round), only runs. A draft sent in a ```python
+    fence runs as its code. Each result ends with the next step (DONE, FIX): the reward reads the final answer."""
 
     def __init__(self):
         self.prompt, self.entry_point, self.context, self.examples = "", "", "", []
@@ -183,14 +190,20 @@ class CodeTests:
         program = "\n\n".join(part.strip("\n") for part in (
             self.context, *(src for name, src in self.drafts.items() if name not in mine), draft) if part.strip())
         self.drafts.update(mine)
-        if not self.examples:
+        untested = not self.examples or bool(self.entry_point) and self.entry_point not in self.drafts
+        if untested:  # nothing to check (a helper's aux before any draft of the entry point only runs)
             result = run(program + "\n", [])
-            return "no visible examples; the code ran" + ("" if not result.error else f" with an error: {result.error}")
+            why = ("no visible examples" if not self.examples
+                   else f"the examples call {self.entry_point}, which no tested draft defines yet")
+            ran = f"the code ran with an error: {result.error}" if result.error else "the code ran"
+            return f"{why}; {ran}\n{FIX if result.error else DONE}"
         result = run(program + "\n", self.examples, context=self.context,  # the checker has the problem's code too,
                      call_names=[self.entry_point] if self.entry_point else ())  # as in the task's reward
         lines = [f"{'ok' if ok else 'FAILED'}: {test}" + ("" if ok else f" ({why})")
                  for test, ok, why in zip(self.examples, result.passed, result.reasons)]
-        return "\n".join(lines) if lines else f"the code did not run: {result.error}"
+        if not lines:
+            return f"the code did not run: {result.error}\n{FIX}"
+        return "\n".join(lines) + "\n" + (DONE if all(result.passed) else FIX)
 
 
 def visible_examples(prompt: str) -> list[str]:
