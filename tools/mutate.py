@@ -1034,7 +1034,7 @@ MUTATIONS = [
              'lambda m: _ESCAPES.get(m.group(1), m.group(0))', 'lambda m: m.group(0)',
              ("tests/test_environments.py::test_a_call_of_one_string_argument_that_is_not_valid_json_is_read_as_meant",)),
     Mutation("tool calls: a bare broken call of an unknown tool repaired", "kit/engine/toolcalls.py",
-             'if repaired is not None and repaired["name"] in known and', 'if repaired is not None and',
+             'if repaired is not None and repaired["name"] in known:', 'if repaired is not None:',
              ("tests/test_environments.py::test_a_call_of_one_string_argument_that_is_not_valid_json_is_read_as_meant",)),
     Mutation("code tool: a helper's aux checked on examples it cannot pass", "kit/tasks/environments.py",
              "untested = not self.examples or bool(self.entry_point) and self.entry_point not in self.drafts",

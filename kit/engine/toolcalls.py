@@ -82,12 +82,9 @@ def one_string_call(body: str) -> dict | None:
 
 
 def bare_calls(text: str, known: set) -> list[dict]:
-    """JSON objects in the text with a known tool's `name` and its `arguments` (or `parameters`), in order; a text
-    that is one call of one string argument (bare or ```json-fenced) but not valid JSON is read by one_string_call."""
-    body = re.sub(r"^```(?:json)?\s*|\s*```$", "", text.strip())
-    repaired = one_string_call(body) if body.startswith("{") else None
-    if repaired is not None and repaired["name"] in known and not _valid(body):
-        return [repaired]
+    """JSON objects in the text with a known tool's `name` and its `arguments` (or `parameters`), in order; without
+    any, a text that is one call of one string argument (bare or ```json-fenced) whose JSON is broken, by
+    one_string_call."""
     decoder, calls, at = json.JSONDecoder(), [], text.find("{")
     while at >= 0:
         try:
@@ -99,15 +96,11 @@ def bare_calls(text: str, known: set) -> list[dict]:
                 value.get("arguments", value.get("parameters")), dict):
             calls.append({"name": value["name"], "arguments": value.get("arguments", value.get("parameters"))})
         at = text.find("{", end)
+    if not calls:
+        repaired = one_string_call(re.sub(r"^```(?:json)?\s*|\s*```$", "", text.strip()))
+        if repaired is not None and repaired["name"] in known:
+            calls.append(repaired)
     return calls
-
-
-def _valid(text: str) -> bool:
-    try:
-        json.loads(text, strict=False)
-        return True
-    except (ValueError, RecursionError):
-        return False
 
 
 def call_end(tok, ids: list[int]) -> int | None:
