@@ -531,6 +531,9 @@ def test_a_code_draft_runs_after_the_problems_imports_and_with_the_teams_latest_
     said = env.run_tests("def aux(xs):\n    return 0.0\n")
     assert said.startswith("the examples call has_close_elements, which no tested draft defines yet; the code ran\n")
     assert env.run_tests("def aux(xs):\n    return (").endswith(FIX)
+    # a draft that does not parse is said to, with its own line (not the program's, after the problem's imports)
+    said = env.run_tests("import math\ndef aux(0):\n    return 0\n")
+    assert said == f"the code does not parse: SyntaxError: invalid syntax (line 2: def aux(0):)\n{FIX}", said
 
 
 def test_a_built_in_task_runs_with_an_environment(tmp_path):

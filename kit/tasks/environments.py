@@ -156,8 +156,8 @@ class CodeTests:
     List`), and with the team's latest tested definitions of the functions it does not define itself (main's draft
     that calls `aux` runs with the helper's last tested `aux`; the world is the team's, and calls run in agent order,
     so the helper's draft of a round reaches main's draft of the same round). A draft without the entry point, and
-    no tested one of it to run with (the helper's `aux` in the first round), only runs. A draft sent in a ```python
-    fence runs as its code. Each result ends with the next step (DONE, FIX): the reward reads the final answer."""
+    no tested one of it to run with (the helper's `aux` in the first round), only runs; one that does not parse is
+    said to, with its own line, and nothing runs. A draft sent in a ```python fence runs as its code. Each result ends with the next step (DONE, FIX): the reward reads the final answer."""
 
     def __init__(self):
         self.prompt, self.entry_point, self.context, self.examples = "", "", "", []
@@ -186,6 +186,9 @@ class CodeTests:
         from kit.sandbox.sandbox import run
 
         draft = extract_code(str(code)) or str(code)
+        broken = syntax_error(draft)
+        if broken:  # said with the draft's own line (the program's lines count the problem's code and other drafts)
+            return f"the code does not parse: {broken}\n{FIX}"
         mine = top_functions(draft)
         program = "\n\n".join(part.strip("\n") for part in (
             self.context, *(src for name, src in self.drafts.items() if name not in mine), draft) if part.strip())
@@ -204,6 +207,18 @@ class CodeTests:
         if not lines:
             return f"the code did not run: {result.error}\n{FIX}"
         return "\n".join(lines) + "\n" + (DONE if all(result.passed) else FIX)
+
+
+def syntax_error(code: str) -> str:
+    """Why `code` does not parse, with its line ("" when it does). Compiled, never run."""
+    try:
+        compile(code, "<draft>", "exec", dont_inherit=True)
+    except SyntaxError as e:
+        line = (e.text or "").strip()
+        return f"{type(e).__name__}: {e.msg} (line {e.lineno}" + (f": {line})" if line else ")")
+    except (ValueError, MemoryError, RecursionError) as e:  # a null byte; nesting too deep for the parser
+        return f"{type(e).__name__}: {e}"
+    return ""
 
 
 def visible_examples(prompt: str) -> list[str]:
