@@ -193,6 +193,7 @@ def test_the_team_plays_the_key_game_through_its_tools(team, keys):
     assert ro.texts[0][0] == "done" and ro.tool_calls == 2 * 2 * 2 * 2
     assert "<tool_response>\n123\n</tool_response>" in ro.transcripts[0][1]
     assert "<tool_response>\n654\n</tool_response>" in ro.transcripts[3][0]  # world k1, the right agent
+    assert tools.NO_CALLS_LEFT not in ro.transcripts[0][0]  # 2 of its 4 calls made: nothing said
 
 
 def test_on_several_environment_processes_the_team_plays_as_on_one(team, keys):
@@ -689,6 +690,8 @@ def test_prefill_tool_starts_each_answer_as_a_test_call_and_main_tests_with_the_
         host.close()
     assert ro.tool_calls == 2
     assert ro.transcripts[1][0].count("ok: assert has_close_elements") == 2  # main's draft ran with the helper's aux
+    # its one call spent, each agent is told that its next text is its answer
+    assert all(f"{tools.NO_CALLS_LEFT}\n</tool_response>" in ro.transcripts[a][0] for a in range(2))
     assert all(ro.texts[a][0].startswith("```python\ndef ") for a in range(2))  # the reward reads the final answers
     assert task.reward(item, (ro.texts[0][0], ro.texts[1][0])).parts["tests"] == pytest.approx(1.0)
 

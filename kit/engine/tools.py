@@ -12,6 +12,7 @@ A rollout runs in rounds. Each round is one batched engine call per base for eve
 row on its agent's adapter. A row whose new text holds tool calls (and has calls left: `max_tool_calls` per agent
 per turn) gets each call run in its world, in agent order, and the results appended as the chat template's tool
 turn, rendered by the template and tokenized on its own: the ids of the history are extended, never re-tokenized.
+The results of an agent's last allowed call end with NO_CALLS_LEFT (its next text is its answer).
 A round stops at the end of its first complete call (`</tool_call>`, a stop string as vLLM-served agents use), or of
 the last of several written one after another (parallel calls: their results come back in one tool turn); what
 follows is dropped, and the template's end of the assistant turn opens the tool turn. A row without a call (or out
@@ -50,6 +51,11 @@ from kit.engine.rollout import (Rollout, Sampler, Segment, completion_mask, engi
                                 sampling_config)
 from kit.engine.sampling import row_seed
 from kit.engine.toolcalls import call_end, parse_calls, prompt_ids, template_has_tools, tool_turn_text
+
+# added to the last result of an agent's last call of the turn (max_tool_calls): a call after it is not run, and its
+# text is what the reward reads (the untrained 0.5B coder, told by a result to test again, wrote the call anyway)
+NO_CALLS_LEFT = "(You have no tool calls left: give your final answer now, without a call.)"
+
 
 @dataclass
 class _Row:
@@ -213,6 +219,8 @@ def act(team, requests, G: int, params, *, worlds: list[dict], host, roles: list
             tok = team.tokenizers[base]
             results = [next(answers) for _ in r.pending]
             r.calls_left -= len(r.pending)
+            if r.calls_left <= 0:  # told, so that its next text is its answer and not a call that will not run
+                results[-1] = f"{results[-1]}\n{NO_CALLS_LEFT}"
             r.calls += len(r.pending)
             out.tool_calls += len(r.pending)
             r.pending = []
