@@ -105,10 +105,11 @@ def table(preset: str, name: str = "") -> str:
 
 def sampled(runs: list[Path]) -> list[str]:
     """`train --n`'s rows: the untrained and the trained team sampled on the held-out rows, per seed, with 95%
-    bootstrap intervals over rows and trained minus untrained paired on the same rows."""
+    bootstrap intervals over rows and trained minus untrained paired on the same rows; for a task with tests (the code
+    task), pass@1 likewise; with several seeds, a row pooled over them (each row's mean over seeds)."""
     from kit.analysis import stats
 
-    lines = []
+    per_seed = {}  # seed -> {metric: (untrained per row, trained per row)}, calls, samples
     for run in runs:
         path = run / "eval" / "baselines.json"
         if not path.exists():
@@ -116,17 +117,37 @@ def sampled(runs: list[Path]) -> list[str]:
         by = {r["method"]: r for r in json.loads(path.read_text())}
         if not {"naive", "magrpo"} <= set(by):
             continue
-        if not lines:
-            lines = ["", "Sampled at the preset's temperature on the held-out rows (`train --n`):", "",
-                     "| seed | untrained team (95% CI over rows) | trained team | trained minus untrained, paired | "
-                     "tool calls per completion (untrained -> trained) | joint rollouts per row |",
-                     "|---|---|---|---|---|---|"]
-        items = {m: np.asarray(by[m]["per_item"]["reward"], dtype=float) for m in ("naive", "magrpo")}
+        got = {"reward": tuple(np.asarray(by[m]["per_item"]["reward"], dtype=float) for m in ("naive", "magrpo"))}
+        if all("correct" in by[m]["per_item"] for m in ("naive", "magrpo")):
+            got["pass@1"] = tuple(np.asarray(by[m]["per_item"]["correct"], dtype=float) / by[m]["num_samples"]
+                                  for m in ("naive", "magrpo"))
         calls = [by[m].get("tools/calls_per_completion", 0.0) for m in ("naive", "magrpo")]
-        lines.append(f"| {run.name.rsplit('_s', 1)[1]} | {stats.fmt(*stats.bootstrap(items['naive']))} | "
-                     f"{stats.fmt(*stats.bootstrap(items['magrpo']))} | "
-                     f"{stats.fmt(*stats.paired_bootstrap(items['magrpo'], items['naive']))} | "
-                     f"{calls[0]:.2f} -> {calls[1]:.2f} | {by['magrpo']['num_samples']} |")
+        per_seed[run.name.rsplit("_s", 1)[1]] = (got, calls, by["magrpo"]["num_samples"])
+    if not per_seed:
+        return []
+    metrics = [m for m in ("reward", "pass@1") if all(m in got for got, _, _ in per_seed.values())]
+    lines = ["", "Sampled at the preset's temperature on the held-out rows (`train --n`; 95% bootstrap intervals over "
+             "rows, trained minus untrained paired on the same rows):", "",
+             "| seed | " + " | ".join(f"{m}: untrained | {m}: trained | {m}: trained minus untrained"
+                                      for m in metrics) + " | tool calls per completion | joint rollouts per row |",
+             "|---|" + "---|---|---|" * len(metrics) + "---|---|"]
+
+    def row(name, got, calls, samples):
+        cells = []
+        for m in metrics:
+            before, after = got[m]
+            cells += [stats.fmt(*stats.bootstrap(before)), stats.fmt(*stats.bootstrap(after)),
+                      stats.fmt(*stats.paired_bootstrap(after, before))]
+        return f"| {name} | " + " | ".join(cells) + f" | {calls[0]:.2f} -> {calls[1]:.2f} | {samples} |"
+
+    for seed, (got, calls, samples) in per_seed.items():
+        lines.append(row(seed, got, calls, samples))
+    if len(per_seed) > 1 and len({len(got["reward"][0]) for got, _, _ in per_seed.values()}) == 1:
+        pooled = {m: tuple(np.mean([got[m][i] for got, _, _ in per_seed.values()], axis=0) for i in range(2))
+                  for m in metrics}
+        calls = np.mean([c for _, c, _ in per_seed.values()], axis=0)
+        lines.append(row("pooled (each row's mean over seeds)", pooled, calls,
+                         sum(n for _, _, n in per_seed.values())))
     return lines
 
 
