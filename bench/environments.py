@@ -3,7 +3,7 @@ one, against the game's exact optimum (1.0).
 
     python bench/environments.py train --seeds 0 1           # coder_keys (Qwen2.5-Coder-0.5B), one run per seed
     python bench/environments.py train --seeds 2 --n 4       # + the untrained and trained team sampled, 4 per row
-    python bench/environments.py table                       # bench/results/environments.md
+    python bench/environments.py table                       # bench/results/environments.md (--name N: N.md)
     python bench/environments.py train --seeds 3 --name keys_local --set local_reward_weight=0.5   # its own folders
     python bench/environments.py tool --seeds 1 2 --n 2      # the code team with run_tests and without (untrained)
     python bench/environments.py tool-table                  # bench/results/code_tool.md
@@ -80,7 +80,7 @@ def table(preset: str, name: str = "") -> str:
     steps = sorted({r["step"] for rows in per_seed.values() for r in rows if "eval/reward_mean" in r})
     lines = [f"### {name or preset}: held-out reward (greedy, 8 held-out rows; the optimum is 1.0)", "",
              "| step | " + " | ".join(f"seed {s}" for s in per_seed) + " | mean over seeds (range) |",
-             "|---|" + "---|" * (len(per_seed) + 1)]
+             "|---|" + "---|" * (len(per_seed) + 1)] if steps else [f"### {name or preset}"]  # eval_every=0: none
     for step in steps:
         vals = [next((r["eval/reward_mean"] for r in rows if r["step"] == step and "eval/reward_mean" in r), None)
                 for rows in per_seed.values()]
@@ -289,8 +289,9 @@ def main() -> None:
         print(text)
     else:
         text = table(args.preset, args.name)
-        OUT.parent.mkdir(exist_ok=True)
-        OUT.write_text(text + "\n")
+        out = OUT if not args.name else OUT.parent / f"{args.name}.md"  # a named table beside the preset's
+        out.parent.mkdir(exist_ok=True)
+        out.write_text(text + "\n")
         print(text)
 
 
