@@ -157,7 +157,8 @@ class CodeTests:
     that calls `aux` runs with the helper's last tested `aux`; the world is the team's, and calls run in agent order,
     so the helper's draft of a round reaches main's draft of the same round). A draft without the entry point, and
     no tested one of it to run with (the helper's `aux` in the first round), only runs; one that does not parse is
-    said to, with its own line, and nothing runs. A draft sent in a ```python fence runs as its code. Each result ends with the next step (DONE, FIX): the reward reads the final answer."""
+    said to, with its own line, and nothing runs. A draft sent in a ```python fence runs as its code. Each result
+    ends with the next step (DONE, FIX): the reward reads the final answer."""
 
     def __init__(self):
         self.prompt, self.entry_point, self.context, self.examples = "", "", "", []
