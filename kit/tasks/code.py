@@ -34,13 +34,12 @@ trains the paper's multi-turn setting without any external API.
 
 from __future__ import annotations
 
-import ast
 import hashlib
 import threading
 from collections import OrderedDict
 
 from kit.sandbox import sandbox
-from kit.tasks.codeparse import AUX, aux_use, drop_function, extract_code, function_info
+from kit.tasks.codeparse import AUX, aux_use, drop_function, extract_code, function_info, parse_error
 from kit.tasks.rewards import Reward
 from kit.tasks import Prompt, check_arg, is_int, is_number
 from kit.tasks.code_data import (  # noqa: F401  (re-exported: the task's data)
@@ -281,13 +280,8 @@ def _done(parts: dict, details: dict) -> Reward:
 def _syntax_errors(helper_code: str, main_code: str, program: str) -> list[str]:
     """Where the syntax breaks, attributed to the agent whose code it is in."""
     def error(who, code):
-        try:
-            ast.parse(code)
-        except SyntaxError as e:
-            return f"{who}: {e.msg} at line {e.lineno}"
-        except (RecursionError, MemoryError, ValueError):  # nesting deep enough to exhaust the parser
-            return f"{who}: too deeply nested to parse"
-        return None
+        e = parse_error(code)
+        return None if e is None else f"{who}: {e.msg}" + (f" at line {e.lineno}" if e.lineno else "")
 
     errors = [e for e in (error("helper (aux)", helper_code), error("main", main_code)) if e]
     return errors or [e for e in (error("joined program", program),) if e]

@@ -198,6 +198,18 @@ def _is_number(node: ast.expr) -> bool:
     return isinstance(node, ast.Constant) and isinstance(node.value, (int, float, complex))
 
 
+def parse_error(code: str) -> SyntaxError | None:
+    """Why `code` does not parse (None when it does), as the code task's syntax level reads it: the parser's
+    SyntaxError (its msg, lineno and the line's text), or one saying that it nests too deeply to parse."""
+    try:
+        ast.parse(code)
+    except SyntaxError as e:
+        return e
+    except (ValueError, RecursionError, MemoryError):  # ValueError: null bytes; deep nesting
+        return SyntaxError("too deeply nested to parse")
+    return None
+
+
 def _parse(code: str) -> ast.Module | None:
     try:
         return ast.parse(code)

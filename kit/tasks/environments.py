@@ -23,7 +23,7 @@ import json
 import random
 from pathlib import Path
 
-from kit.tasks.codeparse import extract_code, top_functions
+from kit.tasks.codeparse import extract_code, parse_error, top_functions
 
 
 class KeyHalves:
@@ -187,9 +187,11 @@ class CodeTests:
         from kit.sandbox.sandbox import run
 
         draft = extract_code(str(code)) or str(code)
-        broken = syntax_error(draft)
+        broken = parse_error(draft)  # as the reward's syntax level reads it
         if broken:  # said with the draft's own line (the program's lines count the problem's code and other drafts)
-            return f"the code does not parse: {broken}\n{FIX}"
+            line = (broken.text or "").strip()[:120]
+            where = f" (line {broken.lineno}" + (f": {line})" if line else ")") if broken.lineno else ""
+            return f"the code does not parse: {type(broken).__name__}: {broken.msg}{where}\n{FIX}"
         mine = top_functions(draft)
         program = "\n\n".join(part.strip("\n") for part in (
             self.context, *(src for name, src in self.drafts.items() if name not in mine), draft) if part.strip())
@@ -208,18 +210,6 @@ class CodeTests:
         if not lines:
             return f"the code did not run: {result.error}\n{FIX}"
         return "\n".join(lines) + "\n" + (DONE if all(result.passed) else FIX)
-
-
-def syntax_error(code: str) -> str:
-    """Why `code` does not parse, with its line ("" when it does). Compiled, never run."""
-    try:
-        compile(code, "<draft>", "exec", dont_inherit=True)
-    except SyntaxError as e:
-        line = (e.text or "").strip()
-        return f"{type(e).__name__}: {e.msg} (line {e.lineno}" + (f": {line})" if line else ")")
-    except (ValueError, MemoryError, RecursionError) as e:  # a null byte; nesting too deep for the parser
-        return f"{type(e).__name__}: {e}"
-    return ""
 
 
 def visible_examples(prompt: str) -> list[str]:
