@@ -696,9 +696,58 @@ def test_prefill_tool_starts_each_answer_as_a_test_call_and_main_tests_with_the_
     assert task.reward(item, (ro.texts[0][0], ro.texts[1][0])).parts["tests"] == pytest.approx(1.0)
 
 
-def test_prefill_tool_needs_an_environment():
-    with pytest.raises(ConfigError, match="prefill: tool only with an environment"):
-        load_config("tiny_cpu", overrides=["task=code", "task_args={dataset: coop, prefill: tool}"])
+class PostsThenReads(Scripted):
+    """An engine that goes on from the code task's `prefill: board` start: the helper the rest of a post of its aux
+    draft, main the rest of a read call; after the results, each its final code (main's calls the aux it read)."""
+
+    FINAL = {"agent_0": "def aux(xs):\n    s = sorted(xs)\n    return min(b - a for a, b in zip(s, s[1:]))",
+             "agent_1": "def has_close_elements(numbers, threshold):\n    return aux(numbers) < threshold"}
+
+    def generate(self, input_ids, attention_mask, adapters, generation_config, row_seeds=None):
+        rows = []
+        for ids, mask, adapter in zip(input_ids, attention_mask, adapters):
+            context = self.tok.decode(ids[mask.bool()].tolist())
+            if not context.endswith(('"text": "def aux(', '"arguments": {')):  # after the results: the answer
+                text = f"```python\n{self.FINAL[adapter]}\n```"
+            elif adapter == "agent_0":
+                text = 'xs):\\n    s = sorted(xs)\\n    return min(b - a for a, b in zip(s, s[1:]))"}}\n</tool_call>'
+            else:
+                text = '}}\n</tool_call>'
+            rows.append(self.tok(text, add_special_tokens=False).input_ids + [self.eos])
+        width = max(map(len, rows))
+        comp = torch.tensor([r + [self.tok.pad_token_id] * (width - len(r)) for r in rows])
+        return comp, torch.full(comp.shape, -0.25)
+
+
+def test_prefill_board_is_the_sequential_schedule_main_reads_the_helpers_posted_aux():
+    from kit.engine.models import build_team
+    from kit.tasks.code import CodeTask
+
+    team = build_team(load_config("tiny_cpu"), **QUIET)
+    team.engines[0] = PostsThenReads(team.tokenizers[0], team.tokenizers[0].eos_token_id)
+    team.roles = ["helper", "main"]
+    task = CodeTask(dataset="humaneval", prefill="board")
+    item = task.load("eval")[0]
+    prompts = task.prompts(item)
+    host = EnvHost("kit.tasks.environments:Board", timeout_s=30)
+    try:
+        ro = tools.act(team, [(a, prompts[a]) for a in range(2)], 1, SamplingParams(max_new_tokens=400), worlds=[item],
+                       host=host, roles=team.roles, max_tool_calls=1, keys=[("t", a) for a in range(2)])
+    finally:
+        host.close()
+    assert ro.tool_calls == 2
+    assert "posted (1 on the board)" in ro.transcripts[0][0]
+    # the calls of a round run in agent order: main reads the draft the helper posted in the same round, whole
+    read = ro.transcripts[1][0].split("<tool_response>")[1]
+    assert read.lstrip().startswith("[helper]\ndef aux(xs):\n    s = sorted(xs)\n")
+    assert all(f"{tools.NO_CALLS_LEFT}\n</tool_response>" in ro.transcripts[a][0] for a in range(2))
+    assert task.reward(item, (ro.texts[0][0], ro.texts[1][0])).parts["tests"] == pytest.approx(1.0)
+
+
+@pytest.mark.parametrize("prefill", ["tool", "board"])
+def test_a_tool_prefill_needs_an_environment(prefill):
+    with pytest.raises(ConfigError, match="prefill: tool or board only with an environment"):
+        load_config("tiny_cpu", overrides=["task=code", f"task_args={{dataset: coop, prefill: {prefill}}}"])
 
 
 def test_evaluation_leaves_no_environment_process_behind(tmp_path, monkeypatch):

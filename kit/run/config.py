@@ -83,10 +83,11 @@ def validate(cfg: TrainConfig) -> TrainConfig:
     need(cfg.tool_workers >= 1, "tool_workers", "an integer >= 1 (the environment's processes)")
     need(cfg.tool_workers == 1 or bool(cfg.environment), "tool_workers",
          "1 without an environment (its processes run the environment's tools)")
-    need(not (cfg.task == "code" and isinstance(cfg.task_args, dict) and cfg.task_args.get("prefill") == "tool")
-         or bool(cfg.environment), "task_args",
-         "prefill: tool only with an environment that has run_tests, e.g. "
-         "environment=kit.tasks.environments:CodeTests (each answer starts as a call of it)")
+    need(not (cfg.task == "code" and isinstance(cfg.task_args, dict)
+              and cfg.task_args.get("prefill") in ("tool", "board")) or bool(cfg.environment), "task_args",
+         "prefill: tool or board only with an environment that has the tools it calls: run_tests "
+         "(environment=kit.tasks.environments:CodeTests) or post and read (kit.tasks.environments:Board); "
+         "each answer starts as a call of one")
     if cfg.environment:
         need(cfg.joint_mode == "aligned", "joint_mode", "aligned with an environment (the agents' g-th samples act "
              "on one world; cross pairs samples that never met)")

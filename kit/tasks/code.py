@@ -70,7 +70,7 @@ Instructions:
 
 
 DATASETS = ("humaneval", "coop", "mbpp")  # bundled or offline; hub:<name> besides
-PREFILLS = ("none", "helper", "both", "tool")  # whose answers the sampler starts, and how (CodeTask.started)
+PREFILLS = ("none", "helper", "both", "tool", "board")  # whose answers the sampler starts, and how (CodeTask.started)
 HELPER_START = "```python\ndef aux("
 MAIN_START = "```python\ndef {entry}("
 # `prefill: tool`, with environment=kit.tasks.environments:CodeTests: each agent's answer starts as a call of the
@@ -78,6 +78,12 @@ MAIN_START = "```python\ndef {entry}("
 # and answers after the results (the reward reads that later answer). The draft is a JSON string: the model escapes
 # its newlines (a literal newline is read too, kit/engine/toolcalls.py).
 TOOL_START = '<tool_call>\n{{"name": "run_tests", "arguments": {{"code": "def {name}('
+# `prefill: board`, with environment=kit.tasks.environments:Board: the sequential schedule as tool calls. The helper's
+# answer starts as a post of its `aux` draft, main's as a read of the board; calls run in agent order, so main reads
+# the helper's draft of the same round, then both give their final code (the untrained coder never posts or reads
+# when the board is only offered: bench/README.md, "the Board with the untrained coder").
+POST_START = '<tool_call>\n{"name": "post", "arguments": {"author": "helper", "text": "def aux('
+READ_START = '<tool_call>\n{"name": "read", "arguments": {'
 
 SINGLE_PROMPT = """Solve this coding problem with two functions: a helper `aux` and `{entry}`, which calls `aux`.
 
@@ -169,10 +175,12 @@ class CodeTask:
     def started(self, item: dict, prompts: list[str]) -> list[str]:
         """The prompts with their answers started as `prefill` asks: the helper's `def aux(`, main's `def <entry>(`
         (a small model told to write `aux` mostly writes the entry point instead; SmolLM2-135M defines `aux` in 1
-        of 64 samples unstarted, bench/README.md); `tool`: each answer started as a run_tests call on that draft."""
+        of 64 samples unstarted, bench/README.md); `tool`: each answer started as a run_tests call on that draft;
+        `board`: the helper's as a post of its aux draft, main's as a read of the board."""
         starts = {"none": ("", ""), "helper": (HELPER_START, ""),
                   "both": (HELPER_START, MAIN_START.format(entry=item["entry_point"])),
-                  "tool": (TOOL_START.format(name=AUX), TOOL_START.format(name=item["entry_point"]))}[self.prefill]
+                  "tool": (TOOL_START.format(name=AUX), TOOL_START.format(name=item["entry_point"])),
+                  "board": (POST_START, READ_START)}[self.prefill]
         return [Prompt(p, s) if s else p for p, s in zip(prompts, starts)]
 
     # --- reward
@@ -243,7 +251,8 @@ class CodeTask:
     def single_prompt(self, item: dict) -> str:
         """The fixed single-model baseline: one model writes both functions."""
         text = SINGLE_PROMPT.format(prompt=item["prompt"].rstrip() + "\n", entry=item["entry_point"])
-        start = TOOL_START.format(name=AUX) if self.prefill == "tool" else HELPER_START  # it writes aux first
+        start = TOOL_START.format(name=AUX) if self.prefill == "tool" else HELPER_START  # it writes aux first (with
+        # `board`, a plain start: no teammate would read its post)
         return Prompt(text, start) if self.prefill != "none" else text
 
     def split_single(self, item: dict, text: str) -> tuple[str, str]:
