@@ -52,7 +52,7 @@ def test_a_cut_prompt_keeps_its_start_at_the_end():
     ("none", ["", ""]), ("helper", [HELPER_START, ""]), ("both", [HELPER_START, "```python\ndef {entry}("]),
     ("tool", ['<tool_call>\n{{"name": "run_tests", "arguments": {{"code": "def aux(',
               '<tool_call>\n{{"name": "run_tests", "arguments": {{"code": "def {entry}(']),
-    ("board", ['<tool_call>\n{{"name": "post", "arguments": {{"author": "helper", "text": "def aux(',
+    ("board", ['<tool_call>\n{{"name": "post", "arguments": {{"text": "def aux(',
                '<tool_call>\n{{"name": "read", "arguments": {{'])])
 def test_the_code_task_starts_the_answers_prefill_names_in_every_turn_and_baseline(prefill, starts):
     task = make_task(dataset="coop", prefill=prefill)

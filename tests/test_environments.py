@@ -729,17 +729,19 @@ def test_prefill_board_is_the_sequential_schedule_main_reads_the_helpers_posted_
     task = CodeTask(dataset="humaneval", prefill="board")
     item = task.load("eval")[0]
     prompts = task.prompts(item)
-    host = EnvHost("kit.tasks.environments:Board", timeout_s=30)
+    then = "Now give your final code in a ```python block, without a call."
+    host = EnvHost("kit.tasks.environments:Board", timeout_s=30, args={"next_step": then})
     try:
         ro = tools.act(team, [(a, prompts[a]) for a in range(2)], 1, SamplingParams(max_new_tokens=400), worlds=[item],
                        host=host, roles=team.roles, max_tool_calls=1, keys=[("t", a) for a in range(2)])
     finally:
         host.close()
     assert ro.tool_calls == 2
-    assert "posted (1 on the board)" in ro.transcripts[0][0]
+    assert f"posted (1 on the board)\n{then}\n{tools.NO_CALLS_LEFT}" in ro.transcripts[0][0]
     # the calls of a round run in agent order: main reads the draft the helper posted in the same round, whole
     read = ro.transcripts[1][0].split("<tool_response>")[1]
-    assert read.lstrip().startswith("[helper]\ndef aux(xs):\n    s = sorted(xs)\n")
+    assert read.lstrip().startswith("[agent 1]\ndef aux(xs):\n    s = sorted(xs)\n")
+    assert f"zip(s, s[1:]))\n{then}\n{tools.NO_CALLS_LEFT}" in read  # the next step ends the result, once
     assert all(f"{tools.NO_CALLS_LEFT}\n</tool_response>" in ro.transcripts[a][0] for a in range(2))
     assert task.reward(item, (ro.texts[0][0], ro.texts[1][0])).parts["tests"] == pytest.approx(1.0)
 

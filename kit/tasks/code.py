@@ -82,7 +82,9 @@ TOOL_START = '<tool_call>\n{{"name": "run_tests", "arguments": {{"code": "def {n
 # answer starts as a post of its `aux` draft, main's as a read of the board; calls run in agent order, so main reads
 # the helper's draft of the same round, then both give their final code (the untrained coder never posts or reads
 # when the board is only offered: bench/README.md, "the Board with the untrained coder").
-POST_START = '<tool_call>\n{"name": "post", "arguments": {"author": "helper", "text": "def aux('
+# (`text` alone: a draft's broken JSON string is then read as meant, toolcalls.one_string_call; with Board's
+# `next_step` the results say to answer with code, else the untrained coder wrote its call again as its answer)
+POST_START = '<tool_call>\n{"name": "post", "arguments": {"text": "def aux('
 READ_START = '<tool_call>\n{"name": "read", "arguments": {'
 
 SINGLE_PROMPT = """Solve this coding problem with two functions: a helper `aux` and `{entry}`, which calls `aux`.

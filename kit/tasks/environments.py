@@ -112,10 +112,15 @@ def key_rows(path: str | Path, n: int, seed: int = 0) -> Path:
 
 
 class Board:
-    """A board the team shares: `post` a draft, `read` the teammates' (see the module docstring)."""
+    """A board the team shares: `post` a draft, `read` the teammates' (see the module docstring).
 
-    def __init__(self):
+    `next_step` (environment_args), when given, ends every result: what to do after the call. The untrained 0.5B
+    coder, told only that its calls were spent, wrote its call again as its answer (every joint action 0,
+    bench/README.md); the code task's sentence: "Now give your final code in a ```python block, without a call."."""
+
+    def __init__(self, next_step: str = ""):
         self.posts: list[tuple[str, str]] = []
+        self.next_step = str(next_step)
 
     def reset(self, **item) -> str:
         self.posts = []
@@ -129,7 +134,7 @@ class Board:
             author: Your role, so that teammates know whose draft it is.
         """
         self.posts.append((str(author) or f"agent {len(self.posts) + 1}", str(text)))
-        return f"posted ({len(self.posts)} on the board)"
+        return self._then(f"posted ({len(self.posts)} on the board)")
 
     def read(self) -> str:
         """Read every draft on the team's board.
@@ -138,8 +143,11 @@ class Board:
             The drafts, each with its author, oldest first.
         """
         if not self.posts:
-            return "the board is empty"
-        return "\n\n".join(f"[{author}]\n{text}" for author, text in self.posts)
+            return self._then("the board is empty")
+        return self._then("\n\n".join(f"[{author}]\n{text}" for author, text in self.posts))
+
+    def _then(self, result: str) -> str:
+        return f"{result}\n{self.next_step}" if self.next_step else result
 
 
 # what a run_tests result ends with: the next step, as a final answer is what the reward reads (the untrained 0.5B coder,
