@@ -122,9 +122,10 @@ def test_visible_examples_are_the_docstrings_not_the_hidden_tests():
 # --- the joint rollout with a scripted engine ---------------------------------------------------------------------
 
 class Scripted:
-    """An engine that plays the key game: read its half, submit the digits it read, then answer."""
+    """An engine that plays the key game: read its half, submit the digits it read, then answer. A subclass scripts
+    another player by its `answer(context, adapter)`: the text a row writes next, given all it has read."""
 
-    name, compile_seconds = "scripted", 0.0
+    name, compile_seconds, logp = "scripted", 0.0, -0.25
 
     def __init__(self, tok, eos):
         self.tok, self.eos = tok, eos
@@ -132,22 +133,22 @@ class Scripted:
     def sync(self):
         pass
 
+    def answer(self, context: str, adapter: str) -> str:
+        side = "left" if adapter == "agent_0" else "right"
+        answers = re.findall(r"<tool_response>\n(.*?)\n</tool_response>", context, re.S)
+        if not answers:
+            return f'<tool_call>{{"name": "read_{side}", "arguments": {{}}}}</tool_call>'
+        if len(answers) == 1:
+            return f'<tool_call>{{"name": "submit_{side}", "arguments": {{"digits": "{answers[0]}"}}}}</tool_call>'
+        return "done"
+
     def generate(self, input_ids, attention_mask, adapters, generation_config, row_seeds=None):
-        rows = []
-        for ids, mask, adapter in zip(input_ids, attention_mask, adapters):
-            context = self.tok.decode(ids[mask.bool()].tolist())
-            side = "left" if adapter == "agent_0" else "right"
-            answers = re.findall(r"<tool_response>\n(.*?)\n</tool_response>", context, re.S)
-            if not answers:
-                text = f'<tool_call>{{"name": "read_{side}", "arguments": {{}}}}</tool_call>'
-            elif len(answers) == 1:
-                text = f'<tool_call>{{"name": "submit_{side}", "arguments": {{"digits": "{answers[0]}"}}}}</tool_call>'
-            else:
-                text = "done"
-            rows.append(self.tok(text, add_special_tokens=False).input_ids + [self.eos])
+        rows = [self.tok(self.answer(self.tok.decode(ids[mask.bool()].tolist()), adapter),
+                         add_special_tokens=False).input_ids + [self.eos]
+                for ids, mask, adapter in zip(input_ids, attention_mask, adapters)]
         width = max(map(len, rows))
         comp = torch.tensor([r + [self.tok.pad_token_id] * (width - len(r)) for r in rows])
-        return comp, torch.full(comp.shape, -0.25)
+        return comp, torch.full(comp.shape, self.logp)
 
 
 @pytest.fixture(scope="module")
@@ -590,20 +591,14 @@ def test_the_board_carries_a_draft_from_one_agent_to_another_in_the_same_round(t
     from kit.sandbox.envpool import EnvPool
 
     class Poster(Scripted):
-        def generate(self, input_ids, attention_mask, adapters, generation_config, row_seeds=None):
-            rows = []
-            for ids, mask, adapter in zip(input_ids, attention_mask, adapters):
-                context = self.tok.decode(ids[mask.bool()].tolist())
-                if "<tool_response>" in context.split("team shares a board")[-1]:
-                    text = "done"
-                elif adapter == "agent_0":
-                    text = '<tool_call>{"name": "post", "arguments": {"text": "def aux(): return 1", "author": "helper"}}</tool_call>'
-                else:
-                    text = '<tool_call>{"name": "read", "arguments": {}}</tool_call>'
-                rows.append(self.tok(text, add_special_tokens=False).input_ids + [self.eos])
-            width = max(map(len, rows))
-            return torch.tensor([r + [self.tok.pad_token_id] * (width - len(r)) for r in rows]), \
-                torch.full((len(rows), width), -0.5)
+        logp = -0.5
+
+        def answer(self, context, adapter):
+            if "<tool_response>" in context.split("team shares a board")[-1]:
+                return "done"
+            if adapter == "agent_0":
+                return '<tool_call>{"name": "post", "arguments": {"text": "def aux(): return 1", "author": "helper"}}</tool_call>'
+            return '<tool_call>{"name": "read", "arguments": {}}</tool_call>'
 
     host = EnvHost("kit.tasks.environments:Board", timeout_s=10) if workers == 1 else \
         EnvPool("kit.tasks.environments:Board", workers, timeout_s=10)
@@ -659,35 +654,37 @@ class CallsFirst(Scripted):
               "agent_1": ("numbers, threshold):\n    return aux(numbers) < threshold",
                           "def has_close_elements(numbers, threshold):\n    return aux(numbers) < threshold")}
 
-    def generate(self, input_ids, attention_mask, adapters, generation_config, row_seeds=None):
-        rows = []
-        for ids, mask, adapter in zip(input_ids, attention_mask, adapters):
-            rest, final = self.DRAFTS[adapter]
-            tested = rest in self.tok.decode(ids[mask.bool()].tolist())  # its call is in its context
-            text = f"```python\n{final}\n```" if tested else rest + '"}}\n</tool_call>'
-            rows.append(self.tok(text, add_special_tokens=False).input_ids + [self.eos])
-        width = max(map(len, rows))
-        comp = torch.tensor([r + [self.tok.pad_token_id] * (width - len(r)) for r in rows])
-        return comp, torch.full(comp.shape, -0.25)
+    def answer(self, context, adapter):
+        rest, final = self.DRAFTS[adapter]
+        tested = rest in context  # its call is in its context
+        return f"```python\n{final}\n```" if tested else rest + '"}}\n</tool_call>'
 
 
-def test_prefill_tool_starts_each_answer_as_a_test_call_and_main_tests_with_the_helpers_aux():
+def coder_act(engine, prefill: str, environment: str, args: dict | None = None):
+    """One joint rollout of a helper and main scripted by `engine` on HumanEval's first held-out problem
+    (has_close_elements: 2 docstring examples), started as `prefill` asks, one call each: (task, item, prompts,
+    rollout)."""
     from kit.engine.models import build_team
     from kit.tasks.code import CodeTask
 
     team = build_team(load_config("tiny_cpu"), **QUIET)
-    team.engines[0] = CallsFirst(team.tokenizers[0], team.tokenizers[0].eos_token_id)
+    team.engines[0] = engine(team.tokenizers[0], team.tokenizers[0].eos_token_id)
     team.roles = ["helper", "main"]
-    task = CodeTask(dataset="humaneval", prefill="tool")
-    item = task.load("eval")[0]  # has_close_elements: 2 docstring examples
+    task = CodeTask(dataset="humaneval", prefill=prefill)
+    item = task.load("eval")[0]
     prompts = task.prompts(item)
-    assert prompts[1].answer_start.endswith('{"code": "def has_close_elements(')
-    host = EnvHost("kit.tasks.environments:CodeTests", timeout_s=30)
+    host = EnvHost(environment, timeout_s=30, args=args)
     try:
         ro = tools.act(team, [(a, prompts[a]) for a in range(2)], 1, SamplingParams(max_new_tokens=400), worlds=[item],
                        host=host, roles=team.roles, max_tool_calls=1, keys=[("t", a) for a in range(2)])
     finally:
         host.close()
+    return task, item, prompts, ro
+
+
+def test_prefill_tool_starts_each_answer_as_a_test_call_and_main_tests_with_the_helpers_aux():
+    task, item, prompts, ro = coder_act(CallsFirst, "tool", "kit.tasks.environments:CodeTests")
+    assert prompts[1].answer_start.endswith('{"code": "def has_close_elements(')
     assert ro.tool_calls == 2
     assert ro.transcripts[1][0].count("ok: assert has_close_elements") == 2  # main's draft ran with the helper's aux
     # its one call spent, each agent is told that its next text is its answer
@@ -700,42 +697,19 @@ class PostsThenReads(Scripted):
     """An engine that goes on from the code task's `prefill: board` start: the helper the rest of a post of its aux
     draft, main the rest of a read call; after the results, each its final code (main's calls the aux it read)."""
 
-    FINAL = {"agent_0": "def aux(xs):\n    s = sorted(xs)\n    return min(b - a for a, b in zip(s, s[1:]))",
-             "agent_1": "def has_close_elements(numbers, threshold):\n    return aux(numbers) < threshold"}
+    FINAL = {adapter: final for adapter, (_, final) in CallsFirst.DRAFTS.items()}
 
-    def generate(self, input_ids, attention_mask, adapters, generation_config, row_seeds=None):
-        rows = []
-        for ids, mask, adapter in zip(input_ids, attention_mask, adapters):
-            context = self.tok.decode(ids[mask.bool()].tolist())
-            if not context.endswith(('"text": "def aux(', '"arguments": {')):  # after the results: the answer
-                text = f"```python\n{self.FINAL[adapter]}\n```"
-            elif adapter == "agent_0":
-                text = 'xs):\\n    s = sorted(xs)\\n    return min(b - a for a, b in zip(s, s[1:]))"}}\n</tool_call>'
-            else:
-                text = '}}\n</tool_call>'
-            rows.append(self.tok(text, add_special_tokens=False).input_ids + [self.eos])
-        width = max(map(len, rows))
-        comp = torch.tensor([r + [self.tok.pad_token_id] * (width - len(r)) for r in rows])
-        return comp, torch.full(comp.shape, -0.25)
+    def answer(self, context, adapter):
+        if not context.endswith(('"text": "def aux(', '"arguments": {')):  # after the results: the answer
+            return f"```python\n{self.FINAL[adapter]}\n```"
+        if adapter == "agent_0":
+            return 'xs):\\n    s = sorted(xs)\\n    return min(b - a for a, b in zip(s, s[1:]))"}}\n</tool_call>'
+        return '}}\n</tool_call>'
 
 
 def test_prefill_board_is_the_sequential_schedule_main_reads_the_helpers_posted_aux():
-    from kit.engine.models import build_team
-    from kit.tasks.code import CodeTask
-
-    team = build_team(load_config("tiny_cpu"), **QUIET)
-    team.engines[0] = PostsThenReads(team.tokenizers[0], team.tokenizers[0].eos_token_id)
-    team.roles = ["helper", "main"]
-    task = CodeTask(dataset="humaneval", prefill="board")
-    item = task.load("eval")[0]
-    prompts = task.prompts(item)
     then = "Now give your final code in a ```python block, without a call."
-    host = EnvHost("kit.tasks.environments:Board", timeout_s=30, args={"next_step": then})
-    try:
-        ro = tools.act(team, [(a, prompts[a]) for a in range(2)], 1, SamplingParams(max_new_tokens=400), worlds=[item],
-                       host=host, roles=team.roles, max_tool_calls=1, keys=[("t", a) for a in range(2)])
-    finally:
-        host.close()
+    task, item, _, ro = coder_act(PostsThenReads, "board", "kit.tasks.environments:Board", {"next_step": then})
     assert ro.tool_calls == 2
     assert f"posted (1 on the board)\n{then}\n{tools.NO_CALLS_LEFT}" in ro.transcripts[0][0]
     # the calls of a round run in agent order: main reads the draft the helper posted in the same round, whole
@@ -828,21 +802,13 @@ class Parallel(Scripted):
     """Writes both of its calls in its first round, one block after the other, then a stray call after some text;
     answers "done" once results came back."""
 
-    def generate(self, input_ids, attention_mask, adapters, generation_config, row_seeds=None):
-        rows = []
-        for ids, mask, adapter in zip(input_ids, attention_mask, adapters):
-            side, half = ("left", "123") if adapter == "agent_0" else ("right", "456")
-            context = self.tok.decode(ids[mask.bool()].tolist())
-            if re.findall(r"<tool_response>\n(.*?)\n</tool_response>", context, re.S):
-                text = "done"
-            else:
-                text = (f'<tool_call>{{"name": "read_{side}", "arguments": {{}}}}</tool_call>\n'
-                        f'<tool_call>{{"name": "submit_{side}", "arguments": {{"digits": "{half}"}}}}</tool_call>'
-                        f' and then <tool_call>{{"name": "read_{side}", "arguments": {{}}}}</tool_call>')
-            rows.append(self.tok(text, add_special_tokens=False).input_ids + [self.eos])
-        width = max(map(len, rows))
-        comp = torch.tensor([r + [self.tok.pad_token_id] * (width - len(r)) for r in rows])
-        return comp, torch.full(comp.shape, -0.25)
+    def answer(self, context, adapter):
+        side, half = ("left", "123") if adapter == "agent_0" else ("right", "456")
+        if re.findall(r"<tool_response>\n(.*?)\n</tool_response>", context, re.S):
+            return "done"
+        return (f'<tool_call>{{"name": "read_{side}", "arguments": {{}}}}</tool_call>\n'
+                f'<tool_call>{{"name": "submit_{side}", "arguments": {{"digits": "{half}"}}}}</tool_call>'
+                f' and then <tool_call>{{"name": "read_{side}", "arguments": {{}}}}</tool_call>')
 
 
 def test_parallel_calls_in_one_round_all_run_and_answer_in_one_tool_turn(team, keys):
