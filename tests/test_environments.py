@@ -30,6 +30,10 @@ def test_tool_calls_are_parsed_from_the_text():
                                        {"name": "submit_left", "arguments": {"digits": "123"}}]
     assert "not valid JSON" in tools.parse_calls("<tool_call>{oops</tool_call>")[0]["error"]
     assert tools.parse_calls("no calls here") == []
+    # code written as it reads: a literal newline inside a JSON string is read, in a call of several arguments too
+    draft = '<tool_call>\n{"name": "post", "arguments": {"text": "def f():\n    return 1", "author": "helper"}}\n</tool_call>'
+    assert tools.parse_calls(draft) == [{"name": "post", "arguments": {"text": "def f():\n    return 1",
+                                                                       "author": "helper"}}]
 
 
 @pytest.fixture(scope="module")
