@@ -78,12 +78,11 @@ MAIN_START = "```python\ndef {entry}("
 # and answers after the results (the reward reads that later answer). The draft is a JSON string: the model escapes
 # its newlines (a literal newline is read too, kit/engine/toolcalls.py).
 TOOL_START = '<tool_call>\n{{"name": "run_tests", "arguments": {{"code": "def {name}('
-# `prefill: board`, with environment=kit.tasks.environments:Board: the sequential schedule as tool calls. The helper's
-# answer starts as a post of its `aux` draft, main's as a read of the board; calls run in agent order, so main reads
-# the helper's draft of the same round, then both give their final code (the untrained coder never posts or reads
-# when the board is only offered: bench/README.md, "the Board with the untrained coder").
-# (`text` alone: a draft's broken JSON string is then read as meant, toolcalls.one_string_call; with Board's
-# `next_step` the results say to answer with code, else the untrained coder wrote its call again as its answer)
+# `prefill: board`, with environment=kit.tasks.environments:Board (and its `next_step`): the sequential schedule as
+# tool calls, for a coder that never posts or reads when the board is only offered (bench/README.md). The helper's
+# answer starts as a post of its `aux` draft (`text` alone: a broken JSON string is then read as meant,
+# toolcalls.one_string_call), main's as a read; calls run in agent order, so main reads the helper's draft of the
+# same round, then both give their final code.
 POST_START = '<tool_call>\n{"name": "post", "arguments": {"text": "def aux('
 READ_START = '<tool_call>\n{"name": "read", "arguments": {'
 
