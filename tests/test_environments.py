@@ -15,6 +15,7 @@ from kit.engine import tools
 from kit.engine.rollout import SamplingParams
 from kit.run.config import ConfigError, load_config
 from kit.sandbox.envhost import EnvHost, EnvironmentClassError
+from kit.tasks import TaskArgError
 from kit.tasks.environments import KeyHalves, key_rows, visible_examples
 
 QUIET = dict(log=lambda *_: None)
@@ -664,30 +665,31 @@ class CallsFirst(Scripted):
         return f"```python\n{final}\n```" if tested else rest + '"}}\n</tool_call>'
 
 
-def coder_act(engine, prefill: str, environment: str, args: dict | None = None):
+def coder_act(engine, prefill: str, environment: str, args: dict | None = None, max_tool_calls: int = 1,
+              **task_args):
     """One joint rollout of a helper and main scripted by `engine` on HumanEval's first held-out problem
-    (has_close_elements: 2 docstring examples), started as `prefill` asks, one call each: (task, item, prompts,
-    rollout)."""
+    (has_close_elements: 2 docstring examples), started as `prefill` asks, one call each unless `max_tool_calls`:
+    (task, item, prompts, rollout, tokenizer)."""
     from kit.engine.models import build_team
     from kit.tasks.code import CodeTask
 
     team = build_team(load_config("tiny_cpu"), **QUIET)
     team.engines[0] = engine(team.tokenizers[0], team.tokenizers[0].eos_token_id)
     team.roles = ["helper", "main"]
-    task = CodeTask(dataset="humaneval", prefill=prefill)
+    task = CodeTask(dataset="humaneval", prefill=prefill, **task_args)
     item = task.load("eval")[0]
     prompts = task.prompts(item)
     host = EnvHost(environment, timeout_s=30, args=args)
     try:
         ro = tools.act(team, [(a, prompts[a]) for a in range(2)], 1, SamplingParams(max_new_tokens=400), worlds=[item],
-                       host=host, roles=team.roles, max_tool_calls=1, keys=[("t", a) for a in range(2)])
+                       host=host, roles=team.roles, max_tool_calls=max_tool_calls, keys=[("t", a) for a in range(2)])
     finally:
         host.close()
-    return task, item, prompts, ro
+    return task, item, prompts, ro, team.tokenizers[0]
 
 
 def test_prefill_tool_starts_each_answer_as_a_test_call_and_main_tests_with_the_helpers_aux():
-    task, item, prompts, ro = coder_act(CallsFirst, "tool", "kit.tasks.environments:CodeTests")
+    task, item, prompts, ro, _ = coder_act(CallsFirst, "tool", "kit.tasks.environments:CodeTests")
     assert prompts[1].answer_start.endswith('{"code": "def has_close_elements(')
     assert ro.tool_calls == 2
     assert ro.transcripts[1][0].count("ok: assert has_close_elements") == 2  # main's draft ran with the helper's aux
@@ -695,6 +697,41 @@ def test_prefill_tool_starts_each_answer_as_a_test_call_and_main_tests_with_the_
     assert all(f"{tools.NO_CALLS_LEFT}\n</tool_response>" in ro.transcripts[a][0] for a in range(2))
     assert all(ro.texts[a][0].startswith("```python\ndef ") for a in range(2))  # the reward reads the final answers
     assert task.reward(item, (ro.texts[0][0], ro.texts[1][0])).parts["tests"] == pytest.approx(1.0)
+
+
+class CallsThenFinishes(CallsFirst):
+    """CallsFirst, its final answer going on from the start `code_after_tools` puts after the results (`def <name>(`):
+    the same rest as its draft's, then the block's end."""
+
+    def answer(self, context, adapter):
+        rest, _ = self.DRAFTS[adapter]
+        return rest + "\n```" if context.endswith(("```python\ndef aux(", "```python\ndef has_close_elements(")) \
+            else super().answer(context, adapter)
+
+
+def test_code_after_tools_starts_the_answer_after_the_last_call_as_code_off_the_mask():
+    task, item, prompts, ro, tok = coder_act(CallsThenFinishes, "tool", "kit.tasks.environments:CodeTests",
+                                             code_after_tools=True)
+    assert [p.final_start for p in prompts] == ["```python\ndef aux(", "```python\ndef has_close_elements("]
+    for a, (rest, final) in enumerate(CallsFirst.DRAFTS.values()):
+        assert ro.texts[a][0] == f"```python\n{final}\n```"  # what the reward reads: the start, then the sampled rest
+        assert f"{tools.NO_CALLS_LEFT}\n</tool_response>" in ro.transcripts[a][0]
+    assert task.reward(item, (ro.texts[0][0], ro.texts[1][0])).parts["tests"] == pytest.approx(1.0)
+    seg = ro.segments[0]  # the helper's row first: the start is in its ids, off the mask (it was not sampled)
+    ids = seg.input_ids[0, seg.prompt_len:]
+    sampled = ids[seg.completion_mask[0].bool()]
+    assert "```python" in tok.decode(ids) and "```python" not in tok.decode(sampled)
+    # with calls left after the first, the answer is the agent's own, not started (it might have called again)
+    _, _, _, ro, _ = coder_act(CallsFirst, "tool", "kit.tasks.environments:CodeTests", max_tool_calls=2,
+                            code_after_tools=True)
+    assert ro.texts[0][0] == f"```python\n{CallsFirst.DRAFTS['agent_0'][1]}\n```" and ro.tool_calls == 2
+
+
+def test_code_after_tools_only_with_a_calling_prefill():
+    from kit.tasks.code import CodeTask
+
+    with pytest.raises(TaskArgError, match="code_after_tools"):
+        CodeTask(dataset="coop", prefill="both", code_after_tools=True)
 
 
 class PostsThenReads(Scripted):
@@ -713,7 +750,7 @@ class PostsThenReads(Scripted):
 
 def test_prefill_board_is_the_sequential_schedule_main_reads_the_helpers_posted_aux():
     then = "Now give your final code in a ```python block, without a call."
-    task, item, _, ro = coder_act(PostsThenReads, "board", "kit.tasks.environments:Board", {"next_step": then})
+    task, item, _, ro, _ = coder_act(PostsThenReads, "board", "kit.tasks.environments:Board", {"next_step": then})
     assert ro.tool_calls == 2
     assert f"posted (1 on the board)\n{then}\n{tools.NO_CALLS_LEFT}" in ro.transcripts[0][0]
     # the calls of a round run in agent order: main reads the draft the helper posted in the same round, whole

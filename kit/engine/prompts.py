@@ -10,22 +10,32 @@ class Prompt(str):
     The sampler puts `answer_start` after the chat template's assistant header (a prefilled answer, as
     `continue_final_message` does in transformers' chat templates) and returns it in front of each completion, so
     the reward, schemes and logs read the whole answer; the update scores only the tokens that were sampled. It
-    is a str everywhere else (logs, critics, judges read the prompt as it is)."""
+    is a str everywhere else (logs, critics, judges read the prompt as it is).
+
+    `final_start`, for an agent with tools: the text its answer is started with after the results of its last
+    allowed call (kit/engine/tools.py), when that answer can no longer be a call; off the loss mask, and in front
+    of the text the reward reads, as `answer_start` is."""
 
     answer_start: str = ""
+    final_start: str = ""
 
-    def __new__(cls, text: str, answer_start: str = ""):
+    def __new__(cls, text: str, answer_start: str = "", final_start: str = ""):
         self = super().__new__(cls, text)
-        self.answer_start = answer_start
+        self.answer_start, self.final_start = answer_start, final_start
         return self
 
-    def __reduce__(self):  # pickled (a process pool, the distributed run) with its start
-        return Prompt, (str(self), self.answer_start)
+    def __reduce__(self):  # pickled (a process pool, the distributed run) with its starts
+        return Prompt, (str(self), self.answer_start, self.final_start)
 
 
 def answer_start(prompt: str) -> str:
     """The text a prompt's answer is started with ("" for a plain str)."""
     return getattr(prompt, "answer_start", "")
+
+
+def final_start(prompt: str) -> str:
+    """The text a prompt's answer after its last allowed tool call is started with ("" for a plain str)."""
+    return getattr(prompt, "final_start", "")
 
 
 class Chat(str):

@@ -12,7 +12,9 @@ A rollout runs in rounds. Each round is one batched engine call per base for eve
 row on its agent's adapter. A row whose new text holds tool calls (and has calls left: `max_tool_calls` per agent
 per turn) gets each call run in its world, in agent order, and the results appended as the chat template's tool
 turn, rendered by the template and tokenized on its own: the ids of the history are extended, never re-tokenized.
-The results of an agent's last allowed call end with NO_CALLS_LEFT (its next text is its answer).
+The results of an agent's last allowed call end with NO_CALLS_LEFT (its next text is its answer), and that answer
+is started with the prompt's `final_start` when it has one (kit/engine/prompts.py: the code task's
+`code_after_tools`), off the mask like the tool turn and in front of the text the reward reads.
 A round stops at the end of its first complete call (`</tool_call>`, a stop string as vLLM-served agents use), or of
 the last of several written one after another (parallel calls: their results come back in one tool turn); what
 follows is dropped, and the template's end of the assistant turn opens the tool turn. A row without a call (or out
@@ -46,7 +48,7 @@ from dataclasses import dataclass, field
 import torch
 
 from kit.engine import carry
-from kit.engine.prompts import answer_start
+from kit.engine.prompts import answer_start, final_start
 from kit.engine.rollout import (Rollout, Sampler, Segment, completion_mask, engine_for, eos_ids, left_pad,
                                 sampling_config)
 from kit.engine.sampling import row_seed
@@ -75,6 +77,7 @@ class _Row:
     pending: list = field(default_factory=list)  # this round's calls, run after every base's generation
     end_text: str = ""  # how the round's text ended (its EOS token's text; "" when stopped at </tool_call>)
     answer_round: int = 0
+    lead: str = ""  # the final answer's start, put after the tool turn of its last allowed call
     kv: list | None = None  # per layer (keys, values) of the row's first `cached` tokens, carried between rounds
     cached: int = 0
 
@@ -221,10 +224,11 @@ def act(team, requests, G: int, params, *, worlds: list[dict], host, roles: list
             r.calls_left -= len(r.pending)
             if r.calls_left <= 0:  # told, so that its next text is its answer and not a call that will not run
                 results[-1] = f"{results[-1]}\n{NO_CALLS_LEFT}"
+                r.lead = final_start(requests[r.k][1])  # and that answer started, if the prompt says how
             r.calls += len(r.pending)
             out.tool_calls += len(r.pending)
             r.pending = []
-            suffix = tok(tool_turn_text(tok, results, r.end_text, params.use_chat_template, native[base]),
+            suffix = tok(tool_turn_text(tok, results, r.end_text, params.use_chat_template, native[base]) + r.lead,
                          add_special_tokens=False).input_ids
             r.ids += suffix
             r.mask += [0] * len(suffix)
@@ -251,9 +255,9 @@ def _with(prompt, extra: str):
         last = max(i for i, m in enumerate(messages) if m["role"] == "user")
         messages[last]["content"] += "\n\n" + extra
         chat = type(prompt)(messages)
-        chat.answer_start = answer_start(prompt)
+        chat.answer_start, chat.final_start = answer_start(prompt), final_start(prompt)
         return chat
-    return Prompt(f"{prompt}\n\n{extra}", answer_start(prompt))
+    return Prompt(f"{prompt}\n\n{extra}", answer_start(prompt), final_start(prompt))
 
 
 def _run(host, calls: list[tuple[_Row, dict]], roles: list[str]) -> list[str]:
@@ -296,7 +300,7 @@ def _segments(team, requests, G: int, rows: list[_Row], out: Rollout) -> None:
             enc["input_ids"].shape[1], torch.tensor([r.k * G + r.g for r in mine], device=device),
             torch.tensor([r.agent for r in mine], device=device), logp,
             torch.tensor([r.finished for r in mine], device=device)))
-        for r in mine:  # the answer start was the prompt's only in the first round
-            out.texts[r.k][r.g] = (answer_start(requests[r.k][1]) if r.answer_round == 0 else "") + r.answer
+        for r in mine:  # the answer start was the prompt's only in the first round; a later answer's, the lead
+            out.texts[r.k][r.g] = (answer_start(requests[r.k][1]) if r.answer_round == 0 else r.lead) + r.answer
             out.transcripts[r.k][r.g] = answer_start(requests[r.k][1]) + tok.decode(r.ids, skip_special_tokens=True)
             out.num_tokens += sum(r.mask)

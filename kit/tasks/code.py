@@ -106,7 +106,7 @@ class CodeTask:
     def __init__(self, num_agents: int = 2, dataset: str = "humaneval", train_range: list | None = None,
                  eval_range: list | None = None, test_timeout: float = 3.0, memory_mb: int = 1024,
                  max_failures_shown: int = 3, cache_size: int = 4096, hub_split: str = "test",
-                 data_file: str | None = None, prefill: str = "none"):
+                 data_file: str | None = None, prefill: str = "none", code_after_tools: bool = False):
         if num_agents != 2:
             raise ValueError(f"the code task has two agents (helper, main); got num_agents={num_agents}")
         check_arg(isinstance(dataset, str) and (dataset in DATASETS or dataset.startswith("hub:")),
@@ -125,8 +125,11 @@ class CodeTask:
         check_arg(data_file is None or (isinstance(data_file, str) and dataset == "coop"), "data_file", data_file,
                   "null, or the path of a YAML file of problems in the coop format, with dataset=coop")
         check_arg(prefill in PREFILLS, "prefill", prefill, f"one of {', '.join(PREFILLS)}")
+        check_arg(isinstance(code_after_tools, bool) and (not code_after_tools or prefill in ("tool", "board")),
+                  "code_after_tools", code_after_tools, "true or false; true only with prefill: tool or board (the "
+                  "answers that start as calls)")
         self.data_file = data_file or COOP_FILE
-        self.prefill = prefill
+        self.prefill, self.code_after_tools = prefill, code_after_tools
         self.num_agents = num_agents
         self.dataset = dataset
         defaults = {"humaneval": HUMANEVAL_SPLITS, "coop": COOP_SPLITS, "mbpp": MBPP_SPLITS}.get(dataset, HUB_SPLITS)
@@ -177,12 +180,15 @@ class CodeTask:
         """The prompts with their answers started as `prefill` asks: the helper's `def aux(`, main's `def <entry>(`
         (a small model told to write `aux` mostly writes the entry point instead; SmolLM2-135M defines `aux` in 1
         of 64 samples unstarted, bench/README.md); `tool`: each answer started as a run_tests call on that draft;
-        `board`: the helper's as a post of its aux draft, main's as a read of the board."""
-        starts = {"none": ("", ""), "helper": (HELPER_START, ""),
-                  "both": (HELPER_START, MAIN_START.format(entry=item["entry_point"])),
+        `board`: the helper's as a post of its aux draft, main's as a read of the board. `code_after_tools` (with
+        `tool` or `board`): the answer after an agent's last allowed call started as its code, as `both` starts it
+        (Prompt.final_start)."""
+        code = (HELPER_START, MAIN_START.format(entry=item["entry_point"]))
+        starts = {"none": ("", ""), "helper": (HELPER_START, ""), "both": code,
                   "tool": (TOOL_START.format(name=AUX), TOOL_START.format(name=item["entry_point"])),
                   "board": (POST_START, READ_START)}[self.prefill]
-        return [Prompt(p, s) if s else p for p, s in zip(prompts, starts)]
+        finals = code if self.code_after_tools else ("", "")
+        return [Prompt(p, s, f) if s else p for p, s, f in zip(prompts, starts, finals)]
 
     # --- reward
 
@@ -254,7 +260,7 @@ class CodeTask:
         text = SINGLE_PROMPT.format(prompt=item["prompt"].rstrip() + "\n", entry=item["entry_point"])
         start = TOOL_START.format(name=AUX) if self.prefill == "tool" else HELPER_START  # it writes aux first (with
         # `board`, a plain start: no teammate would read its post)
-        return Prompt(text, start) if self.prefill != "none" else text
+        return Prompt(text, start, HELPER_START if self.code_after_tools else "") if self.prefill != "none" else text
 
     def split_single(self, item: dict, text: str) -> tuple[str, str]:
         """A single completion holds both functions; the program joiner takes aux from it and main from it."""
