@@ -761,6 +761,14 @@ def test_prefill_board_is_the_sequential_schedule_main_reads_the_helpers_posted_
     assert task.reward(item, (ro.texts[0][0], ro.texts[1][0])).parts["tests"] == pytest.approx(1.0)
 
 
+@pytest.mark.parametrize("prefill, environment", [("board", "kit.tasks.environments:CodeTests"),
+                                                   ("tool", "kit.tasks.environments:Board")])
+def test_an_answer_started_as_a_call_of_a_tool_the_environment_lacks_is_refused(prefill, environment):
+    with pytest.raises(ValueError, match=f"helper's answer is started as a call of '(post|run_tests)', which is not "
+                                         f"one of its tools in {environment}"):
+        coder_act(CallsFirst, prefill, environment)
+
+
 @pytest.mark.parametrize("prefill", ["tool", "board"])
 def test_a_tool_prefill_needs_an_environment(prefill):
     with pytest.raises(ConfigError, match="prefill: tool or board only with an environment"):

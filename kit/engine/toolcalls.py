@@ -68,6 +68,14 @@ _ONE_STRING = re.compile(r'\{\s*"name"\s*:\s*"([\w.-]+)"\s*,\s*"(?:arguments|par
 _ESCAPES = {"n": "\n", "t": "\t", "r": "\r", '"': '"', "\\": "\\", "'": "'", "/": "/"}
 
 
+_STARTED = re.compile(r'<tool_call>\s*\{\s*"name"\s*:\s*"([\w.-]+)"')
+
+
+def started_calls(start: str) -> list[str]:
+    """The names of the tools an answer start calls (`<tool_call>{"name": "run_tests", ...`, complete or not)."""
+    return _STARTED.findall(start)
+
+
 def one_string_call(body: str) -> dict | None:
     """A call of one string argument that is not valid JSON, read as meant: `{"name": N, "arguments": {"k": "..."}}`
     whose string runs to the object's end (code with an unescaped `\"\"\"` docstring or a `\\'`, how a 0.5B coder

@@ -52,7 +52,8 @@ from kit.engine.prompts import answer_start, final_start
 from kit.engine.rollout import (Rollout, Sampler, Segment, completion_mask, engine_for, eos_ids, left_pad,
                                 sampling_config)
 from kit.engine.sampling import row_seed
-from kit.engine.toolcalls import call_end, parse_calls, prompt_ids, template_has_tools, tool_turn_text
+from kit.engine.toolcalls import (call_end, parse_calls, prompt_ids, started_calls, template_has_tools,
+                                  tool_turn_text)
 
 # added to the last result of an agent's last call of the turn (max_tool_calls): a call after it is not run, and its
 # text is what the reward reads (the untrained 0.5B coder, told by a result to test again, wrote the call anyway)
@@ -134,6 +135,14 @@ def act(team, requests, G: int, params, *, worlds: list[dict], host, roles: list
     if len(requests) != len(worlds) * N:
         raise ValueError(f"{len(requests)} requests for {len(worlds)} worlds of {N} agents: give one row per group "
                          "of N requests (one request per agent)")
+    for agent, prompt in requests:  # an answer started as a call of a tool its agent lacks: refused at once
+        lacking = [t for t in started_calls(answer_start(prompt)) if t not in host.tools_for(roles[agent])]
+        if lacking:
+            mine = sorted(host.tools_for(roles[agent]))
+            raise ValueError(f"{roles[agent]}'s answer is started as a call of {lacking[0]!r}, which is not one of "
+                             f"its tools in {getattr(host, 'spec', 'the environment')} ({mine}): run it with an "
+                             "environment that has that tool, or start its answer otherwise (the code task's "
+                             "prefill: tool calls CodeTests' run_tests, board calls the Board's post and read)")
     tool_before = host.tool_seconds
     # reset(**row): an item's `reset_row` when it has one (the rows task keeps the row as written), else the item
     added = host.reset([dict(worlds[w // G].get("reset_row", worlds[w // G])) for w in range(len(worlds) * G)])
