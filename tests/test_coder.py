@@ -185,16 +185,19 @@ def test_the_packaged_bytes_are_a_coder_by_behaviour(coder_folder):
     task = CodeTask(dataset="humaneval")
     problems = {p["id"]: p for p in humaneval_problems()}
     chosen = [problems[i] for i in ("HumanEval/7", "HumanEval/23", "HumanEval/29")]  # filter, strlen, prefix
+    # the answer started as the problem's signature and docstring (HumanEval's own protocol): the model writes the
+    # body, not the docstring again (which took 100 of 128 tokens)
+    starts = [f"```python\n{p['prompt']}" for p in chosen]
     texts = [tok.apply_chat_template([{"role": "user", "content": "Complete this Python function. Output only "
                                        f"the code.\n\n{p['prompt']}"}], tokenize=False, add_generation_prompt=True)
-             for p in chosen]
+             + start for p, start in zip(chosen, starts)]
     tok.padding_side = "left"
     enc = tok(texts, return_tensors="pt", padding=True)
     with torch.no_grad():
-        out = model.generate(**enc, max_new_tokens=128, do_sample=False)
+        out = model.generate(**enc, max_new_tokens=64, do_sample=False)
     passed = 0
-    for p, row in zip(chosen, out):
-        code = tok.decode(row[enc.input_ids.shape[1]:], skip_special_tokens=True)
+    for p, start, row in zip(chosen, starts, out):
+        code = start + tok.decode(row[enc.input_ids.shape[1]:], skip_special_tokens=True)
         helper = "```python\ndef aux(x):\n    return x\n```"  # a trivial helper: main alone must pass
         passed += task.is_pass(task.reward(p, (helper, code)))
     assert passed >= 2, f"{passed} of 3 easy problems passed"
