@@ -355,6 +355,9 @@ def test_code_nested_too_deep_for_the_parser_is_a_syntax_failure_not_a_crash():
     deep = "def prime_fib(n):\n    return " + "-" * 20000 + "1\n"
     r = CodeTask(dataset="coop").reward(item, (item["reference_pair"][0], deep))
     assert r.parts["syntax"] == 0.0 and "too deeply nested" in r.details["syntax_errors"][0]
+    # a null byte is said as one (the parser raises ValueError for it before Python 3.12, SyntaxError after)
+    null = CodeTask(dataset="coop").reward(item, (item["reference_pair"][0], "def prime_fib(n):\n    return 1\x00\n"))
+    assert null.parts["syntax"] == 0.0 and "null byte" in null.details["syntax_errors"][0]
 
 
 def test_a_violation_reaches_the_rollout_log_and_the_metrics(tmp_path):

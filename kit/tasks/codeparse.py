@@ -200,12 +200,15 @@ def _is_number(node: ast.expr) -> bool:
 
 def parse_error(code: str) -> SyntaxError | None:
     """Why `code` does not parse (None when it does), as the code task's syntax level reads it: the parser's
-    SyntaxError (its msg, lineno and the line's text), or one saying that it nests too deeply to parse."""
+    SyntaxError (its msg, lineno and the line's text), or one saying that it holds a null byte or nests too deeply
+    to parse."""
     try:
         ast.parse(code)
     except SyntaxError as e:
         return e
-    except (ValueError, RecursionError, MemoryError):  # ValueError: null bytes; deep nesting
+    except ValueError:  # the parser's only ValueError: a null byte in the source
+        return SyntaxError("the code holds a null byte")
+    except (RecursionError, MemoryError):
         return SyntaxError("too deeply nested to parse")
     return None
 
