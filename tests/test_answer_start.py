@@ -24,6 +24,15 @@ def test_a_prompt_is_its_text_everywhere_and_keeps_its_start_through_pickle():
     q = pickle.loads(pickle.dumps(p))
     assert type(q) is Prompt and q.answer_start == "def aux(" and answer_start(q) == "def aux("
     assert answer_start("plain") == ""
+    # both starts, of a Prompt and of a Chat (the rows task's messages, its starts set on it), through a process pool
+    from kit.engine.prompts import Chat, final_start
+
+    assert final_start(pickle.loads(pickle.dumps(Prompt("t", "<call", "def aux(")))) == "def aux("
+    chat = Chat([{"role": "user", "content": "hi"}])
+    chat.answer_start, chat.final_start = "<call", "def aux("
+    back = pickle.loads(pickle.dumps(chat))
+    assert type(back) is Chat and back.messages == chat.messages and (answer_start(back), final_start(back)) == \
+        ("<call", "def aux(")
 
 
 def test_the_model_sees_the_start_after_the_assistant_header_and_the_text_has_it_in_front():

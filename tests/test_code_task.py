@@ -7,7 +7,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from kit.tasks.codeparse import aux_use, drop_function, extract_code, function_info
+from kit.tasks.codeparse import aux_use, drop_function, extract_code, function_info, parse_error
 from kit.tasks import get_task
 from kit.tasks.code import CodeTask, coop_problems, humaneval_problems, split_check
 
@@ -355,9 +355,23 @@ def test_code_nested_too_deep_for_the_parser_is_a_syntax_failure_not_a_crash():
     deep = "def prime_fib(n):\n    return " + "-" * 20000 + "1\n"
     r = CodeTask(dataset="coop").reward(item, (item["reference_pair"][0], deep))
     assert r.parts["syntax"] == 0.0 and "too deeply nested" in r.details["syntax_errors"][0]
-    # a null byte is said as one (the parser raises ValueError for it before Python 3.12, SyntaxError after)
-    null = CodeTask(dataset="coop").reward(item, (item["reference_pair"][0], "def prime_fib(n):\n    return 1\x00\n"))
+    # a null byte is said as one (the parser raises SyntaxError or, on older Pythons, ValueError for it), and a lone
+    # surrogate (a JSON "\\ud83d" escape in a tool call's code: UnicodeEncodeError, a ValueError) as what it is
+    task = CodeTask(dataset="coop")
+    null = task.reward(item, (item["reference_pair"][0], "def prime_fib(n):\n    return 1\x00\n"))
     assert null.parts["syntax"] == 0.0 and "null byte" in null.details["syntax_errors"][0]
+    assert "null byte" in str(parse_error_as_older_pythons("x = 1\x00"))
+    surrogate = str(parse_error("def aux(s):\n    return s + '\ud83d'\n"))
+    assert "cannot be parsed" in surrogate and "surrogate" in surrogate and "null" not in surrogate
+
+
+def parse_error_as_older_pythons(code):
+    """codeparse.parse_error where ast.parse raises ValueError for a null byte (Python < 3.11.4 or so)."""
+    import ast
+    from unittest import mock
+
+    with mock.patch.object(ast, "parse", side_effect=ValueError("source code string cannot contain null bytes")):
+        return parse_error(code)
 
 
 def test_a_violation_reaches_the_rollout_log_and_the_metrics(tmp_path):

@@ -764,9 +764,19 @@ def test_prefill_board_is_the_sequential_schedule_main_reads_the_helpers_posted_
 @pytest.mark.parametrize("prefill, environment", [("board", "kit.tasks.environments:CodeTests"),
                                                    ("tool", "kit.tasks.environments:Board")])
 def test_an_answer_started_as_a_call_of_a_tool_the_environment_lacks_is_refused(prefill, environment):
-    with pytest.raises(ValueError, match=f"helper's answer is started as a call of '(post|run_tests)', which is not "
-                                         f"one of its tools in {environment}"):
+    with pytest.raises(ValueError, match=f"helper's answer is started as a call of '(post|run_tests)', and "
+                                         f"{environment} has no such tool"):
         coder_act(CallsFirst, prefill, environment)
+
+
+def test_an_answer_started_as_a_call_of_another_roles_tool_is_refused(team, keys):
+    from kit.engine.prompts import Prompt
+
+    requests = [(0, Prompt("Hand in the key.", '<tool_call>{"name": "read_right", "arguments": {}}')), (1, "Go.")]
+    with pytest.raises(ValueError, match="left's answer is started as a call of 'read_right', and "
+                                         "kit.tasks.environments:KeyHalves gives it to another role"):
+        tools.act(team, requests, 1, SamplingParams(max_new_tokens=20), worlds=[{"id": "k", "key": "123456"}],
+                  host=keys, roles=team.roles, max_tool_calls=1)
 
 
 @pytest.mark.parametrize("prefill", ["tool", "board"])

@@ -50,5 +50,11 @@ class Chat(str):
         self.messages = [dict(m) for m in messages]
         return self
 
-    def __reduce__(self):
-        return Chat, (self.messages,)
+    def __reduce__(self):  # pickled with its starts, which the sampler reads (Prompt's, set on the instance)
+        return _chat, (self.messages, getattr(self, "answer_start", ""), getattr(self, "final_start", ""))
+
+
+def _chat(messages: list, answer_start: str = "", final_start: str = "") -> Chat:
+    chat = Chat(messages)
+    chat.answer_start, chat.final_start = answer_start, final_start
+    return chat

@@ -18,8 +18,8 @@ is started with the prompt's `final_start` when it has one (kit/engine/prompts.p
 A round stops at the end of its first complete call (`</tool_call>`, a stop string as vLLM-served agents use), or of
 the last of several written one after another (parallel calls: their results come back in one tool turn); what
 follows is dropped, and the template's end of the assistant turn opens the tool turn. A row without a call (or out
-of calls, or of its `max_new_tokens` budget) is done; its text for the reward is its last round's answer, its whole
-transcript (calls and results) is kept for logs.
+of calls, or of its `max_new_tokens` budget) is done; its text for the reward is its last round's answer (after the
+final start, if one was put before it), its whole transcript (calls and results) is kept for logs.
 
 The update sees one Segment per base as from `generate`: the prompt, then every round's generated tokens and the
 tool turns between them. The completion mask is 1 on generated tokens and 0 on tool-turn tokens, so the policy
@@ -138,11 +138,11 @@ def act(team, requests, G: int, params, *, worlds: list[dict], host, roles: list
     for agent, prompt in requests:  # an answer started as a call of a tool its agent lacks: refused at once
         lacking = [t for t in started_calls(answer_start(prompt)) if t not in host.tools_for(roles[agent])]
         if lacking:
-            mine = sorted(host.tools_for(roles[agent]))
-            raise ValueError(f"{roles[agent]}'s answer is started as a call of {lacking[0]!r}, which is not one of "
-                             f"its tools in {getattr(host, 'spec', 'the environment')} ({mine}): run it with an "
-                             "environment that has that tool, or start its answer otherwise (the code task's "
-                             "prefill: tool calls CodeTests' run_tests, board calls the Board's post and read)")
+            where = getattr(host, "spec", "the environment")
+            why = (f"{where} gives it to another role (tools_by_role)" if lacking[0] in host.tools else
+                   f"{where} has no such tool ({sorted(host.tools)})")
+            raise ValueError(f"{roles[agent]}'s answer is started as a call of {lacking[0]!r}, and {why}: run it "
+                             "with an environment that offers that tool to this role, or start its answer otherwise")
     tool_before = host.tool_seconds
     # reset(**row): an item's `reset_row` when it has one (the rows task keeps the row as written), else the item
     added = host.reset([dict(worlds[w // G].get("reset_row", worlds[w // G])) for w in range(len(worlds) * G)])

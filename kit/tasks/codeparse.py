@@ -206,8 +206,8 @@ def parse_error(code: str) -> SyntaxError | None:
         ast.parse(code)
     except SyntaxError as e:
         return e
-    except ValueError:  # the parser's only ValueError: a null byte in the source
-        return SyntaxError("the code holds a null byte")
+    except ValueError as e:  # a null byte (SyntaxError on newer Pythons), a lone surrogate (UnicodeEncodeError)
+        return SyntaxError("the code holds a null byte" if "\x00" in code else f"the code cannot be parsed: {e}")
     except (RecursionError, MemoryError):
         return SyntaxError("too deeply nested to parse")
     return None
