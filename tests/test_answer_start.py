@@ -24,12 +24,11 @@ def test_a_prompt_is_its_text_everywhere_and_keeps_its_start_through_pickle():
     q = pickle.loads(pickle.dumps(p))
     assert type(q) is Prompt and q.answer_start == "def aux(" and answer_start(q) == "def aux("
     assert answer_start("plain") == ""
-    # both starts, of a Prompt and of a Chat (the rows task's messages, its starts set on it), through a process pool
+    # both starts, of a Prompt and of a Chat (the rows task's messages), through a process pool
     from kit.engine.prompts import Chat, final_start
 
     assert final_start(pickle.loads(pickle.dumps(Prompt("t", "<call", "def aux(")))) == "def aux("
-    chat = Chat([{"role": "user", "content": "hi"}])
-    chat.answer_start, chat.final_start = "<call", "def aux("
+    chat = Chat([{"role": "user", "content": "hi"}], "<call", "def aux(")
     back = pickle.loads(pickle.dumps(chat))
     assert type(back) is Chat and back.messages == chat.messages and (answer_start(back), final_start(back)) == \
         ("<call", "def aux(")

@@ -723,7 +723,7 @@ def test_code_after_tools_starts_the_answer_after_the_last_call_as_code_off_the_
     assert "```python" in tok.decode(ids) and "```python" not in tok.decode(sampled)
     # with calls left after the first, the answer is the agent's own, not started (it might have called again)
     _, _, _, ro, _ = coder_act(CallsFirst, "tool", "kit.tasks.environments:CodeTests", max_tool_calls=2,
-                            code_after_tools=True)
+                               code_after_tools=True)
     assert ro.texts[0][0] == f"```python\n{CallsFirst.DRAFTS['agent_0'][1]}\n```" and ro.tool_calls == 2
 
 

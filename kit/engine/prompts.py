@@ -41,20 +41,17 @@ def final_start(prompt: str) -> str:
 class Chat(str):
     """A prompt given as chat messages (`[{"role": "system" | "user" | "assistant", "content": ...}]`, a JSONL row's
     `prompt` as TRL reads it): the sampler renders the messages with the chat template; everywhere else it is the
-    messages' text, one "role: content" line each."""
+    messages' text, one "role: content" line each. Its answer starts are a Prompt's."""
 
     messages: list = []
+    answer_start: str = ""
+    final_start: str = ""
 
-    def __new__(cls, messages: list):
+    def __new__(cls, messages: list, answer_start: str = "", final_start: str = ""):
         self = super().__new__(cls, "\n".join(f"{m['role']}: {m['content']}" for m in messages))
         self.messages = [dict(m) for m in messages]
+        self.answer_start, self.final_start = answer_start, final_start
         return self
 
-    def __reduce__(self):  # pickled with its starts, which the sampler reads (Prompt's, set on the instance)
-        return _chat, (self.messages, getattr(self, "answer_start", ""), getattr(self, "final_start", ""))
-
-
-def _chat(messages: list, answer_start: str = "", final_start: str = "") -> Chat:
-    chat = Chat(messages)
-    chat.answer_start, chat.final_start = answer_start, final_start
-    return chat
+    def __reduce__(self):  # pickled with its starts, which the sampler reads
+        return Chat, (self.messages, self.answer_start, self.final_start)

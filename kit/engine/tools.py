@@ -256,16 +256,14 @@ def act(team, requests, G: int, params, *, worlds: list[dict], host, roles: list
 
 
 def _with(prompt, extra: str):
-    """The prompt with what reset returned added to its (last user) content, keeping its answer start."""
+    """The prompt with what reset returned added to its (last user) content, keeping its answer starts."""
     from kit.engine.prompts import Prompt
 
     if getattr(prompt, "messages", None):
         messages = [dict(m) for m in prompt.messages]
         last = max(i for i, m in enumerate(messages) if m["role"] == "user")
         messages[last]["content"] += "\n\n" + extra
-        chat = type(prompt)(messages)
-        chat.answer_start, chat.final_start = answer_start(prompt), final_start(prompt)
-        return chat
+        return type(prompt)(messages, answer_start(prompt), final_start(prompt))
     return Prompt(f"{prompt}\n\n{extra}", answer_start(prompt), final_start(prompt))
 
 

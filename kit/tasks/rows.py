@@ -63,9 +63,7 @@ class RowsTask:
                 messages[0]["content"] = f"{said}\n\n{messages[0]['content']}"
             else:
                 messages.insert(0, {"role": "system", "content": said})
-            chat = Chat(messages)
-            chat.answer_start = self.answer_start
-            out.append(chat)
+            out.append(Chat(messages, self.answer_start))
         return out
 
 
