@@ -124,6 +124,43 @@ def test_visible_examples_are_the_docstrings_not_the_hidden_tests():
     assert visible_examples(prompt) == ["assert add(1, 2) == 3"]
 
 
+def test_visible_examples_read_humanevals_one_line_forms_and_only_calls_on_literals():
+    prompt = ('def f(xs, k=0):\n    """Examples.\n'
+              '    f([1, 2]) == 3\n    f([]) ==> 0\n    f("a->b") => true\n    for f((1,), k=2) ➞ -1.5\n'
+              '    f([5])   # returns "x"\n    f(\'q\') returns None.\n    f([9]) -> 9\n'
+              '    f(a) => False\n    f([2]) -> 2 - 1 = 1\n    g(1) == 2\n    xf(1) == 2\n    f(*xs) == 1\n'
+              '    f([1, 2]) == 3\n    >>> f([7])\n    7\n    """\n')
+    assert visible_examples(prompt, "f") == [
+        "assert f([7]) == 7",  # the doctest first
+        "assert f([1, 2]) == 3", "assert f([]) == 0", 'assert f("a->b") == True',  # a separator inside a string is no split
+        "assert f((1,), k=2) == -1.5", 'assert f([5]) == "x"', "assert f('q') == None", "assert f([9]) == 9"]
+    # a variable argument, a value that is no literal, another function, a starred call: dropped; the repeat: once
+    assert visible_examples(prompt) == ["assert f([7]) == 7"]  # without the entry point, the doctests alone
+
+
+def test_humanevals_visible_examples_hold_for_its_reference_solutions():
+    """Two thirds of HumanEval's training problems show their examples only in the one-line forms; every example
+    read is right for the problem's canonical solution, but the two the dataset itself gets wrong."""
+    from kit.tasks.code import humaneval_problems
+
+    problems = humaneval_problems()
+    shown = [visible_examples(p["prompt"], p["entry_point"]) for p in problems]
+    assert sum(map(bool, shown[33:133])) == 77 and sum(map(bool, (visible_examples(p["prompt"]) for p in
+                                                                  problems[33:133]))) == 36
+    wrong = []
+    for problem, asserts in zip(problems, shown):
+        for test in asserts:
+            space = {}
+            exec(problem["reference"], space)  # the dataset's own solution (trusted), not generated code
+            try:
+                exec(test, space)
+            except AssertionError:
+                wrong.append(test)
+    assert sum(map(len, shown)) == 370 and wrong == [
+        "assert median([-10, 4, 6, 1000, 10, 20]) == 15.0",  # HumanEval/47's doctest (the median is 8.0)
+        'assert bf("Earth", "Mercury") == ("Venus")']  # HumanEval/148: a string in parentheses, meant as a tuple
+
+
 # --- the joint rollout with a scripted engine ---------------------------------------------------------------------
 
 class Scripted:

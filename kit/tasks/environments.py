@@ -9,18 +9,21 @@
                 reaches main at once, the sequential schedule; drafts read in a later round: the discussion).
                 Any task; its reward stays the task's.
     CodeTests   the code task with a test tool: `run_tests(code)` runs a draft against the problem's VISIBLE examples
-                (the >>> lines of its docstring) in the kit's sandbox, never its hidden asserts, after the problem's
-                own code and with the team's latest tested definitions of the functions it does not define (main's
-                draft runs with the helper's `aux`); the reward stays the level reward of the final answers (the task's own).
+                (its docstring's doctests and one-line `f(x) == y` examples) in the kit's sandbox, never its hidden
+                asserts, after the problem's own code and with the team's latest tested definitions of the functions
+                it does not define (main's draft runs with the helper's `aux`); the reward stays the level reward of
+                the final answers (the task's own).
 
 Each class is built once per world and reset with the world's row each step (TRL's "construct once, reset often").
 """
 
 from __future__ import annotations
 
+import ast
 import doctest
 import json
 import random
+import re
 from pathlib import Path
 
 from kit.tasks.codeparse import extract_code, parse_error, top_functions
@@ -151,14 +154,18 @@ class Board:
 
 
 # what a run_tests result ends with: the next step, as a final answer is what the reward reads (the untrained 0.5B coder,
-# told nothing, sent the same call again until its calls ran out: bench/README.md, "CodeTests")
+# told nothing, sent the same call again until its calls ran out: bench/README.md, "CodeTests"). FIX reads right with
+# or without a call left (the environment does not know the budget; before, it said "call run_tests again", and
+# NO_CALLS_LEFT after it said the opposite to an agent on its last call)
 DONE = "Now give your final code in a ```python block, without a call."
-FIX = "Fix the code, then call run_tests again or give your final code in a ```python block."
+FIX = ("Fix the code and give your final code in a ```python block (test it with run_tests first if you have a call "
+       "left).")
 
 
 class CodeTests:
     """The code task's helper and main may call `run_tests(code)` on a draft before answering: the draft runs in the
-    kit's sandbox against the problem's visible examples (its docstring's >>> lines), never the hidden asserts.
+    kit's sandbox against the problem's visible examples (`visible_examples`: its docstring's), never the hidden
+    asserts.
 
     A draft runs as the answer will: after the problem's own code (its imports, e.g. HumanEval's `from typing import
     List`), and with the team's latest tested definitions of the functions it does not define itself (main's draft
@@ -176,7 +183,7 @@ class CodeTests:
         """Tells the agents of the tool when the problem has examples to run (else they are told nothing: the tool
         could only say that the code runs)."""
         self.prompt, self.entry_point, self.context = str(prompt), str(entry_point), str(context or "")
-        self.examples, self.drafts = visible_examples(self.prompt), {}
+        self.examples, self.drafts = visible_examples(self.prompt, self.entry_point), {}
         if self.examples:
             return (f"You can check a draft before you answer: run_tests(code) runs it (with your teammate's latest "
                     f"tested functions that it calls) on the docstring's {len(self.examples)} example(s) and says "
@@ -220,12 +227,54 @@ class CodeTests:
         return "\n".join(lines) + "\n" + (DONE if all(result.passed) else FIX)
 
 
-def visible_examples(prompt: str) -> list[str]:
-    """The doctest examples of a prompt as asserts (`>>> f(1)` then `2` -> `assert f(1) == 2`)."""
+def visible_examples(prompt: str, entry_point: str = "") -> list[str]:
+    """The examples a problem's statement shows, as asserts: its doctests (`>>> f(1)` then `2` -> `assert f(1) == 2`),
+    then, given the entry point, its one-line examples in the other forms HumanEval writes them in (`f(1) == 2`,
+    `f(1) ==> 2`, `f(1) => 2`, `f(1) ➞ 2`, `f(1) -> 2`, `f(1)  # returns 2`, `f(1) returns 2`; `true`/`false` read as
+    Python's). A one-line example is kept only when it is a call of the entry point on literal arguments and its value
+    is a literal (`is_happy(a) => False` names a variable the draft cannot have, `f(5) -> 5 - 1 = 4` is no value):
+    an example that cannot run would fail every draft. Each assert once, in the order written."""
     out = []
     for example in doctest.DocTestParser().get_examples(prompt):
         source = example.source.strip()
         want = example.want.split('"""')[0].split("'''")[0].strip()  # the docstring's end is not the value
         if source and want and "\n" not in source:
             out.append(f"assert {source} == {want}")
-    return out
+    if entry_point:
+        call = re.compile(rf"(?<![\w.]){re.escape(entry_point)}\s*\(")
+        for line in prompt.splitlines():
+            start = call.search(line)
+            if start and not line.lstrip().startswith(">>>"):
+                out.extend(_line_example(line[start.start():], entry_point)[:1])
+    return list(dict.fromkeys(out))
+
+
+# what separates a call from its value in HumanEval's one-line examples, longest first at each position
+_GIVES = re.compile(r"==>|=>|==|➞|->|→|#\s*(?:returns?|=>|->|==>)|\bshould return\b|\breturns?\b")
+_WORDS = {"true": "True", "false": "False"}
+
+
+def _line_example(text: str, entry_point: str) -> list[str]:
+    """`text` (a line from the entry point's call on) as `[assert <call> == <value>]`, split at the first separator
+    that leaves a call of the entry point on literals and a literal value; [] when none does."""
+    for gives in _GIVES.finditer(text):
+        left, right = text[:gives.start()].strip(), text[gives.end():].strip().rstrip(".,;").strip()
+        right = _WORDS.get(right, right)
+        try:
+            node = ast.parse(left, mode="eval").body
+            ast.literal_eval(right)
+        except (SyntaxError, ValueError, TypeError, MemoryError, RecursionError):
+            continue
+        if (isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == entry_point
+                and all(_literal(arg) for arg in [*node.args, *(kw.value for kw in node.keywords)])
+                and not any(isinstance(arg, ast.Starred) for arg in node.args)):
+            return [f"assert {left} == {right}"]
+    return []
+
+
+def _literal(node: ast.AST) -> bool:
+    try:
+        ast.literal_eval(node)
+    except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
+        return False
+    return True
