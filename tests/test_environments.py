@@ -580,6 +580,19 @@ def test_a_code_draft_runs_after_the_problems_imports_and_with_the_teams_latest_
     assert said.startswith("the code does not parse: SyntaxError: ") and said.endswith(f" (line 2: def aux(0):)\n{FIX}")
 
 
+def test_a_code_test_tool_reads_humanevals_one_line_examples():
+    from kit.tasks.code import humaneval_problems
+    from kit.tasks.environments import DONE, FIX, CodeTests
+
+    item = next(p for p in humaneval_problems() if p["id"] == "HumanEval/69")  # search(): `search([...]) == 2` lines
+    env = CodeTests()
+    assert "3 example(s)" in env.reset(**item)  # without them: no example, and the agents not told of the tool
+    right = env.run_tests(item["reference"])  # the problem's stub and its canonical body
+    assert right.count("ok: assert search(") == 3 and right.endswith(DONE)
+    wrong = env.run_tests("def search(lst):\n    return -1\n")
+    assert "FAILED: assert search([4, 1, 2, 2, 3, 1]) == 2" in wrong and wrong.endswith(FIX)
+
+
 def test_a_built_in_task_runs_with_an_environment(tmp_path):
     from kit.run import rundir
     from kit.trainers.trainer import Trainer
