@@ -149,9 +149,9 @@ def test_humanevals_visible_examples_hold_for_its_reference_solutions():
                                                                   problems[33:133]))) == 36
     wrong = []
     for problem, asserts in zip(problems, shown):
+        space = {}
+        exec(problem["reference"], space)  # the dataset's own solution (trusted), not generated code
         for test in asserts:
-            space = {}
-            exec(problem["reference"], space)  # the dataset's own solution (trusted), not generated code
             try:
                 exec(test, space)
             except AssertionError:

@@ -245,8 +245,8 @@ def visible_examples(prompt: str, entry_point: str = "") -> list[str]:
         for line in prompt.splitlines():
             start = call.search(line)
             if start and not line.lstrip().startswith(">>>"):
-                out.extend(_line_example(line[start.start():], entry_point)[:1])
-    return list(dict.fromkeys(out))
+                out.append(_line_example(line[start.start():], entry_point))
+    return list(dict.fromkeys(test for test in out if test))
 
 
 # what separates a call from its value in HumanEval's one-line examples, longest first at each position
@@ -254,22 +254,20 @@ _GIVES = re.compile(r"==>|=>|==|➞|->|→|#\s*(?:returns?|=>|->|==>)|\bshould r
 _WORDS = {"true": "True", "false": "False"}
 
 
-def _line_example(text: str, entry_point: str) -> list[str]:
-    """`text` (a line from the entry point's call on) as `[assert <call> == <value>]`, split at the first separator
-    that leaves a call of the entry point on literals and a literal value; [] when none does."""
+def _line_example(text: str, entry_point: str) -> str:
+    """`text` (a line from the entry point's call on) as `assert <call> == <value>`, split at the first separator
+    that leaves a call of the entry point on literals and a literal value; "" when none does."""
     for gives in _GIVES.finditer(text):
         left, right = text[:gives.start()].strip(), text[gives.end():].strip().rstrip(".,;").strip()
         right = _WORDS.get(right, right)
         try:
-            node = ast.parse(left, mode="eval").body
-            ast.literal_eval(right)
-        except (SyntaxError, ValueError, TypeError, MemoryError, RecursionError):
+            call, value = ast.parse(left, mode="eval").body, ast.parse(right, mode="eval").body
+        except (SyntaxError, ValueError, MemoryError, RecursionError):
             continue
-        if (isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == entry_point
-                and all(_literal(arg) for arg in [*node.args, *(kw.value for kw in node.keywords)])
-                and not any(isinstance(arg, ast.Starred) for arg in node.args)):
-            return [f"assert {left} == {right}"]
-    return []
+        if (isinstance(call, ast.Call) and isinstance(call.func, ast.Name) and call.func.id == entry_point
+                and all(map(_literal, [value, *call.args, *(kw.value for kw in call.keywords)]))):
+            return f"assert {left} == {right}"  # a starred argument is no literal
+    return ""
 
 
 def _literal(node: ast.AST) -> bool:
