@@ -61,16 +61,21 @@ def test_a_cut_prompt_keeps_its_start_at_the_end():
     ("tool", ['<tool_call>\n{{"name": "run_tests", "arguments": {{"code": "def aux(',
               '<tool_call>\n{{"name": "run_tests", "arguments": {{"code": "def {entry}(']),
     ("board", ['<tool_call>\n{{"name": "post", "arguments": {{"text": "def aux(',
-               '<tool_call>\n{{"name": "read", "arguments": {{'])])
+               '<tool_call>\n{{"name": "read", "arguments": {{']),
+    ("discussion", ['<tool_call>\n{{"name": "post", "arguments": {{"text": "def aux(',
+                    '<tool_call>\n{{"name": "post", "arguments": {{"text": "def {entry}('])])
 def test_the_code_task_starts_the_answers_prefill_names_in_every_turn_and_baseline(prefill, starts):
     task = make_task(dataset="coop", prefill=prefill)
     item = task.load("eval")[0]
     want = [s.format(entry=item["entry_point"]) for s in starts]
-    assert [answer_start(p) for p in task.prompts(item)] == want
+    # `discussion` schedules a second round, a read of the board, for both agents (Prompt.round_starts)
+    rounds = [('<tool_call>\n{"name": "read", "arguments": {',)] * 2 if prefill == "discussion" else [(), ()]
     reward = task.reward(item, ("def aux(x):\n    return x", "def f(): pass"))
-    assert [answer_start(p) for p in task.feedback(item, ("", ""), reward)] == want
-    assert [answer_start(sequential_prompt(task, item, a, ("x",) * a)) for a in range(2)] == want
-    assert [answer_start(discussion_prompt(task, item, a, ("x", "y"))) for a in range(2)] == want
+    for prompts in (task.prompts(item), task.feedback(item, ("", ""), reward),
+                    [sequential_prompt(task, item, a, ("x",) * a) for a in range(2)],
+                    [discussion_prompt(task, item, a, ("x", "y")) for a in range(2)]):
+        assert [answer_start(p) for p in prompts] == want
+        assert [getattr(p, "round_starts", ()) for p in prompts] == rounds
     assert answer_start(task.single_prompt(item)) == {"none": "", "tool": want[0]}.get(prefill, HELPER_START)
 
 

@@ -16,6 +16,7 @@ from kit.engine.rollout import SamplingParams
 from kit.run.config import ConfigError, load_config
 from kit.sandbox.envhost import EnvHost, EnvironmentClassError
 from kit.tasks import TaskArgError
+from kit.tasks.code import READ_START
 from kit.tasks.environments import KeyHalves, key_rows, visible_examples
 
 QUIET = dict(log=lambda *_: None)
@@ -811,6 +812,43 @@ def test_prefill_board_is_the_sequential_schedule_main_reads_the_helpers_posted_
     assert task.reward(item, (ro.texts[0][0], ro.texts[1][0])).parts["tests"] == pytest.approx(1.0)
 
 
+class PostsThenReadsThenAnswers(Scripted):
+    """An engine that goes on from the code task's `prefill: discussion` starts: in round 0 each agent the rest of a
+    post of its own draft, in round 1 the rest of the read its round is started with; after the read's results, its
+    final code."""
+
+    POSTS = {"agent_0": 'xs):\\n    s = sorted(xs)\\n    return min(b - a for a, b in zip(s, s[1:]))"}}\n</tool_call>',
+             "agent_1": 'numbers, threshold):\\n    return aux(numbers) < threshold"}}\n</tool_call>'}
+
+    def answer(self, context, adapter):
+        if context.endswith(('"text": "def aux(', '"text": "def has_close_elements(')):
+            return self.POSTS[adapter]
+        if context.endswith('"arguments": {'):
+            return '}}\n</tool_call>'
+        return f"```python\n{PostsThenReads.FINAL[adapter]}\n```"
+
+
+def test_prefill_discussion_posts_both_drafts_then_each_agent_reads_both():
+    then = "Now give your final code in a ```python block, without a call."
+    task, item, prompts, ro, tok = coder_act(PostsThenReadsThenAnswers, "discussion", "kit.tasks.environments:Board",
+                                             {"next_step": then}, max_tool_calls=2)
+    assert [p.round_starts for p in prompts] == [(READ_START,), (READ_START,)]
+    assert prompts[1].answer_start.endswith('{"name": "post", "arguments": {"text": "def has_close_elements(')
+    assert ro.tool_calls == 4  # a post and a read each
+    for a in range(2):
+        post, read = ro.transcripts[a][0].split("<tool_response>")[1:]
+        assert post.lstrip().startswith("posted (") and tools.NO_CALLS_LEFT not in post  # a call left: the read
+        assert ro.transcripts[a][0].count(READ_START) == 1  # round 1 started as the read, once
+        # both drafts were posted in round 0, before either agent read in round 1: each reads both, whole
+        assert "[agent 1]\ndef aux(xs):\n    s = sorted(xs)\n" in read
+        assert "[agent 2]\ndef has_close_elements(numbers, threshold):\n    return aux(numbers) < threshold" in read
+        assert f"{then}\n{tools.NO_CALLS_LEFT}\n</tool_response>" in read
+    assert task.reward(item, (ro.texts[0][0], ro.texts[1][0])).parts["tests"] == pytest.approx(1.0)
+    seg = ro.segments[0]  # the read's start is in the helper's ids, off the mask (it was not sampled)
+    sampled = tok.decode(seg.input_ids[0, seg.prompt_len:][seg.completion_mask[0].bool()])
+    assert '"name": "read"' not in sampled
+
+
 @pytest.mark.parametrize("prefill, environment", [("board", "kit.tasks.environments:CodeTests"),
                                                    ("tool", "kit.tasks.environments:Board")])
 def test_an_answer_started_as_a_call_of_a_tool_the_environment_lacks_is_refused(prefill, environment):
@@ -829,10 +867,17 @@ def test_an_answer_started_as_a_call_of_another_roles_tool_is_refused(team, keys
                   host=keys, roles=team.roles, max_tool_calls=1)
 
 
-@pytest.mark.parametrize("prefill", ["tool", "board"])
+@pytest.mark.parametrize("prefill", ["tool", "board", "discussion"])
 def test_a_tool_prefill_needs_an_environment(prefill):
-    with pytest.raises(ConfigError, match="prefill: tool or board only with an environment"):
+    with pytest.raises(ConfigError, match="prefill: tool, board or discussion only with an environment"):
         load_config("tiny_cpu", overrides=["task=code", f"task_args={{dataset: coop, prefill: {prefill}}}"])
+
+
+def test_prefill_discussion_needs_two_calls():
+    board = ["task=code", "task_args={dataset: coop, prefill: discussion}", "environment=kit.tasks.environments:Board"]
+    with pytest.raises(ConfigError, match="max_tool_calls.*>= 2 with prefill: discussion"):
+        load_config("tiny_cpu", overrides=[*board, "max_tool_calls=1"])
+    assert load_config("tiny_cpu", overrides=[*board, "max_tool_calls=2"]).max_tool_calls == 2
 
 
 def test_evaluation_leaves_no_environment_process_behind(tmp_path, monkeypatch):

@@ -19,7 +19,7 @@ from __future__ import annotations
 import time
 
 from kit.analysis.evaluate import parallel_joints, progress, sample_turns, say_estimate, score, summarize_turns
-from kit.tasks import Prompt, answer_start, has
+from kit.tasks import Prompt, has, starts
 from kit.tasks.game import is_game
 
 METHODS = ("single", "naive", "sequential", "discussion")
@@ -31,7 +31,7 @@ def sequential_prompt(task, item: dict, agent: int, earlier: tuple[str, ...]) ->
     roles = getattr(task, "roles", [f"agent_{i}" for i in range(len(earlier) + 1)])
     shown = "\n\n".join(f"Your teammate ({roles[i]}) wrote:\n{text.strip()}" for i, text in enumerate(earlier))
     own = task.prompts(item)[agent]
-    return Prompt(f"{own}\n{shown}\n\nNow write your part. Output only your part.", answer_start(own))
+    return Prompt(f"{own}\n{shown}\n\nNow write your part. Output only your part.", **starts(own))
 
 
 def discussion_prompt(task, item: dict, agent: int, first: tuple[str, ...]) -> str:
@@ -42,7 +42,7 @@ def discussion_prompt(task, item: dict, agent: int, first: tuple[str, ...]) -> s
                          for i, t in enumerate(first) if i != agent)
     own = task.prompts(item)[agent]
     return Prompt(f"{own}\nYour first answer:\n{first[agent].strip()}\n\n{others}\n\n"
-                  "Revise your answer so that the two fit together. Output only your part.", answer_start(own))
+                  "Revise your answer so that the two fit together. Output only your part.", **starts(own))
 
 
 def run_method(method: str, sampler, task, cfg, items: list[dict], n: int, scorer) -> dict:

@@ -14,18 +14,22 @@ class Prompt(str):
 
     `final_start`, for an agent with tools: the text its answer is started with after the results of its last
     allowed call (kit/engine/tools.py), when that answer can no longer be a call; off the loss mask, and in front
-    of the text the reward reads, as `answer_start` is."""
+    of the text the reward reads, as `answer_start` is. `round_starts`, for an agent with tools: `round_starts[i]`
+    starts its text of round i + 1, after the results of its calls of round i, while it has calls left (a schedule
+    of calls: the code task's `prefill: discussion` posts a draft in round 0 and starts round 1 as a read); a round
+    past them is the agent's own."""
 
     answer_start: str = ""
     final_start: str = ""
+    round_starts: tuple = ()
 
-    def __new__(cls, text: str, answer_start: str = "", final_start: str = ""):
+    def __new__(cls, text: str, answer_start: str = "", final_start: str = "", round_starts: tuple = ()):
         self = super().__new__(cls, text)
-        self.answer_start, self.final_start = answer_start, final_start
+        self.answer_start, self.final_start, self.round_starts = answer_start, final_start, tuple(round_starts)
         return self
 
     def __reduce__(self):  # pickled (a process pool, the distributed run) with its starts
-        return Prompt, (str(self), self.answer_start, self.final_start)
+        return Prompt, (str(self), self.answer_start, self.final_start, self.round_starts)
 
 
 def answer_start(prompt: str) -> str:
@@ -38,6 +42,18 @@ def final_start(prompt: str) -> str:
     return getattr(prompt, "final_start", "")
 
 
+def round_start(prompt: str, round_: int) -> str:
+    """The text an agent's round `round_` (>= 1, with calls left) is started with ("" past its round_starts)."""
+    given = getattr(prompt, "round_starts", ())
+    return given[round_ - 1] if 0 < round_ <= len(given) else ""
+
+
+def starts(prompt: str) -> dict:
+    """A prompt's answer starts as keyword arguments, to build another Prompt or Chat with them."""
+    return dict(answer_start=answer_start(prompt), final_start=final_start(prompt),
+                round_starts=getattr(prompt, "round_starts", ()))
+
+
 class Chat(str):
     """A prompt given as chat messages (`[{"role": "system" | "user" | "assistant", "content": ...}]`, a JSONL row's
     `prompt` as TRL reads it): the sampler renders the messages with the chat template; everywhere else it is the
@@ -46,12 +62,13 @@ class Chat(str):
     messages: list = []
     answer_start: str = ""
     final_start: str = ""
+    round_starts: tuple = ()
 
-    def __new__(cls, messages: list, answer_start: str = "", final_start: str = ""):
+    def __new__(cls, messages: list, answer_start: str = "", final_start: str = "", round_starts: tuple = ()):
         self = super().__new__(cls, "\n".join(f"{m['role']}: {m['content']}" for m in messages))
         self.messages = [dict(m) for m in messages]
-        self.answer_start, self.final_start = answer_start, final_start
+        self.answer_start, self.final_start, self.round_starts = answer_start, final_start, tuple(round_starts)
         return self
 
     def __reduce__(self):  # pickled with its starts, which the sampler reads
-        return Chat, (self.messages, self.answer_start, self.final_start)
+        return Chat, (self.messages, self.answer_start, self.final_start, self.round_starts)

@@ -14,7 +14,9 @@ per turn) gets each call run in its world, in agent order, and the results appen
 turn, rendered by the template and tokenized on its own: the ids of the history are extended, never re-tokenized.
 The results of an agent's last allowed call end with NO_CALLS_LEFT (its next text is its answer), and that answer
 is started with the prompt's `final_start` when it has one (kit/engine/prompts.py: the code task's
-`code_after_tools`), off the mask like the tool turn and in front of the text the reward reads.
+`code_after_tools`), off the mask like the tool turn and in front of the text the reward reads; a round before it is
+started with the prompt's `round_starts` (a schedule of calls: the code task's `prefill: discussion`, a post, then a
+read), parsed with its start as a prefilled first call is.
 A round stops at the end of its first complete call (`</tool_call>`, a stop string as vLLM-served agents use), or of
 the last of several written one after another (parallel calls: their results come back in one tool turn); what
 follows is dropped, and the template's end of the assistant turn opens the tool turn. A row without a call (or out
@@ -48,7 +50,7 @@ from dataclasses import dataclass, field
 import torch
 
 from kit.engine import carry
-from kit.engine.prompts import answer_start, final_start
+from kit.engine.prompts import answer_start, final_start, round_start, starts
 from kit.engine.rollout import (Rollout, Sampler, Segment, completion_mask, engine_for, eos_ids, left_pad,
                                 sampling_config)
 from kit.engine.sampling import row_seed
@@ -78,7 +80,7 @@ class _Row:
     pending: list = field(default_factory=list)  # this round's calls, run after every base's generation
     end_text: str = ""  # how the round's text ended (its EOS token's text; "" when stopped at </tool_call>)
     answer_round: int = 0
-    lead: str = ""  # the final answer's start, put after the tool turn of its last allowed call
+    lead: str = ""  # the start put after the tool turn of its last round: its final answer's, or its next round's
     kv: list | None = None  # per layer (keys, values) of the row's first `cached` tokens, carried between rounds
     cached: int = 0
 
@@ -135,8 +137,9 @@ def act(team, requests, G: int, params, *, worlds: list[dict], host, roles: list
     if len(requests) != len(worlds) * N:
         raise ValueError(f"{len(requests)} requests for {len(worlds)} worlds of {N} agents: give one row per group "
                          "of N requests (one request per agent)")
-    for agent, prompt in requests:  # an answer started as a call of a tool its agent lacks: refused at once
-        lacking = [t for t in started_calls(answer_start(prompt)) if t not in host.tools_for(roles[agent])]
+    for agent, prompt in requests:  # an answer (or a round) started as a call of a tool its agent lacks: refused at once
+        lacking = [t for start in (answer_start(prompt), *getattr(prompt, "round_starts", ()))
+                   for t in started_calls(start) if t not in host.tools_for(roles[agent])]
         if lacking:
             where = getattr(host, "spec", "the environment")
             why = (f"{where} gives it to another role (tools_by_role)" if lacking[0] in host.tools else
@@ -210,7 +213,7 @@ def act(team, requests, G: int, params, *, worlds: list[dict], host, roles: list
                 r.mask += [1] * length
                 r.logp += logprobs[i, :length].float().tolist()
                 text = tok.decode(new, skip_special_tokens=True)
-                start = answer_start(requests[r.k][1]) if round_ == 0 else ""  # a prefilled call starts in the prompt
+                start = answer_start(requests[r.k][1]) if round_ == 0 else r.lead  # a started call: its start too
                 calls = parse_calls(start + text, host.tools) if (ended or stopped) and r.calls_left > 0 else []
                 if calls and sum(r.mask) < params.max_new_tokens:
                     r.end_text = tok.decode(new[-1:]) if new[-1] in eos else ""  # stopped at </tool_call>: the
@@ -234,6 +237,8 @@ def act(team, requests, G: int, params, *, worlds: list[dict], host, roles: list
             if r.calls_left <= 0:  # told, so that its next text is its answer and not a call that will not run
                 results[-1] = f"{results[-1]}\n{NO_CALLS_LEFT}"
                 r.lead = final_start(requests[r.k][1])  # and that answer started, if the prompt says how
+            else:  # its next round started, if the prompt schedules it (round_starts)
+                r.lead = round_start(requests[r.k][1], round_ + 1)
             r.calls += len(r.pending)
             out.tool_calls += len(r.pending)
             r.pending = []
@@ -263,8 +268,8 @@ def _with(prompt, extra: str):
         messages = [dict(m) for m in prompt.messages]
         last = max(i for i, m in enumerate(messages) if m["role"] == "user")
         messages[last]["content"] += "\n\n" + extra
-        return type(prompt)(messages, answer_start(prompt), final_start(prompt))
-    return Prompt(f"{prompt}\n\n{extra}", answer_start(prompt), final_start(prompt))
+        return type(prompt)(messages, **starts(prompt))
+    return Prompt(f"{prompt}\n\n{extra}", **starts(prompt))
 
 
 def _run(host, calls: list[tuple[_Row, dict]], roles: list[str]) -> list[str]:

@@ -83,11 +83,13 @@ def validate(cfg: TrainConfig) -> TrainConfig:
     need(cfg.tool_workers >= 1, "tool_workers", "an integer >= 1 (the environment's processes)")
     need(cfg.tool_workers == 1 or bool(cfg.environment), "tool_workers",
          "1 without an environment (its processes run the environment's tools)")
-    need(not (cfg.task == "code" and isinstance(cfg.task_args, dict)
-              and cfg.task_args.get("prefill") in ("tool", "board")) or bool(cfg.environment), "task_args",
-         "prefill: tool or board only with an environment that has the tools it calls: run_tests "
+    prefill = cfg.task_args.get("prefill") if cfg.task == "code" and isinstance(cfg.task_args, dict) else None
+    need(prefill not in ("tool", "board", "discussion") or bool(cfg.environment), "task_args",
+         "prefill: tool, board or discussion only with an environment that has the tools it calls: run_tests "
          "(environment=kit.tasks.environments:CodeTests) or post and read (kit.tasks.environments:Board); "
          "each answer starts as a call of one")
+    need(prefill != "discussion" or cfg.max_tool_calls >= 2, "max_tool_calls",
+         ">= 2 with prefill: discussion (each agent posts its draft, then reads the board: two calls)")
     if cfg.environment:
         need(cfg.joint_mode == "aligned", "joint_mode", "aligned with an environment (the agents' g-th samples act "
              "on one world; cross pairs samples that never met)")

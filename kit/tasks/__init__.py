@@ -25,7 +25,7 @@ from pathlib import Path
 from dataclasses import dataclass, field
 from typing import Callable, Protocol, runtime_checkable
 
-from kit.engine.prompts import Prompt, answer_start  # noqa: F401  (the tasks' prompts; re-exported)
+from kit.engine.prompts import Prompt, answer_start, starts  # noqa: F401  (the tasks' prompts; re-exported)
 
 
 @runtime_checkable

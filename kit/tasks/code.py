@@ -70,7 +70,8 @@ Instructions:
 
 
 DATASETS = ("humaneval", "coop", "mbpp")  # bundled or offline; hub:<name> besides
-PREFILLS = ("none", "helper", "both", "tool", "board")  # whose answers the sampler starts, and how (CodeTask.started)
+PREFILLS = ("none", "helper", "both", "tool", "board", "discussion")  # whose answers the sampler starts, and how
+CALLING = ("tool", "board", "discussion")  # the prefills that start answers as tool calls (they need an environment)
 HELPER_START = "```python\ndef aux("
 MAIN_START = "```python\ndef {entry}("
 # `prefill: tool`, with environment=kit.tasks.environments:CodeTests: each agent's answer starts as a call of the
@@ -85,6 +86,11 @@ TOOL_START = '<tool_call>\n{{"name": "run_tests", "arguments": {{"code": "def {n
 # same round, then both give their final code.
 POST_START = '<tool_call>\n{"name": "post", "arguments": {"text": "def aux('
 READ_START = '<tool_call>\n{"name": "read", "arguments": {'
+# `prefill: discussion`, with the Board and max_tool_calls=2: the discussion schedule as tool calls. Each agent's answer
+# starts as a post of its own draft (the helper's `aux`, main's entry point), its second round as a read of the board
+# (Prompt.round_starts): both drafts are posted before either is read, so each reads the other's first draft (and its
+# own), then both give their final code, as the discussion baseline revises after seeing the first answers.
+POST_MAIN_START = '<tool_call>\n{"name": "post", "arguments": {"text": "def '
 
 SINGLE_PROMPT = """Solve this coding problem with two functions: a helper `aux` and `{entry}`, which calls `aux`.
 
@@ -125,9 +131,9 @@ class CodeTask:
         check_arg(data_file is None or (isinstance(data_file, str) and dataset == "coop"), "data_file", data_file,
                   "null, or the path of a YAML file of problems in the coop format, with dataset=coop")
         check_arg(prefill in PREFILLS, "prefill", prefill, f"one of {', '.join(PREFILLS)}")
-        check_arg(isinstance(code_after_tools, bool) and (not code_after_tools or prefill in ("tool", "board")),
-                  "code_after_tools", code_after_tools, "true or false; true only with prefill: tool or board (the "
-                  "answers that start as calls)")
+        check_arg(isinstance(code_after_tools, bool) and (not code_after_tools or prefill in CALLING),
+                  "code_after_tools", code_after_tools, "true or false; true only with prefill: tool, board or "
+                  "discussion (the answers that start as calls)")
         self.data_file = data_file or COOP_FILE
         self.prefill, self.code_after_tools = prefill, code_after_tools
         self.num_agents = num_agents
@@ -180,15 +186,18 @@ class CodeTask:
         """The prompts with their answers started as `prefill` asks: the helper's `def aux(`, main's `def <entry>(`
         (a small model told to write `aux` mostly writes the entry point instead; SmolLM2-135M defines `aux` in 1
         of 64 samples unstarted, bench/README.md); `tool`: each answer started as a run_tests call on that draft;
-        `board`: the helper's as a post of its aux draft, main's as a read of the board. `code_after_tools` (with
-        `tool` or `board`): the answer after an agent's last allowed call started as its code, as `both` starts it
-        (Prompt.final_start)."""
+        `board`: the helper's as a post of its aux draft, main's as a read of the board; `discussion`: each as a
+        post of its own draft, its second round as a read (Prompt.round_starts). `code_after_tools` (with `tool`,
+        `board` or `discussion`): the answer after an agent's last allowed call started as its code, as `both`
+        starts it (Prompt.final_start)."""
         code = (HELPER_START, MAIN_START.format(entry=item["entry_point"]))
         starts = {"none": ("", ""), "helper": (HELPER_START, ""), "both": code,
                   "tool": (TOOL_START.format(name=AUX), TOOL_START.format(name=item["entry_point"])),
-                  "board": (POST_START, READ_START)}[self.prefill]
+                  "board": (POST_START, READ_START),
+                  "discussion": (POST_START, f"{POST_MAIN_START}{item['entry_point']}(")}[self.prefill]
         finals = code if self.code_after_tools else ("", "")
-        return [Prompt(p, s, f) if s else p for p, s, f in zip(prompts, starts, finals)]
+        rounds = (READ_START,) if self.prefill == "discussion" else ()
+        return [Prompt(p, s, f, rounds) if s else p for p, s, f in zip(prompts, starts, finals)]
 
     # --- reward
 
@@ -259,7 +268,7 @@ class CodeTask:
         """The fixed single-model baseline: one model writes both functions."""
         text = SINGLE_PROMPT.format(prompt=item["prompt"].rstrip() + "\n", entry=item["entry_point"])
         start = TOOL_START.format(name=AUX) if self.prefill == "tool" else HELPER_START  # it writes aux first (with
-        # `board`, a plain start: no teammate would read its post)
+        # `board` or `discussion`, a plain start: no teammate would read its post)
         return Prompt(text, start, HELPER_START if self.code_after_tools else "") if self.prefill != "none" else text
 
     def split_single(self, item: dict, text: str) -> tuple[str, str]:
