@@ -22,6 +22,9 @@ one, against the game's exact optimum (1.0).
         humaneval, prefill: tool, code_after_tools: true}" environment=kit.tasks.environments:CodeTests \
         max_new_tokens=480 max_tool_calls=1 micro_batch_size=1 learning_rate=3e-5 num_steps=10 eval_every=0 \
         save_every=5    # the test tool, then the final answer started as code
+    python bench/environments.py train --preset coder_code --name coopdisc --seeds 23 --n 1 --set "task_args={dataset: \
+        coop, prefill: discussion, code_after_tools: true}" environment=kit.tasks.environments:Board \
+        max_new_tokens=480 max_tool_calls=2 micro_batch_size=1 num_steps=10 eval_every=0 save_every=5   # discussion
     python bench/environments.py cache --items 1             # tool rounds from the carried KV cache vs not
 
 Each run is the preset with `--set seed=S`, trained in checkpoints/env_bench/<preset>_s<S> (git-ignored), with the

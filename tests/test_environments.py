@@ -857,10 +857,13 @@ def test_an_answer_started_as_a_call_of_a_tool_the_environment_lacks_is_refused(
         coder_act(CallsFirst, prefill, environment)
 
 
-def test_an_answer_started_as_a_call_of_another_roles_tool_is_refused(team, keys):
+@pytest.mark.parametrize("where", ["answer", "round"])
+def test_an_answer_started_as_a_call_of_another_roles_tool_is_refused(team, keys, where):
     from kit.engine.prompts import Prompt
 
-    requests = [(0, Prompt("Hand in the key.", '<tool_call>{"name": "read_right", "arguments": {}}')), (1, "Go.")]
+    call = '<tool_call>{"name": "read_right", "arguments": {}}'  # a start of its first round, or of a later one
+    prompt = Prompt("Hand in the key.", call) if where == "answer" else Prompt("Hand in the key.", round_starts=(call,))
+    requests = [(0, prompt), (1, "Go.")]
     with pytest.raises(ValueError, match="left's answer is started as a call of 'read_right', and "
                                          "kit.tasks.environments:KeyHalves gives it to another role"):
         tools.act(team, requests, 1, SamplingParams(max_new_tokens=20), worlds=[{"id": "k", "key": "123456"}],
