@@ -79,6 +79,12 @@ def test_the_code_task_starts_the_answers_prefill_names_in_every_turn_and_baseli
     assert answer_start(task.single_prompt(item)) == {"none": "", "tool": want[0]}.get(prefill, HELPER_START)
 
 
+@pytest.mark.parametrize("rounds", ["read", ("read", 1)])
+def test_round_starts_are_a_tuple_of_strings(rounds):
+    with pytest.raises(TypeError, match="round_starts=.*a tuple of strings"):
+        Prompt("task", round_starts=rounds)
+
+
 def test_a_bad_prefill_names_the_choices():
     with pytest.raises(TaskArgError, match="prefill.*none, helper, both"):
         make_task(dataset="coop", prefill="yes")

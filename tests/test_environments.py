@@ -717,7 +717,7 @@ class CallsFirst(Scripted):
 
 
 def coder_act(engine, prefill: str, environment: str, args: dict | None = None, max_tool_calls: int = 1,
-              **task_args):
+              max_new_tokens: int = 400, **task_args):
     """One joint rollout of a helper and main scripted by `engine` on HumanEval's first held-out problem
     (has_close_elements: 2 docstring examples), started as `prefill` asks, one call each unless `max_tool_calls`:
     (task, item, prompts, rollout, tokenizer)."""
@@ -732,7 +732,7 @@ def coder_act(engine, prefill: str, environment: str, args: dict | None = None, 
     prompts = task.prompts(item)
     host = EnvHost(environment, timeout_s=30, args=args)
     try:
-        ro = tools.act(team, [(a, prompts[a]) for a in range(2)], 1, SamplingParams(max_new_tokens=400), worlds=[item],
+        ro = tools.act(team, [(a, prompts[a]) for a in range(2)], 1, SamplingParams(max_new_tokens=max_new_tokens), worlds=[item],
                        host=host, roles=team.roles, max_tool_calls=max_tool_calls, keys=[("t", a) for a in range(2)])
     finally:
         host.close()
@@ -829,9 +829,8 @@ class PostsThenReadsThenAnswers(Scripted):
 
 
 def test_prefill_discussion_posts_both_drafts_then_each_agent_reads_both():
-    then = "Now give your final code in a ```python block, without a call."
     task, item, prompts, ro, tok = coder_act(PostsThenReadsThenAnswers, "discussion", "kit.tasks.environments:Board",
-                                             {"next_step": then}, max_tool_calls=2)
+                                             max_tool_calls=2)
     assert [p.round_starts for p in prompts] == [(READ_START,), (READ_START,)]
     assert prompts[1].answer_start.endswith('{"name": "post", "arguments": {"text": "def has_close_elements(')
     assert ro.tool_calls == 4  # a post and a read each
@@ -842,11 +841,28 @@ def test_prefill_discussion_posts_both_drafts_then_each_agent_reads_both():
         # both drafts were posted in round 0, before either agent read in round 1: each reads both, whole
         assert "[agent 1]\ndef aux(xs):\n    s = sorted(xs)\n" in read
         assert "[agent 2]\ndef has_close_elements(numbers, threshold):\n    return aux(numbers) < threshold" in read
-        assert f"{then}\n{tools.NO_CALLS_LEFT}\n</tool_response>" in read
+        assert f"{tools.NO_CALLS_LEFT}\n</tool_response>" in read
     assert task.reward(item, (ro.texts[0][0], ro.texts[1][0])).parts["tests"] == pytest.approx(1.0)
-    seg = ro.segments[0]  # the read's start is in the helper's ids, off the mask (it was not sampled)
-    sampled = tok.decode(seg.input_ids[0, seg.prompt_len:][seg.completion_mask[0].bool()])
-    assert '"name": "read"' not in sampled
+    seg = ro.segments[0]  # the starts are in every row's ids, off the mask (they were not sampled)
+    for row in range(2):
+        ids = seg.input_ids[row, seg.prompt_len:]
+        assert '"name": "read"' in tok.decode(ids)
+        assert '"name"' not in tok.decode(ids[seg.completion_mask[row].bool()])
+
+
+class PostsThenRambles(PostsThenReadsThenAnswers):
+    """PostsThenReadsThenAnswers, but after the read's start it writes on without closing the call."""
+
+    def answer(self, context, adapter):
+        return "x" * 300 if context.endswith('"arguments": {') else super().answer(context, adapter)
+
+
+def test_a_round_cut_by_the_budget_is_read_with_its_start():
+    _, _, _, ro, _ = coder_act(PostsThenRambles, "discussion", "kit.tasks.environments:Board", max_tool_calls=2,
+                               max_new_tokens=200)
+    assert ro.tool_calls == 2  # the posts; the reads were cut before their calls closed
+    for a in range(2):
+        assert ro.texts[a][0].startswith(READ_START + "xxx")  # the reward reads what the row wrote, its start first
 
 
 @pytest.mark.parametrize("prefill, environment", [("board", "kit.tasks.environments:CodeTests"),
@@ -864,7 +880,8 @@ def test_an_answer_started_as_a_call_of_another_roles_tool_is_refused(team, keys
     call = '<tool_call>{"name": "read_right", "arguments": {}}'  # a start of its first round, or of a later one
     prompt = Prompt("Hand in the key.", call) if where == "answer" else Prompt("Hand in the key.", round_starts=(call,))
     requests = [(0, prompt), (1, "Go.")]
-    with pytest.raises(ValueError, match="left's answer is started as a call of 'read_right', and "
+    part = "answer" if where == "answer" else "round 1"
+    with pytest.raises(ValueError, match=f"left's {part} is started as a call of 'read_right', and "
                                          "kit.tasks.environments:KeyHalves gives it to another role"):
         tools.act(team, requests, 1, SamplingParams(max_new_tokens=20), worlds=[{"id": "k", "key": "123456"}],
                   host=keys, roles=team.roles, max_tool_calls=1)
@@ -876,10 +893,11 @@ def test_a_tool_prefill_needs_an_environment(prefill):
         load_config("tiny_cpu", overrides=["task=code", f"task_args={{dataset: coop, prefill: {prefill}}}"])
 
 
-def test_prefill_discussion_needs_two_calls():
+@pytest.mark.parametrize("calls", [1, 3])
+def test_prefill_discussion_needs_two_calls(calls):
     board = ["task=code", "task_args={dataset: coop, prefill: discussion}", "environment=kit.tasks.environments:Board"]
-    with pytest.raises(ConfigError, match="max_tool_calls.*>= 2 with prefill: discussion"):
-        load_config("tiny_cpu", overrides=[*board, "max_tool_calls=1"])
+    with pytest.raises(ConfigError, match="max_tool_calls.*2 with prefill: discussion"):
+        load_config("tiny_cpu", overrides=[*board, f"max_tool_calls={calls}"])
     assert load_config("tiny_cpu", overrides=[*board, "max_tool_calls=2"]).max_tool_calls == 2
 
 

@@ -24,6 +24,7 @@ class Prompt(str):
     round_starts: tuple = ()
 
     def __new__(cls, text: str, answer_start: str = "", final_start: str = "", round_starts: tuple = ()):
+        _check_rounds(round_starts)
         self = super().__new__(cls, text)
         self.answer_start, self.final_start, self.round_starts = answer_start, final_start, tuple(round_starts)
         return self
@@ -40,6 +41,12 @@ def answer_start(prompt: str) -> str:
 def final_start(prompt: str) -> str:
     """The text a prompt's answer after its last allowed tool call is started with ("" for a plain str)."""
     return getattr(prompt, "final_start", "")
+
+
+def _check_rounds(round_starts) -> None:
+    if isinstance(round_starts, str) or not all(isinstance(s, str) for s in round_starts):
+        raise TypeError(f"round_starts={round_starts!r}: give a tuple of strings, one per round after the first "
+                        "(a single start as a one-element tuple)")
 
 
 def round_start(prompt: str, round_: int) -> str:
@@ -65,6 +72,7 @@ class Chat(str):
     round_starts: tuple = ()
 
     def __new__(cls, messages: list, answer_start: str = "", final_start: str = "", round_starts: tuple = ()):
+        _check_rounds(round_starts)
         self = super().__new__(cls, "\n".join(f"{m['role']}: {m['content']}" for m in messages))
         self.messages = [dict(m) for m in messages]
         self.answer_start, self.final_start, self.round_starts = answer_start, final_start, tuple(round_starts)

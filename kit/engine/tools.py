@@ -138,14 +138,15 @@ def act(team, requests, G: int, params, *, worlds: list[dict], host, roles: list
         raise ValueError(f"{len(requests)} requests for {len(worlds)} worlds of {N} agents: give one row per group "
                          "of N requests (one request per agent)")
     for agent, prompt in requests:  # an answer (or a round) started as a call of a tool its agent lacks: refused at once
-        lacking = [t for start in (answer_start(prompt), *getattr(prompt, "round_starts", ()))
+        lacking = [(f"round {i}" if i else "answer", t)
+                   for i, start in enumerate((answer_start(prompt), *getattr(prompt, "round_starts", ())))
                    for t in started_calls(start) if t not in host.tools_for(roles[agent])]
         if lacking:
-            where = getattr(host, "spec", "the environment")
-            why = (f"{where} gives it to another role (tools_by_role)" if lacking[0] in host.tools else
+            (part, tool), where = lacking[0], getattr(host, "spec", "the environment")
+            why = (f"{where} gives it to another role (tools_by_role)" if tool in host.tools else
                    f"{where} has no such tool ({sorted(host.tools)})")
-            raise ValueError(f"{roles[agent]}'s answer is started as a call of {lacking[0]!r}, and {why}: run it "
-                             "with an environment that offers that tool to this role, or start its answer otherwise")
+            raise ValueError(f"{roles[agent]}'s {part} is started as a call of {tool!r}, and {why}: run it with an "
+                             "environment that offers that tool to this role, or start it otherwise")
     tool_before = host.tool_seconds
     # reset(**row): an item's `reset_row` when it has one (the rows task keeps the row as written), else the item
     added = host.reset([dict(worlds[w // G].get("reset_row", worlds[w // G])) for w in range(len(worlds) * G)])

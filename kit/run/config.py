@@ -88,8 +88,9 @@ def validate(cfg: TrainConfig) -> TrainConfig:
          "prefill: tool, board or discussion only with an environment that has the tools it calls: run_tests "
          "(environment=kit.tasks.environments:CodeTests) or post and read (kit.tasks.environments:Board); "
          "each answer starts as a call of one")
-    need(prefill != "discussion" or cfg.max_tool_calls >= 2, "max_tool_calls",
-         ">= 2 with prefill: discussion (each agent posts its draft, then reads the board: two calls)")
+    need(prefill != "discussion" or cfg.max_tool_calls == 2, "max_tool_calls",
+         "2 with prefill: discussion (each agent posts its draft, then reads the board: two calls, after which its "
+         "answer is its final code; a third call would come before it)")
     if cfg.environment:
         need(cfg.joint_mode == "aligned", "joint_mode", "aligned with an environment (the agents' g-th samples act "
              "on one world; cross pairs samples that never met)")
