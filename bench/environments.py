@@ -167,9 +167,11 @@ ARMS = ("tool", "plain")
 
 
 def tool(seeds: list[int], n: int, tokens: int, extra: list[str], preset: str = "coder_code",
-         runs: Path = RUNS, env: str = TOOL_ENV, name: str = "code", tool_extra: list[str] = ()) -> None:
+         runs: Path = RUNS, env: str = TOOL_ENV, name: str = "code", tool_extra: list[str] = (),
+         plain_methods: list[str] = ()) -> None:
     """The untrained team with an environment's tools (CodeTests' run_tests) and without them, every other setting
-    equal (module docstring); run folders <name>_<arm>_s<seed>."""
+    equal (module docstring); run folders <name>_<arm>_s<seed>. `plain_methods`: baselines sampled in the plain arm
+    besides its team (e.g. discussion, the schedule a Board arm plays as calls)."""
     from kit.analysis.baselines import compare
     from kit.run import fields
     from kit.run.config import load_config
@@ -184,18 +186,23 @@ def tool(seeds: list[int], n: int, tokens: int, extra: list[str], preset: str = 
             cfg = load_config(preset, overrides=overrides + ([f"environment={env}", *tool_extra] if arm == "tool" else []))
             run_dir.mkdir(parents=True, exist_ok=True)
             fields.save(cfg, run_dir / "config.json")
-            compare(run_dir, ["naive"], n=n)
+            compare(run_dir, ["naive", *(plain_methods if arm == "plain" else [])], n=n)
 
 
 def tool_table(runs: Path = RUNS, name: str = "code") -> str:
     from kit.analysis import stats
 
     rows = {arm: {} for arm in ARMS}  # arm -> seed -> the untrained team's baselines row
+    others = {}  # "plain <method>" -> seed -> a baseline sampled in the plain arm besides its team (--plain-methods)
     for run in sorted(runs.glob(f"{name}_*_s*")):
         arm, seed = run.name[len(name) + 1:].rsplit("_s", 1)
         if arm in rows and (run / "eval" / "baselines.json").exists():
-            rows[arm][int(seed)] = next(r for r in json.loads((run / "eval" / "baselines.json").read_text())
-                                        if r["method"] == "naive")
+            for row in json.loads((run / "eval" / "baselines.json").read_text()):
+                if row["method"] == "naive":
+                    rows[arm][int(seed)] = row
+                elif arm == "plain" and row["method"] != "magrpo":
+                    others.setdefault(f"plain {row['method']}", {})[int(seed)] = row
+    rows.update({k: v for k, v in others.items() if set(v) >= set(rows["tool"]) & set(rows["plain"])})
     seeds = sorted(set(rows["tool"]) & set(rows["plain"]))
     if not seeds:
         return f"no seed with both arms in {runs}"
@@ -212,7 +219,7 @@ def tool_table(runs: Path = RUNS, name: str = "code") -> str:
              "actions per item per seed)", "",
              "| arm | pass@1 (95% CI over items) | per seed | reward (95% CI) | per seed | tool calls per completion "
              "| tokens/s |", "|---|---|---|---|---|---|---|"]
-    for arm in ARMS:
+    for arm in rows:
         p, r = stats.bootstrap(items(arm, "correct")), stats.bootstrap(items(arm, "reward"))
         per_pass = ", ".join(f"{rows[arm][s]['pass@1']:.2f}" for s in seeds)
         per_reward = ", ".join(f"{rows[arm][s]['reward/mean']:.2f}" for s in seeds)
@@ -223,6 +230,10 @@ def tool_table(runs: Path = RUNS, name: str = "code") -> str:
     dp = stats.paired_bootstrap(items("tool", "correct"), items("plain", "correct"))
     dr = stats.paired_bootstrap(items("tool", "reward"), items("plain", "reward"))
     lines += ["", f"tool minus plain, paired over items: pass@1 {stats.fmt(*dp)}, reward {stats.fmt(*dr)}"]
+    for other in others.keys() & rows.keys():
+        dp = stats.paired_bootstrap(items("tool", "correct"), items(other, "correct"))
+        dr = stats.paired_bootstrap(items("tool", "reward"), items(other, "reward"))
+        lines.append(f"tool minus {other}: pass@1 {stats.fmt(*dp)}, reward {stats.fmt(*dr)}")
     return "\n".join(lines)
 
 
@@ -282,6 +293,8 @@ def main() -> None:
     to.add_argument("--env", default=TOOL_ENV, help="the tool arm's environment (default: CodeTests)")
     to.add_argument("--name", default="code", help="the run folders' prefix: <name>_<arm>_s<seed>")
     to.add_argument("--tool-set", dest="tool_extra", nargs="*", default=[], help="overrides of the tool arm alone")
+    to.add_argument("--plain-methods", nargs="*", default=[], help="baselines sampled in the plain arm besides its "
+                    "team, e.g. discussion (tool-table adds their rows)")
     tt = sub.add_parser("tool-table")
     tt.add_argument("--name", default="code")
     ca = sub.add_parser("cache", help="tool rounds from the carried KV cache against the whole context each round")
@@ -291,7 +304,8 @@ def main() -> None:
     if args.command == "train":
         train(args.preset, args.seeds, args.extra, args.n, args.name)
     elif args.command == "tool":
-        tool(args.seeds, args.n, args.tokens, args.extra, env=args.env, name=args.name, tool_extra=args.tool_extra)
+        tool(args.seeds, args.n, args.tokens, args.extra, env=args.env, name=args.name, tool_extra=args.tool_extra,
+             plain_methods=args.plain_methods)
     elif args.command == "cache":
         cache(args.items, args.extra)
     elif args.command == "tool-table":
