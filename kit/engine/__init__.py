@@ -7,7 +7,8 @@
     sampling.py     per-row seeded sampling (the same sample whatever the batch)
     compiled.py     the compiled engine: stacked LoRA, static cache, CUDA graphs
     prefixes.py     shared prompt prefixes computed once (generation and every forward of the update)
-    prompts.py      Prompt: a prompt whose answer is started for the model (`answer_start`)
+    prompts.py      Prompt, Chat: a prompt whose answer is started for the model (`answer_start`; with tools,
+                    `final_start` after the last call, `round_starts` for scheduled rounds)
     heads.py        a scalar model on the shared base: one more adapter + an fp32 head (critics, reward models)
     centralized.py  one policy writing every agent's part (algorithm=centralized)
     tools.py        agents that act: the joint rollout with an environment's tools, rounds of one batched call

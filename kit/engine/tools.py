@@ -137,7 +137,7 @@ def act(team, requests, G: int, params, *, worlds: list[dict], host, roles: list
     if len(requests) != len(worlds) * N:
         raise ValueError(f"{len(requests)} requests for {len(worlds)} worlds of {N} agents: give one row per group "
                          "of N requests (one request per agent)")
-    for agent, prompt in requests:  # an answer (or a round) started as a call of a tool its agent lacks: refused at once
+    for agent, prompt in requests:  # an answer (or a round) started as a call of a tool its agent lacks: refused
         lacking = [(f"round {i}" if i else "answer", t)
                    for i, start in enumerate((answer_start(prompt), *getattr(prompt, "round_starts", ())))
                    for t in started_calls(start) if t not in host.tools_for(roles[agent])]
