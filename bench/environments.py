@@ -230,7 +230,7 @@ def tool_table(runs: Path = RUNS, name: str = "code") -> str:
     dp = stats.paired_bootstrap(items("tool", "correct"), items("plain", "correct"))
     dr = stats.paired_bootstrap(items("tool", "reward"), items("plain", "reward"))
     lines += ["", f"tool minus plain, paired over items: pass@1 {stats.fmt(*dp)}, reward {stats.fmt(*dr)}"]
-    for other in others.keys() & rows.keys():
+    for other in [k for k in others if k in rows]:  # in the order the plain arm sampled them
         dp = stats.paired_bootstrap(items("tool", "correct"), items(other, "correct"))
         dr = stats.paired_bootstrap(items("tool", "reward"), items(other, "reward"))
         lines.append(f"tool minus {other}: pass@1 {stats.fmt(*dp)}, reward {stats.fmt(*dr)}")

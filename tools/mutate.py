@@ -1146,7 +1146,7 @@ MUTATIONS = [
              'Now write your part. Output only your part.", getattr(own, "answer_start", ""))',
              ("tests/test_answer_start.py",)),
     Mutation("env: a round started as a call of a tool the agent lacks is run anyway", "kit/engine/tools.py",
-             'enumerate((answer_start(prompt), *getattr(prompt, "round_starts", ())))',
+             'enumerate((answer_start(prompt), *round_starts(prompt)))',
              "enumerate((answer_start(prompt),))",
              ("tests/test_environments.py::test_an_answer_started_as_a_call_of_another_roles_tool_is_refused",)),
     Mutation("env: an answer started as a call of a tool the environment lacks is run anyway", "kit/engine/tools.py",

@@ -49,16 +49,19 @@ def _check_rounds(round_starts) -> None:
                         "(a single start as a one-element tuple)")
 
 
+def round_starts(prompt: str) -> tuple:
+    return getattr(prompt, "round_starts", ())
+
+
 def round_start(prompt: str, round_: int) -> str:
     """The text an agent's round `round_` (>= 1, with calls left) is started with ("" past its round_starts)."""
-    given = getattr(prompt, "round_starts", ())
+    given = round_starts(prompt)
     return given[round_ - 1] if 0 < round_ <= len(given) else ""
 
 
 def starts(prompt: str) -> dict:
     """A prompt's answer starts as keyword arguments, to build another Prompt or Chat with them."""
-    return dict(answer_start=answer_start(prompt), final_start=final_start(prompt),
-                round_starts=getattr(prompt, "round_starts", ()))
+    return dict(answer_start=answer_start(prompt), final_start=final_start(prompt), round_starts=round_starts(prompt))
 
 
 class Chat(str):

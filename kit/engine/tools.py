@@ -50,7 +50,7 @@ from dataclasses import dataclass, field
 import torch
 
 from kit.engine import carry
-from kit.engine.prompts import answer_start, final_start, round_start, starts
+from kit.engine.prompts import answer_start, final_start, round_start, round_starts, starts
 from kit.engine.rollout import (Rollout, Sampler, Segment, completion_mask, engine_for, eos_ids, left_pad,
                                 sampling_config)
 from kit.engine.sampling import row_seed
@@ -139,7 +139,7 @@ def act(team, requests, G: int, params, *, worlds: list[dict], host, roles: list
                          "of N requests (one request per agent)")
     for agent, prompt in requests:  # an answer (or a round) started as a call of a tool its agent lacks: refused
         lacking = [(f"round {i}" if i else "answer", t)
-                   for i, start in enumerate((answer_start(prompt), *getattr(prompt, "round_starts", ())))
+                   for i, start in enumerate((answer_start(prompt), *round_starts(prompt)))
                    for t in started_calls(start) if t not in host.tools_for(roles[agent])]
         if lacking:
             (part, tool), where = lacking[0], getattr(host, "spec", "the environment")

@@ -84,13 +84,13 @@ TOOL_START = '<tool_call>\n{{"name": "run_tests", "arguments": {{"code": "def {n
 # answer starts as a post of its `aux` draft (`text` alone: a broken JSON string is then read as meant,
 # toolcalls.one_string_call), main's as a read; calls run in agent order, so main reads the helper's draft of the
 # same round, then both give their final code.
-POST_START = '<tool_call>\n{"name": "post", "arguments": {"text": "def aux('
+POST_DRAFT = '<tool_call>\n{{"name": "post", "arguments": {{"text": "def {name}('  # a post of the draft of `name`
+POST_START = POST_DRAFT.format(name=AUX)
 READ_START = '<tool_call>\n{"name": "read", "arguments": {'
 # `prefill: discussion`, with the Board and max_tool_calls=2: the discussion schedule as tool calls. Each agent's answer
 # starts as a post of its own draft (the helper's `aux`, main's entry point), its second round as a read of the board
 # (Prompt.round_starts): both drafts are posted before either is read, so each reads the other's first draft (and its
 # own), then both give their final code, as the discussion baseline revises after seeing the first answers.
-POST_MAIN_START = '<tool_call>\n{"name": "post", "arguments": {"text": "def '
 
 SINGLE_PROMPT = """Solve this coding problem with two functions: a helper `aux` and `{entry}`, which calls `aux`.
 
@@ -194,7 +194,7 @@ class CodeTask:
         starts = {"none": ("", ""), "helper": (HELPER_START, ""), "both": code,
                   "tool": (TOOL_START.format(name=AUX), TOOL_START.format(name=item["entry_point"])),
                   "board": (POST_START, READ_START),
-                  "discussion": (POST_START, f"{POST_MAIN_START}{item['entry_point']}(")}[self.prefill]
+                  "discussion": (POST_START, POST_DRAFT.format(name=item["entry_point"]))}[self.prefill]
         finals = code if self.code_after_tools else ("", "")
         rounds = (READ_START,) if self.prefill == "discussion" else ()
         return [Prompt(p, s, f, rounds) if s else p for p, s, f in zip(prompts, starts, finals)]
