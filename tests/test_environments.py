@@ -33,9 +33,9 @@ def test_tool_calls_are_parsed_from_the_text():
     assert "not valid JSON" in tools.parse_calls("<tool_call>{oops</tool_call>")[0]["error"]
     assert tools.parse_calls("no calls here") == []
     # code written as it reads: a literal newline inside a JSON string is read, in a call of several arguments too
-    draft = '<tool_call>\n{"name": "post", "arguments": {"text": "def f():\n    return 1", "author": "helper"}}\n</tool_call>'
+    draft = '<tool_call>\n{"name": "post", "arguments": {"text": "def f():\n    return 1", "tag": "helper"}}\n</tool_call>'
     assert tools.parse_calls(draft) == [{"name": "post", "arguments": {"text": "def f():\n    return 1",
-                                                                       "author": "helper"}}]
+                                                                       "tag": "helper"}}]
 
 
 @pytest.fixture(scope="module")
@@ -653,7 +653,7 @@ def test_the_board_carries_a_draft_from_one_agent_to_another_in_the_same_round(t
             if "<tool_response>" in context.split("team shares a board")[-1]:
                 return "done"
             if adapter == "agent_0":
-                return '<tool_call>{"name": "post", "arguments": {"text": "def aux(): return 1", "author": "helper"}}</tool_call>'
+                return '<tool_call>{"name": "post", "arguments": {"text": "def aux(): return 1"}}</tool_call>'
             return '<tool_call>{"name": "read", "arguments": {}}</tool_call>'
 
     host = EnvHost("kit.tasks.environments:Board", timeout_s=10) if workers == 1 else \
@@ -666,7 +666,43 @@ def test_the_board_carries_a_draft_from_one_agent_to_another_in_the_same_round(t
     finally:
         team.engines[0] = saved
         host.close()
-    assert all("[helper]\ndef aux(): return 1" in ro.transcripts[1][g] for g in range(2))  # worlds 0 and 1
+    # labelled with the poster's role (the kit's `caller`), in worlds 0 and 1
+    assert all("[helper]\ndef aux(): return 1" in ro.transcripts[1][g] for g in range(2))
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_an_environment_with_a_caller_attribute_is_told_whose_call_runs(workers):
+    """The kit's `caller`: set to the calling role before each call, on one process or a pool; the Board labels
+    posts with it and marks the reader's own; a class without the attribute never gets one."""
+    from kit.sandbox.envpool import EnvPool
+
+    host = EnvHost("kit.tasks.environments:Board", timeout_s=10) if workers == 1 else \
+        EnvPool("kit.tasks.environments:Board", workers, timeout_s=10)
+    try:
+        host.reset([{"id": "a"}, {"id": "b"}])
+        host.call_many([(0, "post", {"text": "h"}, "helper"), (1, "post", {"text": "x"}, "main"),
+                        (0, "post", {"text": "m"}, "main")])
+        assert host.call(0, "read", {}, "main") == "[helper]\nh\n\n[main (you)]\nm"
+        assert host.call(0, "read", {}, "helper") == "[helper (you)]\nh\n\n[main]\nm"
+        assert host.call(1, "read", {}, "helper") == "[main]\nx"  # each world its own board
+        assert "unexpected keyword argument 'author'" in host.call(0, "post", {"text": "t", "author": "me"}, "main")
+    finally:
+        host.close()
+    plain = EnvHost("kit.tasks.environments:Board", timeout_s=10)  # no caller given: posts in order
+    try:
+        plain.reset([{"id": "a"}])
+        plain.call(0, "post", {"text": "h"})
+        assert plain.call(0, "read", {}) == "[agent 1]\nh"
+    finally:
+        plain.close()
+    recorder = EnvHost("scripted_envs:Recorder", timeout_s=2.0)  # a TRL class has no caller: none is set on it
+    try:
+        recorder.reset([{"id": "a", "x": 1}])
+        assert json.loads(recorder.call(0, "echo", {}, "helper")) == {"id": "a", "x": 1}
+        with pytest.raises(AttributeError):
+            recorder.view(0).caller
+    finally:
+        recorder.close()
 
 
 def test_a_forked_answer_is_dropped_and_a_reset_that_kills_the_child_is_an_error_not_a_loop():
@@ -806,7 +842,7 @@ def test_prefill_board_is_the_sequential_schedule_main_reads_the_helpers_posted_
     assert f"posted (1 on the board)\n{then}\n{tools.NO_CALLS_LEFT}" in ro.transcripts[0][0]
     # the calls of a round run in agent order: main reads the draft the helper posted in the same round, whole
     read = ro.transcripts[1][0].split("<tool_response>")[1]
-    assert read.lstrip().startswith("[agent 1]\ndef aux(xs):\n    s = sorted(xs)\n")
+    assert read.lstrip().startswith("[helper]\ndef aux(xs):\n    s = sorted(xs)\n")  # labelled by its role
     assert f"zip(s, s[1:]))\n{then}\n{tools.NO_CALLS_LEFT}" in read  # the next step ends the result, once
     assert all(f"{tools.NO_CALLS_LEFT}\n</tool_response>" in ro.transcripts[a][0] for a in range(2))
     assert task.reward(item, (ro.texts[0][0], ro.texts[1][0])).parts["tests"] == pytest.approx(1.0)
@@ -839,8 +875,10 @@ def test_prefill_discussion_posts_both_drafts_then_each_agent_reads_both():
         assert post.lstrip().startswith("posted (") and tools.NO_CALLS_LEFT not in post  # a call left: the read
         assert ro.transcripts[a][0].count(READ_START) == 1  # round 1 started as the read, once
         # both drafts were posted in round 0, before either agent read in round 1: each reads both, whole
-        assert "[agent 1]\ndef aux(xs):\n    s = sorted(xs)\n" in read
-        assert "[agent 2]\ndef has_close_elements(numbers, threshold):\n    return aux(numbers) < threshold" in read
+        # each post labelled with its author's role, the reader's own marked
+        helper, main = ("[helper (you)]", "[main]") if a == 0 else ("[helper]", "[main (you)]")
+        assert f"{helper}\ndef aux(xs):\n    s = sorted(xs)\n" in read
+        assert f"{main}\ndef has_close_elements(numbers, threshold):\n    return aux(numbers) < threshold" in read
         assert f"{tools.NO_CALLS_LEFT}\n</tool_response>" in read
     assert task.reward(item, (ro.texts[0][0], ro.texts[1][0])).parts["tests"] == pytest.approx(1.0)
     seg = ro.segments[0]  # the starts are in every row's ids, off the mask (they were not sampled)

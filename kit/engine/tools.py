@@ -286,7 +286,7 @@ def _run(host, calls: list[tuple[_Row, dict]], roles: list[str]) -> list[str]:
                                             f"{sorted(mine)}"}))
         else:
             out.append(None)
-            runs.append((row.world, call["name"], call["arguments"]))
+            runs.append((row.world, call["name"], call["arguments"], roles[row.agent]))
     answers = iter(host.call_many(runs))
     return [next(answers) if result is None else result for result in out]
 

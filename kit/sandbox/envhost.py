@@ -15,10 +15,12 @@ The contract is TRL's (trl 1.16, `GRPOTrainer(environment_factory=...)`): `reset
 fields as keyword arguments (a returned string is added to the prompt); every other public method (no leading `_`,
 not `reset`, not `get_reward`) is a tool whose schema comes from its name, type hints and Google-style docstring;
 an optional `get_reward() -> float` means the environment owns the reward. One instance per world, built once and
-reset often. The kit adds two optional parts (a TRL class has neither): a class attribute `tools_by_role =
-{"helper": ["left_half"], ...}` offers a tool named there only to those roles, any other tool to every agent; and a
+reset often. The kit adds three optional parts (a TRL class has none): a class attribute `tools_by_role =
+{"helper": ["left_half"], ...}` offers a tool named there only to those roles, any other tool to every agent; a
 method `get_agent_rewards()`, each agent's own share of the outcome, a `{role: float}` dict or a list in the team's
-agent order (the reward parts local_0 .. local_{N-1} that `local_reward_weight` mixes into each agent's return).
+agent order (the reward parts local_0 .. local_{N-1} that `local_reward_weight` mixes into each agent's return); and a
+class attribute `caller = ""`, which the kit sets to the calling agent's role before each of its tool calls (one
+world is the team's: the Board labels a post with its author's role from it, not from an argument the model fills).
 
 Safety and time: the class is imported, built and called only in the child, a fresh `python -m
 kit.sandbox.envhost` (nothing of the notebook's state is inherited; JSON lines over its stdin and stdout, so rows,
@@ -101,7 +103,9 @@ def _serve(spec: str) -> None:
                 out = _awaited(envs[world].reset(**row))
                 send("ok", None if out is None else as_text(str(out), MAX_RESET_CHARS))
             elif op == "call":
-                world, name, arguments = args
+                world, name, arguments, caller = args
+                if caller is not None and isinstance(getattr(type(envs[world]), "caller", None), str):
+                    envs[world].caller = caller  # the kit's `caller`: the role of the agent whose call this is
                 tool = getattr(envs[world], name)
                 wrong = arguments_error(name, tool, arguments)
                 if wrong:
@@ -249,20 +253,21 @@ class EnvHost:
         self.rows[world] = dict(row)
         return value
 
-    def call(self, world: int, name: str, arguments) -> str:
-        """One tool call's result as the tool message's content; an error is `{"error": "..."}`, never raised."""
+    def call(self, world: int, name: str, arguments, caller: str | None = None) -> str:
+        """One tool call's result as the tool message's content; an error is `{"error": "..."}`, never raised.
+        `caller`: the calling agent's role, set as the instance's `caller` first when its class has one."""
         if name not in self.tools:
             return json.dumps({"error": f"unknown tool {name!r}; tools: {sorted(self.tools)}"})
         if not isinstance(arguments, dict):
             return json.dumps({"error": f"arguments of {name} must be a JSON object, got {arguments!r}"[:300]})
         t0 = time.perf_counter()
-        ok, value = self._ask("call", world, name, arguments)
+        ok, value = self._ask("call", world, name, arguments, caller)
         self.tool_seconds += time.perf_counter() - t0
         return value if ok else json.dumps({"error": value})
 
-    def call_many(self, calls: list[tuple[int, str, object]]) -> list[str]:
-        """A round's calls, (world, tool, arguments) each, run in the order given (kit/sandbox/envpool.py runs
-        several children's in parallel)."""
+    def call_many(self, calls: list[tuple]) -> list[str]:
+        """A round's calls, (world, tool, arguments) or (world, tool, arguments, caller) each, run in the order given
+        (kit/sandbox/envpool.py runs several children's in parallel)."""
         return [self.call(*c) for c in calls]
 
     def view(self, world: int) -> "EnvView":

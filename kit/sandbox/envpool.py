@@ -74,10 +74,10 @@ class EnvPool:
     def reset(self, rows: list[dict]) -> list[str | None]:
         return self._each_child(list(enumerate(rows)), lambda host, share: [host.reset_world(w, r) for w, r in share])
 
-    def call(self, world: int, name: str, arguments) -> str:
-        return self.call_many([(world, name, arguments)])[0]
+    def call(self, world: int, name: str, arguments, caller: str | None = None) -> str:
+        return self.call_many([(world, name, arguments, caller)])[0]
 
-    def call_many(self, calls: list[tuple[int, str, object]]) -> list[str]:
+    def call_many(self, calls: list[tuple]) -> list[str]:
         t0 = time.perf_counter()
         try:
             return self._each_child(list(calls), lambda host, share: host.call_many(share))

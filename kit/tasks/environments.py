@@ -117,9 +117,17 @@ def key_rows(path: str | Path, n: int, seed: int = 0) -> Path:
 class Board:
     """A board the team shares: `post` a draft, `read` the teammates' (see the module docstring).
 
+    A post is labelled with its author's role, which the kit sets as `caller` before each call (envhost's third
+    optional part), not with an argument: the untrained 0.5B coder filled an `author` argument with its schema's
+    description ("Your role, so that teammates know whose draft it is.") in 18 of the 25 posts that gave one, and
+    none with a role (the discussion runs of seeds 23-24, bench/README.md), so no agent could tell whose draft it read. `read` marks the reader's own posts "(you)". Run
+    without the kit (no caller), posts are "agent 1", "agent 2", ... in order.
+
     `next_step` (environment_args), when given, ends every result: what to do after the call. The untrained 0.5B
     coder, told only that its calls were spent, wrote its call again as its answer (every joint action 0,
     bench/README.md); the code task's sentence: "Now give your final code in a ```python block, without a call."."""
+
+    caller = ""  # the role of the agent whose call runs (set by the kit)
 
     def __init__(self, next_step: str = ""):
         self.posts: list[tuple[str, str]] = []
@@ -129,25 +137,25 @@ class Board:
         self.posts = []
         return "Your team shares a board: post your draft for your teammates, and read theirs, with your tools."
 
-    def post(self, text: str, author: str = "") -> str:
+    def post(self, text: str) -> str:
         """Post a draft on the team's board for your teammates to read.
 
         Args:
             text: The draft (code or text) to share.
-            author: Your role, so that teammates know whose draft it is.
         """
-        self.posts.append((str(author) or f"agent {len(self.posts) + 1}", str(text)))
+        self.posts.append((self.caller or f"agent {len(self.posts) + 1}", str(text)))
         return self._then(f"posted ({len(self.posts)} on the board)")
 
     def read(self) -> str:
         """Read every draft on the team's board.
 
         Returns:
-            The drafts, each with its author, oldest first.
+            The drafts, each with its author's role, oldest first.
         """
         if not self.posts:
             return self._then("the board is empty")
-        return self._then("\n\n".join(f"[{author}]\n{text}" for author, text in self.posts))
+        return self._then("\n\n".join(f"[{author}{' (you)' if self.caller and author == self.caller else ''}]\n{text}"
+                                       for author, text in self.posts))
 
     def _then(self, result: str) -> str:
         return f"{result}\n{self.next_step}" if self.next_step else result
