@@ -58,12 +58,12 @@ def test_a_cut_prompt_keeps_its_start_at_the_end():
 
 @pytest.mark.parametrize("prefill, starts", [
     ("none", ["", ""]), ("helper", [HELPER_START, ""]), ("both", [HELPER_START, "```python\ndef {entry}("]),
-    ("tool", ['<tool_call>\n{{"name": "run_tests", "arguments": {{"code": "def aux(',
-              '<tool_call>\n{{"name": "run_tests", "arguments": {{"code": "def {entry}(']),
-    ("board", ['<tool_call>\n{{"name": "post", "arguments": {{"text": "def aux(',
+    ("tool", ['<tool_call>\n{{"name": "run_tests", "arguments": {{"code": "```python\ndef aux(',
+              '<tool_call>\n{{"name": "run_tests", "arguments": {{"code": "```python\ndef {entry}(']),
+    ("board", ['<tool_call>\n{{"name": "post", "arguments": {{"text": "```python\ndef aux(',
                '<tool_call>\n{{"name": "read", "arguments": {{']),
-    ("discussion", ['<tool_call>\n{{"name": "post", "arguments": {{"text": "def aux(',
-                    '<tool_call>\n{{"name": "post", "arguments": {{"text": "def {entry}('])])
+    ("discussion", ['<tool_call>\n{{"name": "post", "arguments": {{"text": "```python\ndef aux(',
+                    '<tool_call>\n{{"name": "post", "arguments": {{"text": "```python\ndef {entry}('])])
 def test_the_code_task_starts_the_answers_prefill_names_in_every_turn_and_baseline(prefill, starts):
     task = make_task(dataset="coop", prefill=prefill)
     item = task.load("eval")[0]

@@ -521,6 +521,19 @@ def test_a_call_of_one_string_argument_that_is_not_valid_json_is_read_as_meant()
     assert "not valid JSON" in tools.parse_calls(two)[0]["error"]
 
 
+def test_a_started_call_left_open_is_read_to_the_end_of_the_text():
+    """The 0.5B coder, its run_tests call started with a newline in the string, writes its draft as a code block and
+    ends its turn without closing the string or the call: the draft is the text to its end, less the fence."""
+    head = '<tool_call>\n{"name": "run_tests", "arguments": {"code": "\ndef aux(xs):\n'
+    body = '    """Doc."""\n    return sorted(xs)\n'
+    assert tools.parse_calls(head + body + "```") == [{"name": "run_tests", "arguments": {
+        "code": '\ndef aux(xs):\n    """Doc."""\n    return sorted(xs)'}}]
+    assert tools.parse_calls(head + body)[0]["arguments"]["code"].endswith("return sorted(xs)")
+    # closed by </tool_call>, a string that never ends is still an error; so is an open call of several arguments
+    assert "error" in tools.parse_calls(head + body + "</tool_call>")[0]
+    assert "error" in tools.parse_calls('<tool_call>{"name": "f", "arguments": {"a": "x", "b": "y')[0]
+
+
 def test_a_tool_that_prints_and_reads_stdin_cannot_touch_the_protocol():
     host = EnvHost("scripted_envs:Noisy", timeout_s=5)
     try:
@@ -738,8 +751,10 @@ def test_the_reward_reads_the_answer_start_only_on_a_first_round_answer(team, ke
 
 
 class CallsFirst(Scripted):
-    """An engine that goes on from the code task's `prefill: tool` start: the rest of a run_tests call on its draft
-    (newlines written as they read, inside the JSON string), then after the results its final answer."""
+    """An engine that goes on from the code task's `prefill: tool` start (a ```python block in the JSON string): the
+    rest of a run_tests call on its draft (newlines written as they read), then after the results its final answer.
+    The helper leaves its call open, as the 0.5B coder does (its block closed, then the end of its turn); main closes
+    its string and call."""
 
     DRAFTS = {"agent_0": ("xs):\n    s = sorted(xs)\n    return min(b - a for a, b in zip(s, s[1:]))",
                           "def aux(xs):\n    s = sorted(xs)\n    return min(b - a for a, b in zip(s, s[1:]))"),
@@ -749,7 +764,9 @@ class CallsFirst(Scripted):
     def answer(self, context, adapter):
         rest, final = self.DRAFTS[adapter]
         tested = rest in context  # its call is in its context
-        return f"```python\n{final}\n```" if tested else rest + '"}}\n</tool_call>'
+        if tested:
+            return f"```python\n{final}\n```"
+        return rest + "\n```" if adapter == "agent_0" else rest + '\n```"}}\n</tool_call>'
 
 
 def coder_act(engine, prefill: str, environment: str, args: dict | None = None, max_tool_calls: int = 1,
@@ -777,7 +794,7 @@ def coder_act(engine, prefill: str, environment: str, args: dict | None = None, 
 
 def test_prefill_tool_starts_each_answer_as_a_test_call_and_main_tests_with_the_helpers_aux():
     task, item, prompts, ro, _ = coder_act(CallsFirst, "tool", "kit.tasks.environments:CodeTests")
-    assert prompts[1].answer_start.endswith('{"code": "def has_close_elements(')
+    assert prompts[1].answer_start.endswith('{"code": "```python\ndef has_close_elements(')
     assert ro.tool_calls == 2
     assert ro.transcripts[1][0].count("ok: assert has_close_elements") == 2  # main's draft ran with the helper's aux
     # its one call spent, each agent is told that its next text is its answer
@@ -792,8 +809,9 @@ class CallsThenFinishes(CallsFirst):
 
     def answer(self, context, adapter):
         rest, _ = self.DRAFTS[adapter]
-        return rest + "\n```" if context.endswith(("```python\ndef aux(", "```python\ndef has_close_elements(")) \
-            else super().answer(context, adapter)
+        final = context.endswith(("```python\ndef aux(", "```python\ndef has_close_elements(")) and \
+            not context.endswith(('"code": "```python\ndef aux(', '"code": "```python\ndef has_close_elements('))
+        return rest + "\n```" if final else super().answer(context, adapter)
 
 
 def test_code_after_tools_starts_the_answer_after_the_last_call_as_code_off_the_mask():
@@ -828,7 +846,7 @@ class PostsThenReads(Scripted):
     FINAL = {adapter: final for adapter, (_, final) in CallsFirst.DRAFTS.items()}
 
     def answer(self, context, adapter):
-        if not context.endswith(('"text": "def aux(', '"arguments": {')):  # after the results: the answer
+        if not context.endswith(('"text": "```python\ndef aux(', '"arguments": {')):  # after the results: the answer
             return f"```python\n{self.FINAL[adapter]}\n```"
         if adapter == "agent_0":
             return 'xs):\\n    s = sorted(xs)\\n    return min(b - a for a, b in zip(s, s[1:]))"}}\n</tool_call>'
@@ -842,7 +860,7 @@ def test_prefill_board_is_the_sequential_schedule_main_reads_the_helpers_posted_
     assert f"posted (1 on the board)\n{then}\n{tools.NO_CALLS_LEFT}" in ro.transcripts[0][0]
     # the calls of a round run in agent order: main reads the draft the helper posted in the same round, whole
     read = ro.transcripts[1][0].split("<tool_response>")[1]
-    assert read.lstrip().startswith("[helper]\ndef aux(xs):\n    s = sorted(xs)\n")  # labelled by its role
+    assert read.lstrip().startswith("[helper]\n```python\ndef aux(xs):\n    s = sorted(xs)\n")  # labelled by its role
     assert f"zip(s, s[1:]))\n{then}\n{tools.NO_CALLS_LEFT}" in read  # the next step ends the result, once
     assert all(f"{tools.NO_CALLS_LEFT}\n</tool_response>" in ro.transcripts[a][0] for a in range(2))
     assert task.reward(item, (ro.texts[0][0], ro.texts[1][0])).parts["tests"] == pytest.approx(1.0)
@@ -857,7 +875,7 @@ class PostsThenReadsThenAnswers(Scripted):
              "agent_1": 'numbers, threshold):\\n    return aux(numbers) < threshold"}}\n</tool_call>'}
 
     def answer(self, context, adapter):
-        if context.endswith(('"text": "def aux(', '"text": "def has_close_elements(')):
+        if context.endswith(('"text": "```python\ndef aux(', '"text": "```python\ndef has_close_elements(')):
             return self.POSTS[adapter]
         if context.endswith('"arguments": {'):
             return '}}\n</tool_call>'
@@ -868,7 +886,7 @@ def test_prefill_discussion_posts_both_drafts_then_each_agent_reads_both():
     task, item, prompts, ro, tok = coder_act(PostsThenReadsThenAnswers, "discussion", "kit.tasks.environments:Board",
                                              max_tool_calls=2)
     assert [p.round_starts for p in prompts] == [(READ_START,), (READ_START,)]
-    assert prompts[1].answer_start.endswith('{"name": "post", "arguments": {"text": "def has_close_elements(')
+    assert prompts[1].answer_start.endswith('"arguments": {"text": "```python\ndef has_close_elements(')
     assert ro.tool_calls == 4  # a post and a read each
     for a in range(2):
         post, read = ro.transcripts[a][0].split("<tool_response>")[1:]
@@ -877,8 +895,9 @@ def test_prefill_discussion_posts_both_drafts_then_each_agent_reads_both():
         # both drafts were posted in round 0, before either agent read in round 1: each reads both, whole
         # each post labelled with its author's role, the reader's own marked
         helper, main = ("[helper (you)]", "[main]") if a == 0 else ("[helper]", "[main (you)]")
-        assert f"{helper}\ndef aux(xs):\n    s = sorted(xs)\n" in read
-        assert f"{main}\ndef has_close_elements(numbers, threshold):\n    return aux(numbers) < threshold" in read
+        assert f"{helper}\n```python\ndef aux(xs):\n    s = sorted(xs)\n" in read
+        assert f"{main}\n```python\ndef has_close_elements(numbers, threshold):\n    return aux(numbers) < threshold" \
+            in read
         assert f"{tools.NO_CALLS_LEFT}\n</tool_response>" in read
     assert task.reward(item, (ro.texts[0][0], ro.texts[1][0])).parts["tests"] == pytest.approx(1.0)
     seg = ro.segments[0]  # the starts are in every row's ids, off the mask (they were not sampled)

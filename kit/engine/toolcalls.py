@@ -8,9 +8,9 @@ are read from what it writes, and how results come back into its context.
 
 Calls are read in Qwen's (Hermes) format, `<tool_call>{"name": ..., "arguments": {...}}</tool_call>`; a text with no
 such block may still call a known tool with a bare or ```json-fenced JSON object. A call of one string argument that
-is not valid JSON (a code draft with its docstring's quotes unescaped) is read as meant (one_string_call). The tool
-turn is rendered by the chat template on its own (the text after an assistant turn), so the caller extends ids
-without re-tokenizing.
+is not valid JSON (a code draft with its docstring's quotes unescaped), or a started one left open, is read as meant
+(one_string_call). The tool turn is rendered by the chat template on its own (the text after an assistant turn), so
+the caller extends ids without re-tokenizing.
 
 May import: kit.engine.
 """
@@ -22,7 +22,7 @@ import re
 
 from kit.engine.prompts import answer_start
 
-_CALL = re.compile(r"<tool_call>\s*(.*?)\s*(?:</tool_call>|$)", re.S)
+_CALL = re.compile(r"<tool_call>\s*(.*?)\s*(</tool_call>|$)", re.S)
 _MARK = "KITMARK0"
 
 FALLBACK = """You can call tools. To call one, write on its own line
@@ -39,13 +39,13 @@ def parse_calls(text: str, known=()) -> list[dict]:
     if "<tool_call>" not in text and known:
         return bare_calls(text, set(known))
     calls = []
-    for body in _CALL.findall(text):
+    for body, closed in _CALL.findall(text):
         if not body.strip():
             continue
         try:
             call = json.loads(body, strict=False)  # a literal newline in a string (code written as it reads) is read
         except (ValueError, RecursionError) as err:  # a degenerate text (thousands of "[") is an error, not a crash
-            call = one_string_call(body)
+            call = one_string_call(body, closed=bool(closed))
             if call is None:
                 calls.append({"error": f"the tool call is not valid JSON ({getattr(err, 'msg', 'nested too deeply')}"
                                        f"): {body[:200]}"})
@@ -65,6 +65,9 @@ def parse_calls(text: str, known=()) -> list[dict]:
 
 _ONE_STRING = re.compile(r'\{\s*"name"\s*:\s*"([\w.-]+)"\s*,\s*"(?:arguments|parameters)"\s*:\s*\{\s*"(\w+)"\s*:\s*"(.*)"'
                          r'\s*\}\s*\}?', re.S)
+_OPEN_STRING = re.compile(r'\{\s*"name"\s*:\s*"([\w.-]+)"\s*,\s*"(?:arguments|parameters)"\s*:\s*\{\s*"(\w+)"\s*:\s*'
+                          r'"(.*?)\s*(?:```)?\s*', re.S)
+_NEXT_KEY = re.compile(r'"\s*,\s*"\w+"\s*:')
 _ESCAPES = {"n": "\n", "t": "\t", "r": "\r", '"': '"', "\\": "\\", "'": "'", "/": "/"}
 
 
@@ -76,15 +79,19 @@ def started_calls(start: str) -> list[str]:
     return _STARTED.findall(start)
 
 
-def one_string_call(body: str) -> dict | None:
+def one_string_call(body: str, closed: bool = True) -> dict | None:
     """A call of one string argument that is not valid JSON, read as meant: `{"name": N, "arguments": {"k": "..."}}`
     whose string runs to the object's end (code with an unescaped `\"\"\"` docstring or a `\\'`, how a 0.5B coder
-    writes a draft into a call; its last closing brace may be missing), with the string's escapes undone. None when
-    the body is not of that shape."""
-    match = _ONE_STRING.fullmatch(body.strip())
+    writes a draft into a call; its last closing brace may be missing). Not `closed` (no `</tool_call>` came): a
+    string that never ends is read to the text's end, less a closing code fence (the 0.5B coder, its call started
+    for it with a newline in the string, writes its draft as a code block and ends its turn there: bench/README.md,
+    "call_form"). The string's escapes are undone. None when the body is not of that shape."""
+    match = _ONE_STRING.fullmatch(body.strip()) or (None if closed else _OPEN_STRING.fullmatch(body.strip()))
     if match is None:
         return None
     name, key, value = match.groups()
+    if match.re is _OPEN_STRING and _NEXT_KEY.search(value):  # a call of several arguments, cut: not one string
+        return None
     value = re.sub(r"\\(.)", lambda m: _ESCAPES.get(m.group(1), m.group(0)), value, flags=re.S)
     return {"name": name, "arguments": {key: value}}
 

@@ -120,8 +120,9 @@ class Board:
     A post is labelled with its author's role, which the kit sets as `caller` before each call (envhost's third
     optional part), not with an argument: the untrained 0.5B coder filled an `author` argument with its schema's
     description ("Your role, so that teammates know whose draft it is.") in 18 of the 25 posts that gave one, and
-    none with a role (the discussion runs of seeds 23-24, bench/README.md), so no agent could tell whose draft it read. `read` marks the reader's own posts "(you)". Run
-    without the kit (no caller), posts are "agent 1", "agent 2", ... in order.
+    none with a role (the discussion runs of seeds 23-24, bench/README.md), so no agent could tell whose draft it
+    read. `read` marks the reader's own posts "(you)". Run without the kit (no caller), posts are "agent 1", "agent
+    2", ... in order.
 
     `next_step` (environment_args), when given, ends every result: what to do after the call. The untrained 0.5B
     coder, told only that its calls were spent, wrote its call again as its answer (every joint action 0,
