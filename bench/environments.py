@@ -168,16 +168,17 @@ ARMS = ("tool", "plain")
 
 def tool(seeds: list[int], n: int, tokens: int, extra: list[str], preset: str = "coder_code",
          runs: Path = RUNS, env: str = TOOL_ENV, name: str = "code", tool_extra: list[str] = (),
-         plain_methods: list[str] = ()) -> None:
+         plain_methods: list[str] = (), arms: tuple = ARMS) -> None:
     """The untrained team with an environment's tools (CodeTests' run_tests) and without them, every other setting
     equal (module docstring); run folders <name>_<arm>_s<seed>. `plain_methods`: baselines sampled in the plain arm
-    besides its team (e.g. discussion, the schedule a Board arm plays as calls)."""
+    besides its team (e.g. discussion, the schedule a Board arm plays as calls). `arms`: the arms to sample (the
+    plain arm alone beside a training run whose --n rows are the tool arm's)."""
     from kit.analysis.baselines import compare
     from kit.run import fields
     from kit.run.config import load_config
 
     for seed in seeds:
-        for arm in ARMS:
+        for arm in arms:
             run_dir = runs / f"{name}_{arm}_s{seed}"
             if (run_dir / "eval" / "baselines.json").exists():
                 continue  # done: rerun by deleting the folder
@@ -293,6 +294,7 @@ def main() -> None:
     to.add_argument("--env", default=TOOL_ENV, help="the tool arm's environment (default: CodeTests)")
     to.add_argument("--name", default="code", help="the run folders' prefix: <name>_<arm>_s<seed>")
     to.add_argument("--tool-set", dest="tool_extra", nargs="*", default=[], help="overrides of the tool arm alone")
+    to.add_argument("--arms", nargs="+", choices=ARMS, default=list(ARMS), help="the arms to sample (default both)")
     to.add_argument("--plain-methods", nargs="*", default=[], help="baselines sampled in the plain arm besides its "
                     "team, e.g. discussion (tool-table adds their rows)")
     tt = sub.add_parser("tool-table")
@@ -305,7 +307,7 @@ def main() -> None:
         train(args.preset, args.seeds, args.extra, args.n, args.name)
     elif args.command == "tool":
         tool(args.seeds, args.n, args.tokens, args.extra, env=args.env, name=args.name, tool_extra=args.tool_extra,
-             plain_methods=args.plain_methods)
+             plain_methods=args.plain_methods, arms=tuple(args.arms))
     elif args.command == "cache":
         cache(args.items, args.extra)
     elif args.command == "tool-table":

@@ -6,6 +6,7 @@ Run: python -m pytest tests/test_environments.py
 
 import json
 import re
+import time
 from pathlib import Path
 
 import pytest
@@ -532,6 +533,21 @@ def test_a_started_call_left_open_is_read_to_the_end_of_the_text():
     # closed by </tool_call>, a string that never ends is still an error; so is an open call of several arguments
     assert "error" in tools.parse_calls(head + body + "</tool_call>")[0]
     assert "error" in tools.parse_calls('<tool_call>{"name": "f", "arguments": {"a": "x", "b": "y')[0]
+    # code written as it reads is taken as written: its own escapes stay, a dict literal is not a next argument
+    code = '    d = {"a": "x", "b": "y"}\n    return \'\\n\'.join(xs)'
+    assert tools.parse_calls(head + code + "\n```")[0]["arguments"]["code"].endswith(code)
+    # a complete call followed by prose (no </tool_call>): the call
+    assert tools.parse_calls('<tool_call>{"name": "f", "arguments": {"a": "x"}} hope that works') == \
+        [{"name": "f", "arguments": {"a": "x"}}]
+
+
+def test_an_open_call_over_a_long_run_of_blank_lines_is_read_in_linear_time():
+    """A degenerate draft (thousands of blank lines before its fence) must not stall the trainer's process: a regex
+    with two optional blank runs around an optional fence backtracks cubically (20k lines: hours)."""
+    started = time.perf_counter()
+    call = tools.parse_calls('<tool_call>{"name": "run_tests", "arguments": {"code": "x' + "\n" * 20000 + "```")
+    assert call == [{"name": "run_tests", "arguments": {"code": "x"}}]
+    assert time.perf_counter() - started < 5
 
 
 def test_a_tool_that_prints_and_reads_stdin_cannot_touch_the_protocol():

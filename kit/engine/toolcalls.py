@@ -45,7 +45,7 @@ def parse_calls(text: str, known=()) -> list[dict]:
         try:
             call = json.loads(body, strict=False)  # a literal newline in a string (code written as it reads) is read
         except (ValueError, RecursionError) as err:  # a degenerate text (thousands of "[") is an error, not a crash
-            call = one_string_call(body, closed=bool(closed))
+            call = _object_then_text(body) or one_string_call(body, closed=bool(closed))
             if call is None:
                 calls.append({"error": f"the tool call is not valid JSON ({getattr(err, 'msg', 'nested too deeply')}"
                                        f"): {body[:200]}"})
@@ -66,7 +66,8 @@ def parse_calls(text: str, known=()) -> list[dict]:
 _ONE_STRING = re.compile(r'\{\s*"name"\s*:\s*"([\w.-]+)"\s*,\s*"(?:arguments|parameters)"\s*:\s*\{\s*"(\w+)"\s*:\s*"(.*)"'
                          r'\s*\}\s*\}?', re.S)
 _OPEN_STRING = re.compile(r'\{\s*"name"\s*:\s*"([\w.-]+)"\s*,\s*"(?:arguments|parameters)"\s*:\s*\{\s*"(\w+)"\s*:\s*'
-                          r'"(.*?)\s*(?:```)?\s*', re.S)
+                          r'"(.*)', re.S)  # to the end: its closing fence is cut in Python (a regex tail of two
+# optional blanks around an optional fence backtracks cubically on a run of blank lines)
 _NEXT_KEY = re.compile(r'"\s*,\s*"\w+"\s*:')
 _ESCAPES = {"n": "\n", "t": "\t", "r": "\r", '"': '"', "\\": "\\", "'": "'", "/": "/"}
 
@@ -85,15 +86,31 @@ def one_string_call(body: str, closed: bool = True) -> dict | None:
     writes a draft into a call; its last closing brace may be missing). Not `closed` (no `</tool_call>` came): a
     string that never ends is read to the text's end, less a closing code fence (the 0.5B coder, its call started
     for it with a newline in the string, writes its draft as a code block and ends its turn there: bench/README.md,
-    "call_form"). The string's escapes are undone. None when the body is not of that shape."""
+    "call_form"); such a string with literal newlines is code as it reads and is taken as written. Any other has
+    JSON's escapes undone. None when the body is not of that shape."""
     match = _ONE_STRING.fullmatch(body.strip()) or (None if closed else _OPEN_STRING.fullmatch(body.strip()))
     if match is None:
         return None
     name, key, value = match.groups()
-    if match.re is _OPEN_STRING and _NEXT_KEY.search(value):  # a call of several arguments, cut: not one string
-        return None
+    if match.re is _OPEN_STRING:
+        if _NEXT_KEY.search(value.split("\n", 1)[0]):  # a call of several arguments, cut (a dict literal in the
+            return None                                # code, lines below, is not a next argument)
+        value = value.rstrip()
+        value = value[:-3].rstrip() if value.endswith("```") else value
+        if "\n" in value:  # code written as it reads: its escapes are the code's own (`'\\n'.join`)
+            return {"name": name, "arguments": {key: value}}
     value = re.sub(r"\\(.)", lambda m: _ESCAPES.get(m.group(1), m.group(0)), value, flags=re.S)
     return {"name": name, "arguments": {key: value}}
+
+
+def _object_then_text(body: str) -> dict | None:
+    """A complete call object followed by other text (`{"name": ..., "arguments": {...}}` then prose, with no
+    `</tool_call>` between): the object."""
+    try:
+        call, _ = json.JSONDecoder(strict=False).raw_decode(body.strip())
+    except (ValueError, RecursionError):
+        return None
+    return call if isinstance(call, dict) and "name" in call else None
 
 
 def bare_calls(text: str, known: set) -> list[dict]:

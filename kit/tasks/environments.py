@@ -121,8 +121,8 @@ class Board:
     optional part), not with an argument: the untrained 0.5B coder filled an `author` argument with its schema's
     description ("Your role, so that teammates know whose draft it is.") in 18 of the 25 posts that gave one, and
     none with a role (the discussion runs of seeds 23-24, bench/README.md), so no agent could tell whose draft it
-    read. `read` marks the reader's own posts "(you)". Run without the kit (no caller), posts are "agent 1", "agent
-    2", ... in order.
+    read. `read` marks the reader's own posts "(you)" (a team of two agents of one role cannot be told apart: give
+    the roles different names). Run without the kit (no caller), posts are "agent 1", "agent 2", ... in order.
 
     `next_step` (environment_args), when given, ends every result: what to do after the call. The untrained 0.5B
     coder, told only that its calls were spent, wrote its call again as its answer (every joint action 0,
