@@ -40,14 +40,14 @@ from kit.engine.prompts import Prompt  # noqa: E402
 from kit.engine.toolcalls import parse_calls, prompt_ids  # noqa: E402
 from kit.run.presets import PRESETS  # noqa: E402
 from kit.sandbox.envclass import describe  # noqa: E402
-from kit.tasks.code import CodeTask  # noqa: E402
+from kit.tasks.code import CODE_START, POST_DRAFT, TOOL_START, CodeTask  # noqa: E402
 from kit.tasks.codeparse import extract_code  # noqa: E402
 from kit.tasks.environments import Board, CodeTests  # noqa: E402
 
-HEADS = {"post": ('<tool_call>\n{"name": "post", "arguments": {"text": "', "text", Board),
-         "run_tests": ('<tool_call>\n{"name": "run_tests", "arguments": {"code": "', "code", CodeTests)}
-BODIES = {"inline": "def {name}(", "newline": "\ndef {name}(", "escaped": "\\ndef {name}(",
-          "fenced": "```python\ndef {name}("}
+# the kit's call starts less their draft's start (CODE_START): the head each start below follows
+HEADS = {"post": (POST_DRAFT.format(name="")[:-len(CODE_START.format(name=""))], "text", Board),
+         "run_tests": (TOOL_START.format(name="")[:-len(CODE_START.format(name=""))], "code", CodeTests)}
+BODIES = {"inline": "def {name}(", "newline": "\ndef {name}(", "escaped": "\\ndef {name}(", "fenced": CODE_START}
 
 
 def has_body(code: str, name: str) -> bool:

@@ -63,10 +63,10 @@ def parse_calls(text: str, known=()) -> list[dict]:
     return calls
 
 
-_ONE_STRING = re.compile(r'\{\s*"name"\s*:\s*"([\w.-]+)"\s*,\s*"(?:arguments|parameters)"\s*:\s*\{\s*"(\w+)"\s*:\s*"(.*)"'
-                         r'\s*\}\s*\}?', re.S)
-_OPEN_STRING = re.compile(r'\{\s*"name"\s*:\s*"([\w.-]+)"\s*,\s*"(?:arguments|parameters)"\s*:\s*\{\s*"(\w+)"\s*:\s*'
-                          r'"(.*)', re.S)  # to the end: its closing fence is cut in Python (a regex tail of two
+# a call of one string argument up to its string's opening quote, then the rest: (name, key, value)
+_ONE_HEAD = r'\{\s*"name"\s*:\s*"([\w.-]+)"\s*,\s*"(?:arguments|parameters)"\s*:\s*\{\s*"(\w+)"\s*:\s*"(.*)'
+_ONE_STRING = re.compile(_ONE_HEAD + r'"\s*\}\s*\}?', re.S)
+_OPEN_STRING = re.compile(_ONE_HEAD, re.S)  # to the end: its closing fence is cut in Python (a regex tail of two
 # optional blanks around an optional fence backtracks cubically on a run of blank lines)
 _NEXT_KEY = re.compile(r'"\s*,\s*"\w+"\s*:')
 _ESCAPES = {"n": "\n", "t": "\t", "r": "\r", '"': '"', "\\": "\\", "'": "'", "/": "/"}

@@ -72,22 +72,21 @@ Instructions:
 DATASETS = ("humaneval", "coop", "mbpp")  # bundled or offline; hub:<name> besides
 PREFILLS = ("none", "helper", "both", "tool", "board", "discussion")  # whose answers the sampler starts, and how
 CALLING = ("tool", "board", "discussion")  # the prefills that start answers as tool calls (they need an environment)
-HELPER_START = "```python\ndef aux("
-MAIN_START = "```python\ndef {entry}("
+CODE_START = "```python\ndef {name}("  # an answer started as code (and, in a call, a draft's string: below)
+HELPER_START = CODE_START.format(name=AUX)
 # `prefill: tool`, with environment=kit.tasks.environments:CodeTests: each agent's answer starts as a call of the
 # test tool on its draft, in Qwen's (Hermes) format, so a model that never calls a tool unprompted tests a draft first
 # and answers after the results (the reward reads that later answer). The draft's string starts as a code block, a
 # ```python fence and a literal newline (toolcalls reads literal newlines, and a started call left open to the end of
 # the turn): started `"code": "def aux(` the untrained 0.5B coder wrote a function with a body in 5 of 32 calls (it
 # closed the string after the signature or the docstring), started so in 19 of 32 (bench/README.md, "call_form").
-DRAFT = "```python\ndef {name}("  # how a draft's string starts in a call
-TOOL_START = '<tool_call>\n{{"name": "run_tests", "arguments": {{"code": "' + DRAFT
+TOOL_START = '<tool_call>\n{{"name": "run_tests", "arguments": {{"code": "' + CODE_START
 # `prefill: board`, with environment=kit.tasks.environments:Board (and its `next_step`): the sequential schedule as
 # tool calls, for a coder that never posts or reads when the board is only offered (bench/README.md). The helper's
 # answer starts as a post of its `aux` draft (`text` alone: a broken JSON string is then read as meant,
 # toolcalls.one_string_call), main's as a read; calls run in agent order, so main reads the helper's draft of the
 # same round, then both give their final code.
-POST_DRAFT = '<tool_call>\n{{"name": "post", "arguments": {{"text": "' + DRAFT  # a post of the draft of `name`
+POST_DRAFT = '<tool_call>\n{{"name": "post", "arguments": {{"text": "' + CODE_START  # a post of `name`'s draft
 POST_START = POST_DRAFT.format(name=AUX)
 READ_START = '<tool_call>\n{"name": "read", "arguments": {'
 # `prefill: discussion`, with the Board and max_tool_calls=2: the discussion schedule as tool calls. Each agent's answer
@@ -193,7 +192,7 @@ class CodeTask:
         post of its own draft, its second round as a read (Prompt.round_starts). `code_after_tools` (with `tool`,
         `board` or `discussion`): the answer after an agent's last allowed call started as its code, as `both`
         starts it (Prompt.final_start)."""
-        code = (HELPER_START, MAIN_START.format(entry=item["entry_point"]))
+        code = (HELPER_START, CODE_START.format(name=item["entry_point"]))
         starts = {"none": ("", ""), "helper": (HELPER_START, ""), "both": code,
                   "tool": (TOOL_START.format(name=AUX), TOOL_START.format(name=item["entry_point"])),
                   "board": (POST_START, READ_START),
