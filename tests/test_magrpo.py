@@ -137,3 +137,48 @@ def test_head_logprobs_equal_token_logprobs_in_value_and_gradient():
     (grad,) = torch.autograd.grad((out.double() * upstream).sum(), hidden)
     torch.testing.assert_close(out.double(), ref, atol=1e-6, rtol=1e-6)  # fp32 output
     torch.testing.assert_close(grad, ref_grad, atol=1e-6, rtol=1e-6)
+
+
+def test_head_logprobs_blocks_hold_at_most_head_block_logits(monkeypatch):
+    """A 152k vocabulary's (chunk, V) blocks are bounded by elements, not by a fixed 1024 positions (an fp32 block
+    of 1024 x 151,936 is 622 MB, and two are alive at a time): the positions per block follow HEAD_BLOCK // V."""
+    g = torch.Generator().manual_seed(0)
+    hidden = torch.randn(2, 7, 8, generator=g, requires_grad=True)
+    weight = torch.randn(11, 8, generator=g)
+    targets = torch.randint(0, 11, (2, 7), generator=g)
+    rows = []
+    real = losses._logits
+    monkeypatch.setattr(losses, "_logits", lambda h, w, t: rows.append(h.shape[0]) or real(h, w, t))
+    monkeypatch.setattr(losses, "HEAD_BLOCK", 3 * 11 + 5)  # room for 3 positions of 11 logits
+    out = losses.head_logprobs(hidden, weight, targets)
+    out.sum().backward()
+    assert rows == [3, 3, 3, 3, 2] * 2  # 14 positions in blocks of 3, forward then backward
+    torch.testing.assert_close(out, losses.token_logprobs(hidden @ weight.t(), targets))
+    rows.clear()
+    monkeypatch.setattr(losses, "HEAD_BLOCK", 10 ** 9)
+    losses.head_logprobs(torch.randn(1, 1500, 8), weight, torch.zeros(1, 1500, dtype=torch.long))
+    assert rows == [1024, 476]  # never more than 1024 positions
+
+
+def test_a_forward_first_hands_back_what_the_last_one_freed(monkeypatch):
+    """completion_logprobs calls kit.env.release_freed_memory before it forwards (micro-batches of long rows on a
+    CPU otherwise leave glibc's heap gigabytes above the live tensors), and that call is a no-op without glibc."""
+    import kit.engine.forward as forward
+    import kit.env as env
+    from kit.engine.rollout import Segment
+
+    calls = []
+
+    class Model(torch.nn.Module):
+        def forward(self, input_ids, **kw):
+            calls.append("forward")
+            return type("Out", (), {"logits": torch.zeros(len(input_ids), kw["logits_to_keep"], 5)})()
+
+    monkeypatch.setattr(forward, "release_freed_memory", lambda: calls.append("release"))
+    ids = torch.ones(1, 4, dtype=torch.long)
+    seg = Segment(0, ids, torch.ones_like(ids), torch.ones(1, 2), 2, torch.zeros(1, dtype=torch.long),
+                  torch.zeros(1, dtype=torch.long), torch.zeros(1, 2), torch.ones(1, dtype=torch.bool))
+    forward.completion_logprobs(Model(), seg)
+    assert calls == ["release", "forward"]
+    monkeypatch.setattr(env, "_malloc_trim", lambda: None)  # macOS, Windows, musl
+    env.release_freed_memory()

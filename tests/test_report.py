@@ -271,3 +271,19 @@ def test_the_nearest_preset_does_not_list_the_resolved_weight_source_as_a_differ
     assert nearest_preset(config) == ("coder_code", [])
     config["learning_rate"] = 3e-4
     assert nearest_preset(config) == ("coder_code", ["learning_rate=0.0003"])
+
+
+def test_the_run_records_its_peak_resident_memory_and_keeps_the_highest(tmp_path, monkeypatch):
+    """environment.json says how much memory the training process held at most (a CPU run is killed on that), the
+    highest over the train() calls of a run: a resumed run that peaked lower keeps the first one's figure."""
+    from kit.analysis import runinfo
+
+    monkeypatch.setattr(runinfo, "_peak_rss_gib", lambda: 3.5)
+    assert runinfo.record_environment(tmp_path)["peak_host_memory_gib"] == 3.5
+    monkeypatch.setattr(runinfo, "_peak_rss_gib", lambda: 2.0)  # the resumed process
+    assert runinfo.record_environment(tmp_path)["peak_host_memory_gib"] == 3.5
+    monkeypatch.setattr(runinfo, "_peak_rss_gib", lambda: 7.25)
+    env = runinfo.record_environment(tmp_path)
+    assert env["peak_host_memory_gib"] == 7.25 and env["peak_memory_gib"] is None  # no GPU here
+    monkeypatch.undo()
+    assert runinfo._peak_rss_gib() is None or runinfo._peak_rss_gib() > 0.01  # this process's own, in GiB

@@ -28,9 +28,9 @@ PACKAGES = ("torch", "transformers", "peft", "bitsandbytes", "accelerate", "nump
 
 
 def record_environment(run_dir: str | Path) -> dict:
-    """Write <run_dir>/environment.json: kit version and commit, package versions, Python, GPU and the peak GPU
-    memory (the largest over every train() call of the run, so a resume keeps the highest). Never raises: a
-    missing package or git is recorded as absent."""
+    """Write <run_dir>/environment.json: kit version and commit, package versions, Python, GPU, the peak GPU
+    memory and the process's peak resident memory (each the largest over every train() call of the run, so a
+    resume keeps the highest). Never raises: a missing package or git is recorded as absent."""
     import platform
     import subprocess
     import sys
@@ -58,10 +58,27 @@ def record_environment(run_dir: str | Path) -> dict:
         peak = max(torch.cuda.max_memory_allocated(d) for d in range(torch.cuda.device_count())) / 2**30
     env = {"kit_version": kit.__version__, "kit_commit": commit, "python": platform.python_version(),
            "packages": packages, "gpu": gpu,
-           "peak_memory_gib": max(p for p in (peak, old.get("peak_memory_gib")) if p is not None)
-           if peak is not None or old.get("peak_memory_gib") is not None else None}
+           "peak_memory_gib": _highest(peak, old.get("peak_memory_gib")),
+           "peak_host_memory_gib": _highest(_peak_rss_gib(), old.get("peak_host_memory_gib"))}
     path.write_text(json.dumps(env, indent=1))
     return env
+
+
+def _highest(*values):
+    known = [v for v in values if v is not None]
+    return max(known) if known else None
+
+
+def _peak_rss_gib() -> float | None:
+    """This process's peak resident memory (what an out-of-memory kill on a CPU machine is about); None where the
+    platform has no `resource` module (Windows)."""
+    try:
+        import resource
+        import sys
+    except ImportError:
+        return None
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # kilobytes on Linux, bytes on macOS
+    return peak / 2**30 if sys.platform == "darwin" else peak / 2**20
 
 
 # --- reading a run

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import torch
 
+from kit.env import release_freed_memory
 from kit.maths.losses import head_logprobs, token_entropy, token_logprobs
 
 # `seg` below is a kit/engine/rollout.py Segment (rows of one base: ids, masks, sampler log-probs); not imported,
@@ -94,7 +95,11 @@ def completion_logprobs(model, seg, temperature: float = 1.0, entropy: bool = Fa
     `share_prompts`: rows with the same prompt (the G samples of a request) forward it once and read its keys and
     values from a cache (`shared_prompt_forward`); the same log-probs and gradient up to float rounding. Not with
     gradient checkpointing, which drops the cache.
+
+    First the C heap hands back what the last forward freed (kit.env.release_freed_memory): on a CPU, micro-batches
+    of long rows (tool rounds) otherwise leave the process gigabytes above its live tensors.
     """
+    release_freed_memory()
     T = seg.completion_mask.shape[1]
     parts = _decoder_and_head(model)
     P = seg.prompt_len

@@ -151,7 +151,10 @@ def _logits(hidden: torch.Tensor, weight: torch.Tensor, temperature: float) -> t
     return logits.div_(temperature) if temperature != 1.0 else logits
 
 
-def head_logprobs(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor, chunk: int = 1024,
+HEAD_BLOCK = 2 ** 26  # elements of one (chunk, V) fp32 block of head_logprobs: 256 MB, 441 positions of a 152k vocabulary
+
+
+def head_logprobs(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor, chunk: int | None = None,
                   temperature: float = 1.0, entropy: bool = False):
     """token_logprobs(hidden @ weight^T, targets, temperature) without materialising the logits of all positions;
     with `entropy`, also token_entropy of the same logits (differentiable: detach it where no gradient is wanted).
@@ -160,6 +163,8 @@ def head_logprobs(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Ten
     ((R, T), (R, T)) with `entropy`
     """
     R, T, H = hidden.shape
+    if chunk is None:  # positions per block: at most HEAD_BLOCK logits (two blocks are alive at a time), at most 1024
+        chunk = max(1, min(1024, HEAD_BLOCK // weight.shape[0]))
     out, ent = _HeadLogProbs.apply(hidden.reshape(R * T, H), weight, targets.reshape(R * T), chunk,
                                    float(temperature), entropy)
     return (out.view(R, T), ent.view(R, T)) if entropy else out.view(R, T)
