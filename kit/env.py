@@ -37,9 +37,11 @@ def _malloc_trim():
     import ctypes
 
     try:
-        return ctypes.CDLL("libc.so.6").malloc_trim
-    except (OSError, AttributeError):  # macOS, Windows, musl: no such call (their allocators differ)
+        trim = ctypes.CDLL("libc.so.6").malloc_trim
+    except (OSError, AttributeError):  # macOS, Windows (no such library), musl (no such call)
         return None
+    trim.argtypes, trim.restype = [ctypes.c_size_t], ctypes.c_int
+    return trim
 
 
 def in_colab() -> bool:

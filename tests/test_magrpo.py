@@ -180,5 +180,19 @@ def test_a_forward_first_hands_back_what_the_last_one_freed(monkeypatch):
                   torch.zeros(1, dtype=torch.long), torch.zeros(1, 2), torch.ones(1, dtype=torch.bool))
     forward.completion_logprobs(Model(), seg)
     assert calls == ["release", "forward"]
-    monkeypatch.setattr(env, "_malloc_trim", lambda: None)  # macOS, Windows, musl
-    env.release_freed_memory()
+    env.release_freed_memory()  # the real call (glibc here, or none)
+    import ctypes
+
+    class Musl:  # dlopen("libc.so.6") on musl gives its own libc, which has no malloc_trim
+        pass
+
+    def no_library(name):  # macOS, Windows
+        raise OSError(f"{name}: cannot open shared object file")
+
+    for cdll in (no_library, lambda name: Musl()):
+        env._malloc_trim.cache_clear()
+        monkeypatch.setattr(ctypes, "CDLL", cdll)
+        assert env._malloc_trim() is None
+        env.release_freed_memory()  # a no-op, not an error
+    monkeypatch.undo()
+    env._malloc_trim.cache_clear()  # the cached None must not outlive the test

@@ -3,7 +3,8 @@ comparison (kit/analysis/compare.py), plus the environment record the trainer wr
 
     read_run(run_dir)            config, metrics (training rows), eval/ rows, baselines, judge budget, environment;
                                  a missing file is an empty value, never an error (older runs still read)
-    record_environment(run_dir)  environment.json: kit version and commit, packages, Python, GPU, peak GPU memory
+    record_environment(run_dir)  environment.json: kit version and commit, packages, Python, GPU, peak GPU and
+                                 resident memory
     nearest_preset(config)       the preset a run differs least from, and the training fields that differ
     final_train_reward(train)    where the training reward ended: the one definition the report and compare say
     figure(), raw_and_smoothed() the figures' shared look: a bare matplotlib Figure, raw points faint under a
@@ -70,8 +71,9 @@ def _highest(*values):
 
 
 def _peak_rss_gib() -> float | None:
-    """This process's peak resident memory (what an out-of-memory kill on a CPU machine is about); None where the
-    platform has no `resource` module (Windows)."""
+    """This process's peak resident memory since it started (what an out-of-memory kill on a CPU machine is about:
+    in a notebook, also what ran before the training in the same kernel); None where the platform has no
+    `resource` module (Windows). Recorded when train() returns: a process killed mid-run records nothing."""
     try:
         import resource
         import sys
