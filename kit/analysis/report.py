@@ -95,8 +95,8 @@ def run_section(run: dict) -> str:
                   ("GPU", env.get("gpu") or "none (CPU)"),
                   ("peak GPU memory", f"{env['peak_memory_gib']:.1f} GiB" if env.get("peak_memory_gib") else
                    "n/a (CPU)"),
-                  ("peak resident memory", f"{env['peak_host_memory_gib']:.1f} GiB (the training process since it started)"
-                   if env.get("peak_host_memory_gib") else "not recorded")]
+                  ("peak resident memory", f"{env['peak_host_memory_gib']:.1f} GiB (the training process since it "
+                   "started)" if env.get("peak_host_memory_gib") else "not recorded")]
     else:
         facts.append(("kit, packages, GPU, memory", f"not recorded: this run has no {ENVIRONMENT} (trained by an "
                       "older kit, or not trained yet)"))

@@ -74,9 +74,10 @@ def _peak_rss_gib() -> float | None:
     """This process's peak resident memory since it started (what an out-of-memory kill on a CPU machine is about:
     in a notebook, also what ran before the training in the same kernel); None where the platform has no
     `resource` module (Windows). Recorded when train() returns: a process killed mid-run records nothing."""
+    import sys
+
     try:
         import resource
-        import sys
     except ImportError:
         return None
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # kilobytes on Linux, bytes on macOS

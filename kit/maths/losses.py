@@ -151,7 +151,8 @@ def _logits(hidden: torch.Tensor, weight: torch.Tensor, temperature: float) -> t
     return logits.div_(temperature) if temperature != 1.0 else logits
 
 
-HEAD_BLOCK = 2 ** 26  # elements of one (chunk, V) fp32 block of head_logprobs: 256 MiB, 441 positions of a 152k vocabulary
+# elements of one (chunk, V) fp32 block of head_logprobs: 256 MiB, 441 positions of a 152k vocabulary
+HEAD_BLOCK = 2 ** 26
 
 
 def head_logprobs(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor, chunk: int | None = None,
