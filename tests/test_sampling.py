@@ -221,3 +221,70 @@ def test_a_segment_joins_prompts_and_completions_and_masks_after_the_first_eos()
     assert seg.prompt_len == 3
     part = seg.slice(1, 2)
     assert part.input_ids.tolist() == [[3, 4, 5, 7, 8, 1]] and part.sample.tolist() == [1]
+
+
+# --- the step's cost: no sort of the vocabulary, noise only where a token is kept (issue 77)
+
+def reference_step(seeds, step, logits, temperature, top_p, top_k):
+    """What SeededSampling computed before issue 77: transformers' warpers (a full sort for top-p), then every
+    token's noise. (scores + noise, log-probs) of one step."""
+    from transformers import TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper
+
+    warpers = ([TemperatureLogitsWarper(temperature)] if temperature != 1.0 else []) + \
+        ([TopKLogitsWarper(top_k)] if top_k > 0 else []) + ([TopPLogitsWarper(top_p)] if top_p < 1.0 else [])
+    scores = logits
+    for w in warpers:
+        scores = w(None, scores)
+    scores = scores.float()
+    return scores + seeded_gumbel(seeds, step, scores.shape[-1]), scores.log_softmax(-1)
+
+
+@pytest.mark.parametrize("temperature, top_p, top_k", [(0.7, 0.9, 0), (1.0, 0.95, 50), (0.7, 1.0, 50),
+                                                        (1.0, 1.0, 0), (0.5, 0.3, 0)])
+def test_a_step_picks_the_tokens_and_log_probs_of_the_full_sort_and_hash(temperature, top_p, top_k):
+    """At a real vocabulary size, on logits shaped like a language model's (a few likely tokens, a long tail): the
+    sampled token and its log-prob are those of transformers' sorting warpers with every token hashed."""
+    rows = 16
+    gen = torch.Generator().manual_seed(3)
+    logits = torch.randn(rows, QWEN_VOCAB, generator=gen) * 2
+    logits[:, :40] += torch.randn(rows, 40, generator=gen) * 3 + 12  # a head of plausible tokens
+    seeds = torch.tensor([row_seed(5, ("ref",), r) for r in range(rows)])
+    sampler = SeededSampling(seeds, temperature, top_p, top_k)
+    for step in range(3):
+        ids = torch.zeros(rows, 4 + step, dtype=torch.long)
+        if step:
+            ids[:, -1] = picks
+        scores = sampler(ids, logits)
+        ref_scores, ref_logp = reference_step(seeds, step, logits, temperature, top_p, top_k)
+        picks = scores.argmax(-1)
+        assert torch.equal(picks, ref_scores.argmax(-1)), step
+        assert torch.equal(scores.isfinite(), ref_scores.isfinite()), step  # the same tokens kept
+        assert torch.equal(scores[scores.isfinite()], ref_scores[ref_scores.isfinite()]), step
+    logp = sampler.logprobs(picks[:, None].expand(rows, 3).clone())
+    assert torch.equal(logp[:, -1], ref_logp.gather(1, picks[:, None])[:, 0])
+
+
+def test_the_nucleus_reaches_past_the_first_candidates():
+    """A flat distribution's nucleus is thousands of tokens: the candidates widen until it ends inside them."""
+    logits = torch.linspace(1.0, 0.0, 5000).expand(2, -1).clone()  # nearly flat: 0.5 of the mass in 1,900 tokens
+    logits[1, :3] = torch.tensor([20.0, 19.9, 19.0])  # the second row: 0.44, 0.40, 0.16 of the mass: two kept
+    ids, vals, kept = kit.engine.sampling.nucleus(logits, 0.5)
+    p = logits[0].double().softmax(-1)  # already in descending order
+    expected = int((p.cumsum(0) - p < 0.5).sum())
+    assert kept.sum(-1).tolist() == [expected, 2] and expected > 1000
+    assert kept.shape[1] > kit.engine.sampling.NUCLEUS_WIDTH
+
+
+def test_tokens_tied_at_the_nucleus_edge_are_all_kept():
+    """Mass strictly above decides: of four tokens tied after a 0.4 token, with top_p 0.5, all four are kept (a
+    sort would keep an arbitrary one)."""
+    p = torch.tensor([[0.4, 0.1, 0.1, 0.1, 0.1, 0.2]])
+    p[0, 5] = 0.05
+    _, vals, kept = kit.engine.sampling.nucleus(p.log(), 0.5)
+    assert kept.sum().item() == 5
+
+
+def test_noise_of_a_token_subset_is_the_full_vocabulary_noise_at_those_tokens():
+    seeds = torch.tensor([3, -9], dtype=torch.int64)
+    ids = torch.tensor([[5, 0, 49], [7, 7, 1]])
+    assert torch.equal(seeded_gumbel(seeds, 2, ids), seeded_gumbel(seeds, 2, 50).gather(1, ids))

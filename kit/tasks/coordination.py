@@ -175,17 +175,13 @@ def move_probabilities(team, params, task, episodes: list, player: int, min_prob
     at the sampling temperature, top-k and top-p; prefixes below `min_prob` are left unexpanded (`unresolved`). With
     more than MAX_EXACT_TAIL continuations below `min_prob` (a real model's 49k vocabulary at temperature 1), their
     mass goes to `unresolved` in one sum instead of being decoded one by one (eval/exact_unresolved reports it)."""
-    from transformers import TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper
-
+    from kit.engine.sampling import warp
     from kit.engine.rollout import encode_prompt, eos_ids, left_pad
     from kit.engine.forward import position_ids
 
     model, tok = team.model_of(player), team.tokenizer_of(player)
     model.set_adapter(team.adapter_of[player])
     device, eos = next(model.parameters()).device, eos_ids(team.model_of(player), tok)
-    warpers = ([TemperatureLogitsWarper(params.temperature)] if params.temperature != 1.0 else []) + \
-        ([TopKLogitsWarper(params.top_k)] if params.top_k > 0 else []) + \
-        ([TopPLogitsWarper(params.top_p)] if params.top_p < 1.0 else [])  # the order SeededSampling applies
     A = len(task.legal(episodes[0]))
     probs, illegal, unresolved = np.zeros((len(episodes), A)), np.zeros(len(episodes)), np.zeros(len(episodes))
     prompts = [encode_prompt(tok, task.prompt(ep, player), params.use_chat_template, params.max_prompt_tokens)
@@ -210,9 +206,7 @@ def move_probabilities(team, params, task, episodes: list, player: int, min_prob
             break
         enc = left_pad([prompts[s] + ids for s, ids, _ in live], tok.pad_token_id, device)
         logits = model(**enc, position_ids=position_ids(enc["attention_mask"]), use_cache=False, logits_to_keep=1).logits[:, -1]
-        scores = logits.float()  # (R, V)
-        for warp in warpers:
-            scores = warp(enc["input_ids"], scores)
+        scores = warp(logits, params.temperature, params.top_p, params.top_k)[0]  # (R, V), as SeededSampling warps
         step = scores.double().softmax(-1).cpu().numpy()  # (R, V), in float64: the tree sums to 1 to ~1e-15
         is_eos = np.zeros(step.shape[1], dtype=bool)
         is_eos[[e for e in eos if e < step.shape[1]]] = True
