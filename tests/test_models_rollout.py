@@ -5,7 +5,7 @@ import warnings
 import pytest
 import torch
 
-from kit.run.config import TrainConfig
+from kit.run.config import TrainConfig, load_config
 from kit.engine.models import (Team, adapter_parameters, attach_adapters, build_team, build_tiny_model, load_base,
                         lora_config, save_tiny_model)
 from kit.engine.rollout import completion_mask, encode_prompt, format_prompt, generate
@@ -168,7 +168,7 @@ def test_cpu_load_without_cuda_says_so_in_one_line(tmp_path):
     path = save_tiny_model(str(tmp_path / "tiny"))
     lines = []
     load_base(path, quantization="auto", device="cpu", log=lines.append)
-    assert len(lines) == 1 and "full precision" in lines[0]
+    assert len(lines) == 1 and "full precision (float32)" in lines[0] and "bf16" in lines[0]  # which, and why
 
 
 def test_bad_hub_name_says_what_to_do(monkeypatch):
@@ -222,3 +222,49 @@ def test_chunked_head_logprobs_equal_the_models_own_logits_with_and_without_adap
     ref_grads = torch.autograd.grad((ref * seg.completion_mask).sum(), params)
     for a, b in zip(fast_grads, ref_grads):  # fp32, summed in another order
         torch.testing.assert_close(a, b, atol=1e-4, rtol=1e-3)
+
+
+# --- dtype=auto on a CPU (issue 77): bf16 only where the CPU computes it and the model gains from it
+
+X86_AMX = "processor\t: 0\nflags\t\t: fpu sse2 avx2 avx512f avx512_bf16 amx_bf16 amx_tile\n"
+X86_AVX2 = "processor\t: 0\nflags\t\t: fpu sse2 avx avx2 fma\n"
+ARM_BF16 = "processor\t: 0\nFeatures\t: fp asimd sve bf16 i8mm\n"
+
+
+def test_cpu_bf16_is_read_from_the_cpus_own_flags():
+    from kit.env import cpu_bf16
+
+    assert cpu_bf16(X86_AMX).native and cpu_bf16(X86_AMX).flags == ("avx512_bf16", "amx_bf16")
+    assert cpu_bf16(ARM_BF16).flags == ("bf16",)
+    assert not cpu_bf16(X86_AVX2).native and cpu_bf16(X86_AVX2).flags == ()
+    assert not cpu_bf16("flags : avx2 bf16x\n").native  # whole words only
+
+
+def test_auto_dtype_on_a_cpu_is_bf16_only_where_native_and_the_model_is_wide():
+    from kit.engine.precision import BF16_MIN_HIDDEN, choose_dtype
+    from kit.env import cpu_bf16
+
+    cpu = torch.device("cpu")
+    assert choose_dtype("auto", cpu, 896, cpu_bf16(X86_AMX))[0] == torch.bfloat16
+    dtype, why = choose_dtype("auto", cpu, 896, cpu_bf16(X86_AVX2))
+    assert dtype == torch.float32 and "emulated" in why
+    dtype, why = choose_dtype("auto", cpu, 64, cpu_bf16(X86_AMX))  # the tiny model
+    assert dtype == torch.float32 and str(BF16_MIN_HIDDEN) in why
+    assert choose_dtype("float32", cpu, 896, cpu_bf16(X86_AMX))[0] == torch.float32  # what is set wins
+    assert choose_dtype("bfloat16", cpu, 64, cpu_bf16(X86_AVX2))[0] == torch.bfloat16
+
+
+def test_a_bf16_base_on_a_cpu_keeps_its_adapters_and_output_layer_in_fp32():
+    """The base in bf16, the LoRA weights (so their gradients and Adam's state) and the head in fp32; the head's
+    own copy, so the tied bf16 embedding is untouched; the logits the sampler reads are fp32 products."""
+    cfg = load_config("tiny_cpu", overrides=["dtype=bfloat16"])
+    team = build_team(cfg, log=lambda *_: None)
+    model = team.models[0]
+    hf = model.get_base_model()
+    assert {p.dtype for n, p in model.named_parameters() if "lora_" in n} == {torch.float32}
+    assert hf.get_input_embeddings().weight.dtype == torch.bfloat16
+    head = hf.get_output_embeddings()
+    assert head.weight.dtype == torch.float32 and head.weight is not hf.get_input_embeddings().weight
+    hidden = torch.randn(2, 3, hf.config.hidden_size, dtype=torch.bfloat16)
+    assert torch.equal(head(hidden), hidden.float() @ head.weight.t())
+    assert team.precision[0]["dtype"] == "bfloat16" and team.precision[0]["output_layer"] == "float32"

@@ -96,7 +96,9 @@ def run_section(run: dict) -> str:
                   ("peak GPU memory", f"{env['peak_memory_gib']:.1f} GiB" if env.get("peak_memory_gib") else
                    "n/a (CPU)"),
                   ("peak resident memory", f"{env['peak_host_memory_gib']:.1f} GiB (the training process since it "
-                   "started)" if env.get("peak_host_memory_gib") else "not recorded")]
+                   "started)" if env.get("peak_host_memory_gib") else "not recorded"),
+                  ("precision", "; ".join(f"{p['dtype']} ({p['why']})" for p in env["precision"])
+                   if env.get("precision") else "not recorded")]
     else:
         facts.append(("kit, packages, GPU, memory", f"not recorded: this run has no {ENVIRONMENT} (trained by an "
                       "older kit, or not trained yet)"))

@@ -28,10 +28,12 @@ from kit.run.rundir import ENVIRONMENT
 PACKAGES = ("torch", "transformers", "peft", "bitsandbytes", "accelerate", "numpy")
 
 
-def record_environment(run_dir: str | Path) -> dict:
+def record_environment(run_dir: str | Path, precision: list | None = None) -> dict:
     """Write <run_dir>/environment.json: kit version and commit, package versions, Python, GPU, the peak GPU
     memory and the process's peak resident memory (each the largest over every train() call of the run, so a
-    resume keeps the highest). Never raises: a missing package or git is recorded as absent."""
+    resume keeps the highest), and `precision`: each base's dtype and why it was chosen (kit.engine.models
+    choose_dtype; a resume on another CPU records where it ran last). Never raises: a missing package or git is
+    recorded as absent."""
     import platform
     import subprocess
     import sys
@@ -60,7 +62,8 @@ def record_environment(run_dir: str | Path) -> dict:
     env = {"kit_version": kit.__version__, "kit_commit": commit, "python": platform.python_version(),
            "packages": packages, "gpu": gpu,
            "peak_memory_gib": _highest(peak, old.get("peak_memory_gib")),
-           "peak_host_memory_gib": _highest(_peak_rss_gib(), old.get("peak_host_memory_gib"))}
+           "peak_host_memory_gib": _highest(_peak_rss_gib(), old.get("peak_host_memory_gib")),
+           "precision": precision if precision is not None else old.get("precision")}
     path.write_text(json.dumps(env, indent=1))
     return env
 

@@ -2,6 +2,7 @@
 
     weights.py      short model names (smollm2-135m, qwen2.5-coder-0.5b): the hub, else a hash-pinned package
     models.py       the base (4-bit on CUDA), one LoRA adapter per agent, the tiny model (start here)
+    precision.py    dtype=auto (bf16 where a CPU computes it natively), the fp32 output layer of a bf16 base
     rollout.py      the Sampler: one batched generate for every agent and sample; rollout records
     forward.py      the update's forward: log-probs of the sampled tokens, shared prompts forwarded once
     sampling.py     per-row seeded sampling (the same sample whatever the batch)

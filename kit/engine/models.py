@@ -30,6 +30,8 @@ from dataclasses import dataclass, field
 
 import torch
 
+from kit.engine.precision import choose_dtype, fp32_head, resolve_dtype  # noqa: F401 (resolve_dtype: callers import it from here)
+
 TINY = "tiny"
 # Characters the tiny tokenizer knows: printable ASCII plus newline and tab, so it can read and write code.
 TINY_CHARS = [chr(c) for c in range(32, 127)] + ["\n", "\t"]
@@ -175,14 +177,6 @@ def resolve_device(device: str = "auto") -> torch.device:
     return dev
 
 
-def resolve_dtype(dtype: str, device: torch.device) -> torch.dtype:
-    if dtype == "auto":
-        if device.type == "cuda":
-            return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
-        return torch.float32
-    return {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[dtype]
-
-
 def load_base(name: str, *, quantization: str = "auto", dtype: str = "auto", device: str = "auto",
               gradient_checkpointing: bool = False, seed: int = 0, log=print, revision: str | None = None):
     """Load a base causal LM and its tokenizer by hub name, local path or short name (kit/engine/weights.py, e.g.
@@ -197,19 +191,32 @@ def load_base(name: str, *, quantization: str = "auto", dtype: str = "auto", dev
         name, source = weights.resolve(name, log=log)
         revision = weights.hub_revision(source)
     dev = resolve_device(device)
-    torch_dtype = resolve_dtype(dtype, dev)
     if name == TINY:
         model, tok = build_tiny_model(seed)
         if quantization == "4bit":
             raise ValueError("quantization='4bit' needs a model on disk; save it first with "
                              "kit.engine.models.save_tiny_model(path) and load that path")
-        return model.to(dev), tok
+        torch_dtype = resolve_dtype(dtype, dev, model.config.hidden_size)
+        model = model.to(dev, torch_dtype)
+        if dev.type == "cpu":
+            fp32_head(model)
+        return model, tok
 
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
     use_4bit = quantization == "4bit" or (quantization == "auto" and dev.type == "cuda")
+    hidden = None
+    if dtype == "auto" and dev.type != "cuda":
+        try:
+            hidden = getattr(AutoConfig.from_pretrained(name, **({"revision": revision} if revision else {})),
+                             "hidden_size", None)
+        except (OSError, ValueError):  # the model's own load below says what is wrong
+            pass
+    torch_dtype, why = choose_dtype(dtype, dev, hidden)
     if quantization == "auto" and dev.type != "cuda":
-        log(f"[kit] no CUDA device: loading {name} in full precision ({torch_dtype}) instead of 4-bit")
+        what = "full precision (float32)" if torch_dtype == torch.float32 else \
+            f"{str(torch_dtype).replace('torch.', '')}, its LoRA adapters and output layer in float32"
+        log(f"[kit] no CUDA device: loading {name} in {what} instead of 4-bit: {why}")
     kwargs: dict = {"dtype": torch_dtype}
     if use_4bit:
         from transformers import BitsAndBytesConfig
@@ -234,6 +241,8 @@ def load_base(name: str, *, quantization: str = "auto", dtype: str = "auto", dev
                if short else ".")) from err
     if not use_4bit:
         model.to(dev)
+        if dev.type == "cpu":
+            fp32_head(model)
     if tok.pad_token is None:  # many causal LMs ship without one; eos is the usual stand-in
         tok.pad_token = tok.eos_token
     if use_4bit:
@@ -336,6 +345,7 @@ class Team:
     share_prompts: bool = True  # prefill each distinct prompt once (kit/engine/rollout.py); scalar models too (kit/engine/prefixes.py)
     engines: dict = field(default_factory=dict, repr=False)  # base -> its rollout engine, built on first use
     sources: dict = field(default_factory=dict)  # short model name -> where its weights came from (kit/engine/weights.py)
+    precision: list = field(default_factory=list)  # per base: {model, device, dtype, why} (environment.json records it)
 
     @property
     def num_agents(self) -> int:
@@ -371,7 +381,7 @@ def build_team(cfg, log=print) -> Team:
     unique = list(dict.fromkeys(names))
     base_of = [unique.index(n) for n in names]
     lcfg = lora_config(cfg.lora_r, cfg.lora_alpha, cfg.lora_dropout, cfg.lora_target_modules)
-    models, toks, sources = [], [], {}
+    models, toks, sources, precision = [], [], {}, []
     devices = list(getattr(cfg, "agent_devices", None) or [cfg.device] * cfg.num_agents)
     for b, name in enumerate(unique):
         path, revision = name, None
@@ -381,11 +391,17 @@ def build_team(cfg, log=print) -> Team:
         model, tok = load_base(path, quantization=cfg.quantization, dtype=cfg.dtype, device=devices[names.index(name)],
                                gradient_checkpointing=cfg.gradient_checkpointing, seed=cfg.seed, log=log,
                                revision=revision)
+        dev = next(model.parameters()).device
+        dtype, why = choose_dtype(cfg.dtype, dev, getattr(model.config, "hidden_size", None))
+        precision.append({"model": name, "device": str(dev), "dtype": str(dtype).replace("torch.", ""), "why": why,
+                          "adapters": "float32", "output_layer": str(model.get_output_embeddings().weight.dtype
+                                                                     ).replace("torch.", "")})
         mine = list(dict.fromkeys(a for a, bb in zip(adapter_of, base_of) if bb == b))
         models.append(attach_adapters(model, mine, lcfg, seed=cfg.seed))
         toks.append(tok)
     return Team(models, toks, base_of, adapter_of, rollout_engine=cfg.rollout_engine,
-                generation_weights=cfg.generation_weights, share_prompts=cfg.share_prompts, sources=sources)
+                generation_weights=cfg.generation_weights, share_prompts=cfg.share_prompts, sources=sources,
+                precision=precision)
 
 
 def trainable_count(team: Team) -> tuple[int, int]:

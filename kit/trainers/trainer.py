@@ -557,7 +557,7 @@ class Trainer:
         if self.dist.is_main:  # versions, GPU and peak memory, for the report (kit/analysis/runinfo.py)
             from kit.analysis.runinfo import record_environment
 
-            record_environment(self.run_dir)
+            record_environment(self.run_dir, self.team.precision)
         self.dist.barrier()  # the main process has written the last step before anyone reads the summary
         return self.summary()
 
