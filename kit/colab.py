@@ -264,6 +264,35 @@ def report_to_drive(report: str | Path, run_dir: str | Path, drive: Path | None,
     return target
 
 
+def check_task_fits(cfg, preset: str, replaced: dict) -> None:
+    """The task built from the config (no model, no data loaded): a task and task_args that do not fit each other,
+    or a file that is not there, stop the config cell with what to set."""
+    from kit.tasks import task_for
+
+    try:
+        task_for(cfg)
+    except (ValueError, TypeError, OSError) as err:
+        set_here = ", ".join(k.upper() for k in replaced) or "nothing"
+        raise ValueError(f"this run cannot start: {err}\n      The parameters cell set {set_here} over preset "
+                         f"{preset!r} (task {cfg.task!r}, task_args {cfg.task_args}). Set TASK_ARGS to what task "
+                         f"{cfg.task!r} takes, or leave TASK, TASK_ARGS and ENVIRONMENT at None for the preset's own."
+                         ) from None
+
+
+def run_plan(cfg, preset: str, changed: dict) -> str:
+    """One paragraph: what the run will do (model, task, data, environment, algorithm, steps) and which preset
+    settings the parameters cell replaced."""
+    data = cfg.task_args or "the task's defaults"
+    lines = [f"[kit] the run: preset {preset!r}, model {cfg.model_name}, task {cfg.task!r} on {data}, "
+             f"environment {cfg.environment or 'none'}, algorithm {cfg.algorithm}, {cfg.num_steps} steps"]
+    if changed:
+        lines.append("      replaced in the parameters cell: " + "; ".join(
+            f"{k} {old!r} -> {new!r}" for k, (old, new) in changed.items()))
+    else:
+        lines.append("      every setting is the preset's")
+    return "\n".join(lines)
+
+
 def tiny_learns(cfg) -> bool:
     """Can the run's model learn its task: any real model, or the built-in tiny one on its toy task or the small
     tiny_hanabi game (the two it is tuned for, README: The tiny model)."""
@@ -272,21 +301,30 @@ def tiny_learns(cfg) -> bool:
     return cfg.task == "toy" or (cfg.task == "game" and cfg.task_args.get("game") == "tiny_hanabi")
 
 
-def notebook_config(preset: str, task: str, task_args: dict, run_name: str, drive: Path | None = None,
-                    drive_folder: str = DRIVE_FOLDER, num_steps: int | None = None,
+def notebook_config(preset: str, task: str | None = None, task_args: dict | None = None, run_name: str = "run",
+                    drive: Path | None = None, drive_folder: str = DRIVE_FOLDER, num_steps: int | None = None,
                     judge_model: str | None = None, judge_budget_usd: float = 15.0, smoke: bool = False, log=print,
-                    save_every: int | None = None, algorithm: str = "magrpo", environment=None):
+                    save_every: int | None = None, algorithm: str | None = None, environment=None):
     """01_train's parameters as a validated TrainConfig: the run on this disk, mirrored to Drive when mounted.
-    `smoke` (KIT_SMOKE=1) swaps in the tiny CPU preset and a few steps of the code task (a game task: the same
-    game, 6 decisions per episode), mirrored (if at all) to its own Drive folder `<drive_folder>/_smoke/<run_name>`,
-    never the real run's. Full mode needs a GPU."""
+    A parameter left None is the preset's (task, task_args, algorithm, environment, num_steps, save_every); one that
+    is set replaces it, and the line this prints says which did. A task and task_args that do not fit each other are
+    refused here, before any model loads. `smoke` (KIT_SMOKE=1) swaps in the tiny CPU preset and a few steps of the
+    code task (a game task: the same game, 6 decisions per episode), mirrored (if at all) to its own Drive folder
+    `<drive_folder>/_smoke/<run_name>`, never the real run's. Full mode needs a GPU, or a CPU preset."""
     from kit.run.config import from_dict, load_config, validate
 
     folder = Path(drive) / drive_folder if drive else None
-    values = {"task": task, "task_args": dict(task_args), "run_dir": str(runs_root() / run_name),
-              "mirror_dir": str(folder / run_name) if folder else None,
-              "algorithm": algorithm,  # magrpo, iac, maac, centralized (README: Algorithms)
-              "environment": environment}  # a TRL-style class the agents act on (README: Teams that act)
+    base = load_config(preset)
+    values = {"run_dir": str(runs_root() / run_name), "mirror_dir": str(folder / run_name) if folder else None}
+    given = {"task": task, "task_args": None if task_args is None else dict(task_args),
+             "algorithm": algorithm,  # magrpo, iac, maac, centralized (README: Algorithms)
+             "environment": environment}  # a TRL-style class the agents act on (README: Teams that act)
+    replaced = {k: v for k, v in given.items() if v is not None}
+    if "task" in replaced and replaced["task"] != base.task and "task_args" not in replaced:
+        replaced["task_args"] = {}  # another task than the preset's: its own defaults, not the preset's task's args
+    values.update(replaced)
+    task = values.get("task", base.task)
+    task_args = values.get("task_args", base.task_args)
     if num_steps:
         values["num_steps"] = num_steps
     if save_every is not None:  # 0: only the last step
@@ -295,6 +333,7 @@ def notebook_config(preset: str, task: str, task_args: dict, run_name: str, driv
         values.update(judge_model=judge_model, use_judge_reward=True, judge_budget_usd=judge_budget_usd)
     if smoke:
         preset = "tiny_cpu"
+        base = load_config(preset)
         values.update(task="code", task_args={"dataset": "coop"}, num_steps=3, batch_size=2, num_generations=2,
                       max_new_tokens=16, save_every=1, eval_every=2, num_eval_items=2, judge_model=None,
                       use_judge_reward=False, run_dir=str(smoke_dir()),  # smoke_run(): 02-05 and 07 analyse it
@@ -305,7 +344,12 @@ def notebook_config(preset: str, task: str, task_args: dict, run_name: str, driv
                                      "max_decisions": 6})
     else:
         require_gpu(preset, task)
-    cfg = validate(from_dict(values, load_config(preset)))
+    cfg = validate(from_dict(values, base))
+    if not smoke:
+        check_task_fits(cfg, preset, replaced)
+        asked = [*replaced, *(["num_steps"] if num_steps else []), *(["save_every"] if save_every is not None else [])]
+        log(run_plan(cfg, preset, {k: (getattr(base, k), getattr(cfg, k)) for k in asked
+                                   if getattr(base, k) != getattr(cfg, k)}))
     if not smoke and not tiny_learns(cfg):  # said before training, not after 30 minutes at reward 0
         on_cpu = {"code": "PRESET = 'coder_code' (Qwen2.5-Coder-0.5B, 2-3 min a step)",
                   "writing": "PRESET = 'smol_writing' (SmolLM2-135M, about a minute a step)"}.get(cfg.task)

@@ -149,13 +149,14 @@ result = colab.preset_smoke_test("tiny_cpu" if SMOKE else PRESET)
              "copied to Google Drive, so a slow Drive never corrupts one; after a disconnect, the **resume cell** "
              "below continues from the newest complete checkpoint on Drive.", [
                  code("""
-PRESET = "colab_a100"  # colab_a100 (A100, the paper's recipe in 4-bit), colab_t4; on a CPU: tiny_cpu (TASK = "toy"),
-#          smol_writing (TASK = "writing"), coder_code (TASK = "code": Qwen2.5-Coder-0.5B, 2-3 min a step)
-TASK = "code"  # code, writing (both need a real model: a GPU preset or smol/coder), toy (what the tiny model learns)
-ALGORITHM = "magrpo"  # magrpo, iac, maac (critics on the shared base), centralized (one policy writes every part),
+PRESET = "colab_a100"  # GPU: colab_a100 (A100, the paper's recipe in 4-bit), colab_t4. CPU: tiny_cpu (the toy task),
+#          smol_writing, smol_code (SmolLM2-135M), coder_code, coder_mbpp, coder_keys (Qwen2.5-Coder-0.5B, minutes a step)
+# Below, None means the preset's own setting; set one to replace it (the config cell says what it replaced).
+TASK = None  # code, writing (both need a real model: a GPU preset or smol/coder), toy (what the tiny model learns)
+ALGORITHM = None  # magrpo, iac, maac (critics on the shared base), centralized (one policy writes every part),
 #             madpo or marlhf (learning from preferences: README)
-TASK_ARGS = {"dataset": "humaneval"}  # code: humaneval, coop, mbpp, hub:<name>; writing: {"kind": "tldr"};
-#           rows (a JSONL of rows, with ENVIRONMENT): {"file": "rows.jsonl", "roles": ["left", "right"]}
+TASK_ARGS = None  # code: {"dataset": "humaneval"} (or coop, mbpp, hub:<name>); writing: {"kind": "tldr"};
+#           rows (a JSONL of rows, ENVIRONMENT set): {"file": "key_rows.jsonl", "num_eval": 8, "roles": ["left", "right"]}
 ENVIRONMENT = None  # a TRL-style environment class the agents act on with tools (README: Teams that act): a class
 #             defined in a cell above, or "module.path:ClassName", e.g. "kit.tasks.environments:CodeTests" (the code
 #             task's test tool)

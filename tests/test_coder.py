@@ -233,5 +233,5 @@ def test_the_coder_preset_is_made_for_a_cpu_and_the_cpu_advice_names_it(monkeypa
     env.require_gpu("coder_code", "code", cli=True)  # no GPUNeeded
     with pytest.raises(env.GPUNeeded, match="--preset coder_code"):
         env.require_gpu("colab_t4", "code", cli=True)
-    with pytest.raises(env.GPUNeeded, match="PRESET = 'coder_code' and TASK = 'code'"):
+    with pytest.raises(env.GPUNeeded, match="PRESET = 'coder_code' \\(Qwen2.5-Coder-0.5B"):
         env.require_gpu("colab_t4", "code")

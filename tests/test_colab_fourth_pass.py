@@ -301,7 +301,7 @@ def test_the_cpu_advice_names_a_task_the_tiny_model_learns(monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     with pytest.raises(colab.GPUNeeded) as refused:
         colab.notebook_config("colab_a100", "code", {"dataset": "humaneval"}, "x", **QUIET)
-    assert "PRESET = 'tiny_cpu' and TASK = 'toy'" in str(refused.value)
+    assert "PRESET = 'tiny_cpu' with TASK = None" in str(refused.value)
     with pytest.raises(colab.GPUNeeded) as refused:
         colab.notebook_config("colab_hanabi", "game", {"game": "hanabi"}, "x", **QUIET)
     assert "PRESET = 'tiny_hanabi'" in str(refused.value) and "'game': 'tiny_hanabi'" in str(refused.value)

@@ -1,0 +1,87 @@
+"""Colab, sixth pass (issue 76): 01's parameters left unset mean the preset's, the config cell says what the run will
+do, and a task that cannot run is refused there, before any model loads.
+
+Run: python -m pytest tests/test_colab_sixth_pass.py
+"""
+
+import json
+from pathlib import Path
+
+import pytest
+
+from kit import colab
+from kit.run.config import load_config
+
+ROOT = Path(__file__).resolve().parents[1]
+README_PRESETS = ["tiny_cpu", "smol_writing", "smol_code", "coder_code", "coder_mbpp", "coder_keys", "colab_a100",
+                  "colab_t4"]
+
+
+def parameters_cell() -> dict:
+    """The parameters cell of 01_train.ipynb, run: its values."""
+    nb = json.loads((ROOT / "notebooks" / "01_train.ipynb").read_text())
+    (cell,) = [c for c in nb["cells"] if "parameters" in c.get("metadata", {}).get("tags", [])]
+    values: dict = {}
+    exec("".join(cell["source"]), {}, values)
+    return values
+
+
+@pytest.fixture
+def no_gpu_check(monkeypatch):
+    monkeypatch.setattr(colab, "require_gpu", lambda *a, **k: None)  # full mode of a GPU preset, on this CPU
+
+
+@pytest.mark.parametrize("preset", README_PRESETS)
+def test_changing_preset_alone_trains_the_presets_own_task(preset, no_gpu_check, tmp_path, monkeypatch):
+    """The parameters cell's defaults with PRESET changed: the preset's task, data, environment and algorithm."""
+    monkeypatch.setattr(colab, "runs_root", lambda: tmp_path)
+    p = parameters_cell()
+    said = []
+    cfg = colab.notebook_config(preset, p["TASK"], p["TASK_ARGS"], p["RUN_NAME"], None, p["DRIVE_FOLDER"],
+                                p["NUM_STEPS"], p["JUDGE_MODEL"], p["JUDGE_BUDGET_USD"], save_every=p["SAVE_EVERY"],
+                                algorithm=p["ALGORITHM"], environment=p["ENVIRONMENT"], log=said.append)
+    want = load_config(preset)
+    assert (cfg.task, cfg.task_args, cfg.environment, cfg.algorithm, cfg.num_steps) == \
+           (want.task, want.task_args, want.environment, want.algorithm, want.num_steps)
+    assert any("every setting is the preset's" in line for line in said)
+
+
+def test_the_config_cell_says_which_preset_settings_a_parameter_replaced(tmp_path, monkeypatch):
+    monkeypatch.setattr(colab, "runs_root", lambda: tmp_path)
+    said = []
+    cfg = colab.notebook_config("coder_code", None, {"dataset": "mbpp", "prefill": "helper"}, "run", num_steps=4,
+                                log=said.append)
+    assert cfg.task == "code" and cfg.task_args["dataset"] == "mbpp"
+    plan = "\n".join(s for s in said if s.startswith("[kit] the run"))
+    assert "task_args {'dataset': 'coop', 'prefill': 'helper'} -> {'dataset': 'mbpp', 'prefill': 'helper'}" in plan
+    assert "num_steps 10 -> 4" in plan and "qwen2.5-coder-0.5b" in plan
+
+
+def test_another_task_than_the_presets_starts_from_its_own_defaults(tmp_path, monkeypatch):
+    """smol_writing's users were told TASK = "writing"; a code preset with TASK = "writing" does not carry the code
+    task's arguments over (the resume cell used to fail with `task_args={'dataset': 'humaneval'} do not fit`)."""
+    monkeypatch.setattr(colab, "runs_root", lambda: tmp_path)
+    cfg = colab.notebook_config("smol_code", "writing", None, "run", log=lambda *_: None)
+    assert cfg.task == "writing" and cfg.task_args == {}
+    assert colab.notebook_config("smol_writing", "writing", None, "run", log=lambda *_: None).task_args == \
+        {"kind": "tldr"}  # the preset's own task: its own arguments kept
+
+
+def test_task_args_that_do_not_fit_are_refused_in_the_config_cell(tmp_path, monkeypatch):
+    """Before any model loads, naming what the cell set and what to do."""
+    monkeypatch.setattr(colab, "runs_root", lambda: tmp_path)
+    with pytest.raises(ValueError, match="(?s)this run cannot start.*TASK_ARGS.*leave TASK, TASK_ARGS and "
+                                         "ENVIRONMENT at None"):
+        colab.notebook_config("smol_writing", None, {"dataset": "humaneval"}, "run", log=lambda *_: None)
+
+
+def test_the_rows_example_of_the_parameters_cell_is_a_task_that_starts(tmp_path, monkeypatch):
+    """The TASK_ARGS comment's rows example, with KeyHalves as the environment, is accepted as written."""
+    monkeypatch.setattr(colab, "runs_root", lambda: tmp_path)
+    cells = [c for c in json.loads((ROOT / "notebooks" / "01_train.ipynb").read_text())["cells"]
+             if "TASK_ARGS" in "".join(c["source"])]
+    line = next(ln for c in cells for ln in "".join(c["source"]).splitlines() if "rows (a JSONL" in ln)
+    example = eval(line.split(":", 1)[1].strip())
+    cfg = colab.notebook_config("coder_code", "rows", example, "run", environment="kit.tasks.environments:KeyHalves",
+                                log=lambda *_: None)
+    assert cfg.task == "rows" and cfg.task_args == example
