@@ -185,3 +185,39 @@ def test_sliding_window_layers_share_exactly(family):
     lp1, e1, g1 = logprobs_and_grads(team, seg, "agent_0", share=True)
     torch.testing.assert_close(lp1, lp0, atol=1e-5, rtol=1e-5)
     assert max(float((x - y).norm() / y.norm()) for x, y in zip(g1, g0)) < 1e-4
+
+
+# --- a call bounded by memory (kit/engine/batching.py, issue 77)
+
+def test_a_call_split_by_memory_samples_what_one_call_samples(monkeypatch):
+    """Rows in slices of whole requests (here 2 requests' 4 samples each, of 16 rows): the same texts, token ids,
+    masks and sampler log-probs as one call (seeded per row)."""
+    import kit.engine.rollout
+
+    team = make_team()
+    whole = sample(team, True)
+    calls = []
+    real = HFEngine.generate
+    monkeypatch.setattr(HFEngine, "generate", lambda self, ids, *a: calls.append(len(ids)) or real(self, ids, *a))
+    monkeypatch.setattr(kit.engine.rollout, "rows_that_fit", lambda *a: 9)  # 9 rows fit: slices of 2 requests x 4
+    split = sample(team, True)
+    assert calls == [8, 8]
+    assert split.texts == whole.texts
+    a, b = whole.segments[0], split.segments[0]
+    T = a.completion_mask.shape[1]
+    assert torch.equal(a.completion_mask, b.completion_mask[:, :T]) and not b.completion_mask[:, T:].any()
+    assert torch.equal(a.input_ids * a.attention_mask, (b.input_ids * b.attention_mask)[:, :a.input_ids.shape[1]])
+    assert torch.allclose(a.sampler_logprobs, b.sampler_logprobs[:, :T], atol=1e-6)
+
+
+def test_rows_that_fit_follow_the_kv_cache_and_the_scores():
+    """Qwen2.5-0.5B's shape: 24 layers x 2 KV heads x 64 x 4 bytes x 2 = 24 KiB a position in fp32, plus four
+    float32 copies of a 151,936-token vocabulary's scores (2.3 MiB): 500 positions a row -> ~14.3 MiB a row."""
+    from types import SimpleNamespace
+
+    from kit.engine.batching import bytes_per_row
+
+    config = SimpleNamespace(num_hidden_layers=24, num_key_value_heads=2, num_attention_heads=14, head_dim=64,
+                             hidden_size=896, vocab_size=151_936)
+    assert bytes_per_row(config, 500) == 2 * 24 * 2 * 64 * 4 * 500 + 4 * 4 * 151_936
+    assert bytes_per_row(config, 500, torch.bfloat16) == 2 * 24 * 2 * 64 * 2 * 500 + 4 * 4 * 151_936

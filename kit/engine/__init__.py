@@ -6,6 +6,7 @@
     rollout.py      the Sampler: one batched generate for every agent and sample; rollout records
     forward.py      the update's forward: log-probs of the sampled tokens, shared prompts forwarded once
     sampling.py     per-row seeded sampling (the same sample whatever the batch)
+    batching.py     how many rows one engine call may take: bounded by free memory, split by whole requests
     compiled.py     the compiled engine: stacked LoRA, static cache, CUDA graphs
     prefixes.py     shared prompt prefixes computed once (generation and every forward of the update)
     prompts.py      Prompt, Chat: a prompt whose answer is started for the model (`answer_start`; with tools,

@@ -38,6 +38,7 @@ from typing import Protocol
 
 import torch
 
+from kit.engine.batching import generate_bounded, rows_that_fit
 from kit.engine.forward import position_ids, prompt_groups
 from kit.engine.prompts import answer_start
 from kit.engine.sampling import row_seed, sampled_logprobs, seeded_config
@@ -393,8 +394,9 @@ def generate(team, requests: list[tuple[int, str]], num_generations: int, *, max
         engine.sync()  # every call samples from the adapters as they are now (after any optimizer step or load)
         compiled_before = engine.compile_seconds
         t0 = time.perf_counter()
-        comp, logprobs = engine.generate(enc["input_ids"], enc["attention_mask"],
-                                         [team.adapter_of[a] for a in agents], config, seeds)  # (R, T) each
+        cap = rows_that_fit(model, enc["input_ids"].shape[1], max_new_tokens)  # bounded by memory, not a batch size
+        comp, logprobs = generate_bounded(engine, enc["input_ids"], enc["attention_mask"],
+                                          [team.adapter_of[a] for a in agents], config, seeds, cap, G)  # (R, T) each
         compile_s = engine.compile_seconds - compiled_before
         out.seconds += time.perf_counter() - t0 - compile_s
         out.compile_seconds += compile_s
