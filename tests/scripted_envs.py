@@ -1,4 +1,4 @@
-"""Environment classes for tests/test_environments.py, imported by the environment's child process."""
+"""Environment classes for tests/test_env_*.py, imported by the environment's child process."""
 
 import json
 import time
@@ -197,3 +197,45 @@ class Rendezvous(Recorder):
                 return "alone"
             time.sleep(0.01)
         return "met"
+
+
+class Dice(Recorder):
+    """Draws in reset and in a tool, from Python's `random` and numpy's global generator (review 7: a TRL class that
+    draws a secret word or shuffles a deck)."""
+
+    def reset(self, **row):
+        import random
+
+        import numpy as np
+
+        self.secret = [random.randint(0, 10**6), int(np.random.randint(0, 10**6))]
+        return f"dealt {self.secret}"
+
+    def roll(self) -> str:
+        """Roll again."""
+        import random
+
+        import numpy as np
+
+        return json.dumps([random.randint(0, 10**6), int(np.random.randint(0, 10**6))])
+
+
+class Crasher(Recorder):
+    """`crash` ends the child process at once (a segfault's stand-in), with exit code 3."""
+
+    def crash(self) -> str:
+        """End the process."""
+        import os
+
+        os._exit(3)
+
+
+class Strict:
+    """reset names its own fields and takes nothing else (no **kwargs): a row with a key of the kit's would fail."""
+
+    def reset(self, prompt, key: str, note: str = ""):
+        self.row = {"prompt": prompt, "key": key, "note": note}
+
+    def show(self) -> str:
+        """The row reset got."""
+        return json.dumps(self.row)

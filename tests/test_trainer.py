@@ -343,9 +343,9 @@ def test_cli_as_a_program_exits_2_with_the_config_message(tmp_path):
 @pytest.mark.filterwarnings("ignore:Seems like `optimizer.step\\(\\)` has been overridden")
 @pytest.mark.parametrize("loss_type,extra", [("sum", []), ("token_mean", []), ("grpo", ["entropy_coef=0.01"])])
 def test_a_micro_batched_update_equals_the_one_batch_update(tmp_path, loss_type, extra):
-    """Every logged stat too. With a per-row loss (grpo) and the entropy bonus on, only the logged entropy is
-    compared (review 6: the token mean over micro-batches of unequal token counts, as over the one batch): the bonus
-    itself is each micro-batch's token mean weighed by its rows, 1e-3 off the one batch's (a known gap, not fixed)."""
+    """Every logged stat too, and the gradient each optimizer step receives. With a per-row loss (grpo) and the
+    entropy bonus on, the bonus is the step's token mean however the rows are cut (review 7: it was each
+    micro-batch's token mean weighed by its rows, 1e-3 off)."""
     from kit.run.checkpoint import seed_everything
 
     results = []
@@ -368,10 +368,8 @@ def test_a_micro_batched_update_equals_the_one_batch_update(tmp_path, loss_type,
         results.append((levels[0].rollout.texts, trainer.update(levels), grads))
     (texts, stats, grads), (texts_mb, stats_mb, grads_mb) = results
     assert texts == texts_mb  # the same rollouts, so the updates must agree
-    if extra:  # the entropy bonus under a per-row loss: see the docstring
-        assert all(stats_mb[f"entropy/{a}"] == pytest.approx(stats[f"entropy/{a}"], rel=1e-4) for a in grads_mb)
+    if extra:
         assert all(stats[f"entropy/{a}"] > 0 for a in grads)
-        return
     for key in stats:
         assert stats_mb[key] == pytest.approx(stats[key], rel=1e-4, abs=1e-6), key  # float32, other batch shapes
     assert all(stats[f"kl/{a}"] > 1e-4 for a in grads)  # the KL term is in both, micro-batched too

@@ -149,7 +149,10 @@ def act(team, requests, G: int, params, *, worlds: list[dict], host, roles: list
                              "environment that offers that tool to this role, or start it otherwise")
     tool_before = host.tool_seconds
     # reset(**row): an item's `reset_row` when it has one (the rows task keeps the row as written), else the item
-    added = host.reset([dict(worlds[w // G].get("reset_row", worlds[w // G])) for w in range(len(worlds) * G)])
+    # each world's randomness seeded from (seed, its group's key, sample), as the kit seeds its own sampling
+    world_keys = [("world", *keys[n * N][:-1]) if keys else ("world", n) for n in range(len(worlds))]
+    added = host.reset([dict(worlds[w // G].get("reset_row", worlds[w // G])) for w in range(len(worlds) * G)],
+                       [row_seed(seed, world_keys[w // G], w % G) for w in range(len(worlds) * G)])
     stray = sorted(set(host.by_role) - set(roles))
     if stray and not getattr(host, "_said_roles", False):
         host._said_roles = True

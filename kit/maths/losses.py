@@ -36,8 +36,10 @@ More of TRL's GRPOTrainer (issue 33; `_compute_loss` and `_generate_and_score_co
     entropy_coef    (TRL's) loss -= entropy_coef * sum_t k_t H_t / sum_t k_t, the mean entropy over the completion
                     tokens the entropy mask keeps (k_t: 1 on a completion token, times the top_entropy_quantile
                     mask when it is on), with its gradient; whatever the loss_type (TRL adds it after reducing
-                    the loss). Per micro-batch, as TRL's is per device batch; the trainer weighs micro-batches as
-                    it weighs their losses, so with one micro-batch it is the step's mean
+                    the loss). Over the whole step, however it is micro-batched: a micro-batch's sum_t k_t H_t is
+                    divided by `entropy_norm` (the trainer's: the step's completion tokens times the micro-batch's
+                    share, so that share x loss adds up to the step's mean under a per-row loss_type too); with
+                    top_entropy_quantile < 1 the mask's quantile is per micro-batch, as TRL's is per device batch
 At ratio 1 every form's gradient is Eq. 2's (tests/test_trl_options.py), so with num_iterations = 1 the kit takes
 -A log pi per token for every loss_type (reduced as that loss_type reduces; the logged loss is that one, where TRL
 logs the form's value, e.g. SAPO's -2A / tau); the masks, the entropy terms and the bias-corrected KL still act.
@@ -271,14 +273,16 @@ def policy_loss(logp: torch.Tensor, mask: torch.Tensor, adv: torch.Tensor, loss_
                 sapo_temperature_pos: float = 1.0, sapo_temperature_neg: float = 1.05,
                 sampler_logp: torch.Tensor | None = None, off_policy_mask_threshold: float | None = None,
                 use_bias_correction_kl: bool = False, entropy: torch.Tensor | None = None,
-                top_entropy_quantile: float = 1.0, entropy_coef: float = 0.0) -> tuple[torch.Tensor, dict]:
+                top_entropy_quantile: float = 1.0, entropy_coef: float = 0.0,
+                entropy_norm: float | None = None) -> tuple[torch.Tensor, dict]:
     """MAGRPO loss for one agent's rows.
 
     logp, mask: (R, T) completion-token log-probs and a 0/1 mask (prompt and padding are 0); adv: (R,).
     weights: (R, T) rollout-correction weights (`rollout_weights`, no gradient), or None for 1.
     old_logp: None for the on-policy loss (Eq. 2); given, the ratio's loss (loss_type's form) against these.
     max_tokens: the completion cap, which dr_grpo divides by. sampler_logp: the sampler's log-probs (the off-policy
-    mask's KL); entropy: (R, T) the policy's entropy per token (the entropy mask, detached, and the bonus).
+    mask's KL); entropy: (R, T) the policy's entropy per token (the entropy mask, detached, and the bonus);
+    entropy_norm: the bonus's denominator (None: these rows' kept tokens, their mean entropy).
     The module docstring has every option's equation. Returns (loss, stats) with stats holding floats for logging.
     """
     mask = mask.to(logp.dtype)
@@ -335,7 +339,8 @@ def policy_loss(logp: torch.Tensor, mask: torch.Tensor, adv: torch.Tensor, loss_
     if entropy is not None:  # logged whenever computed: the mean over completion tokens (TRL's `entropy`)
         stats["entropy"] = float(reduce(entropy.detach(), mask, "token_mean"))
         if entropy_coef > 0:  # TRL's bonus: the mean entropy of the kept tokens, whatever the loss_type
-            bonus = reduce(entropy, kept, "token_mean")
+            bonus = reduce(entropy, kept, "token_mean") if entropy_norm is None else \
+                torch.where(kept.bool(), entropy, 0.0).sum() / max(entropy_norm, 1e-12)
             loss = loss - entropy_coef * bonus
     return loss, stats
 

@@ -45,6 +45,8 @@ from __future__ import annotations
 import json
 import math
 import os
+import random
+import re
 import select
 import subprocess
 import sys
@@ -78,6 +80,26 @@ def _serve(spec: str) -> None:
         proto.write(json.dumps([number[0], status, value]) + "\n")
 
     envs = {}
+    streams = {}  # world -> (its seed, random's state, numpy's state): each world draws from its own stream
+
+    def enter(world, seed=None):
+        """Before a world's code runs: its stream, seeded anew by a reset with a seed."""
+        np = sys.modules.get("numpy")
+        if seed is not None:
+            streams[world] = (seed, None, None)
+        if world not in streams:
+            return
+        seed, state, np_state = streams[world]
+        random.seed(seed) if state is None else random.setstate(state)
+        if np is not None:
+            np.random.seed(seed % 2**32) if np_state is None else np.random.set_state(np_state)
+
+    def leave(world):
+        """After a world's code ran: where its stream stands."""
+        if world in streams:
+            np = sys.modules.get("numpy")
+            streams[world] = (streams[world][0], random.getstate(), None if np is None else np.random.get_state())
+
     try:
         constructor = requests.readline()  # not on the command line: no size limit, not shown by ps
         pickled = requests.readline().strip()
@@ -92,17 +114,27 @@ def _serve(spec: str) -> None:
         send("error", f"{type(err).__name__}: {err}")
         return
     for line in requests:
-        number[0], op, *args = json.loads(line)
+        try:
+            number[0], op, *args = json.loads(line)
+        except (ValueError, RecursionError) as err:  # a request nested past this process's stack: its own error
+            head = re.match(r"\[(\d+),", line)
+            number[0] = int(head.group(1)) if head else 0
+            send("error", f"the request could not be read ({type(err).__name__}: nested too deeply)")
+            continue
         if op == "close":
             return
+        world = args[0] if op in WORLD_OPS and args else None
         try:
             if op == "reset":
-                world, row = args
+                world, row, *seed = args
                 if world not in envs:
                     envs[world] = build()
+                enter(world, seed[0] if seed else None)
                 out = _awaited(envs[world].reset(**row))
                 send("ok", None if out is None else as_text(str(out), MAX_RESET_CHARS))
-            elif op == "call":
+                continue
+            enter(world)
+            if op == "call":
                 world, name, arguments, caller = args
                 if caller is not None and isinstance(getattr(type(envs[world]), "caller", None), str):
                     envs[world].caller = caller  # the kit's `caller`: the role of the agent whose call this is
@@ -132,6 +164,25 @@ def _serve(spec: str) -> None:
                 send("error", f"unknown request {op!r}")
         except BaseException as err:
             send("error", f"{type(err).__name__}: {err}")
+        finally:
+            leave(world)
+
+
+WORLD_OPS = ("reset", "call", "attr", "method", "reward", "agent_rewards")  # requests whose first value is a world
+MAX_DEPTH = 100  # lists and dicts inside one another in a request: tool arguments are never near this
+
+
+def _depth(value, limit: int = MAX_DEPTH + 1) -> int:
+    """How deep lists and dicts nest in `value`, counted up to `limit` (iteratively: no recursion to overflow)."""
+    deepest, stack = 0, [(value, 1)]
+    while stack:
+        v, d = stack.pop()
+        if isinstance(v, (list, tuple, dict)):
+            deepest = max(deepest, d)
+            if d >= limit:
+                return d
+            stack.extend((x, d + 1) for x in (v.values() if isinstance(v, dict) else v))
+    return deepest
 
 
 class EnvHost:
@@ -149,9 +200,10 @@ class EnvHost:
             raise EnvironmentClassError(f"environment={spec!r}: its arguments {args!r} must be a mapping of names to "
                                         f"JSON values (they are sent to the environment's process): {err}") from None
         self.rows: dict[int, dict] = {}  # each world's last row: a restarted child resets its instances with them
+        self.seeds: dict[int, int | None] = {}  # and its seed
         self.tool_seconds = 0.0  # wall time inside tool calls (perf/tool_s)
         self.restarts = 0
-        self._proc, self._closed = None, False
+        self._proc, self._closed, self._eof = None, False, False
         self._lock = threading.RLock()  # reward functions may read worlds from several threads (EnvView)
         self._start()
 
@@ -188,10 +240,11 @@ class EnvHost:
                 return None
             line = self._proc.stdout.readline()
             if not line:
+                self._eof = True  # the child is gone (or going): _died says how
                 return None
             try:
                 answer = json.loads(line)
-            except ValueError:
+            except (ValueError, RecursionError):
                 continue
             if isinstance(answer, list) and len(answer) == 3 and answer[0] == number:
                 return answer
@@ -210,21 +263,41 @@ class EnvHost:
 
     def _ask_locked(self, request: tuple, timeout: float | None, restart: bool):
         self._number += 1
+        if _depth(request) > MAX_DEPTH:  # the child would read it from a shallower stack, or die reading it
+            return False, f"the request's values are nested more than {MAX_DEPTH} deep: not sent"
+        try:  # a value JSON cannot write (a NaN, an object) is this request's error, not a crash
+            line = json.dumps([self._number, *request], allow_nan=False)
+        except (ValueError, TypeError, RecursionError) as err:
+            return False, f"the request could not be sent to the environment ({type(err).__name__}: {err})"[:300]
+        self._eof = False
         try:
-            self._proc.stdin.write(json.dumps([self._number, *request]) + "\n")
+            self._proc.stdin.write(line + "\n")
             self._proc.stdin.flush()
         except (BrokenPipeError, OSError, ValueError):
             answer = None
         else:
             answer = self._read(self.timeout_s if timeout is None else timeout, self._number)
         if answer is None:
-            died = self._proc.poll() is not None
+            died = self._died()
             if restart and not self._closed:  # a child killed by close() is not started again
                 self._restart()
-            return False, ("the environment's process died (it was restarted)" if died else
+            return False, (f"the environment's process died ({died}; it was restarted)" if died else
                            f"timed out after {self.timeout_s:g}s (the environment was restarted)")
         _, status, value = answer
         return status == "ok", value
+
+    def _died(self) -> str:
+        """How the child ended, when it did ("exit code 1", "killed by signal 11"), else "": a child whose output
+        ended is reaped first (polled at once, a crash still looks alive)."""
+        code = self._proc.poll()
+        if code is None and self._eof:
+            try:
+                code = self._proc.wait(timeout=2.0)
+            except subprocess.TimeoutExpired:
+                return "its output ended"
+        if code is None:
+            return ""
+        return f"killed by signal {-code}" if code < 0 else f"exit code {code}"
 
     def _restart(self) -> None:
         """A new child, its worlds reset with their rows; a reset that fails again is an error naming its world."""
@@ -232,25 +305,31 @@ class EnvHost:
         self.restarts += 1
         self._start()
         for world, row in self.rows.items():
-            ok, value = self._ask("reset", world, row, timeout=self.start_timeout_s, restart=False)
+            ok, value = self._ask("reset", world, row, self.seeds.get(world), timeout=self.start_timeout_s,
+                                  restart=False)
             if not ok:
                 raise EnvironmentClassError(f"environment={self.spec!r}: after a restart, reset(**row) failed again "
                                             f"in world {world}: {value}")
 
-    def reset(self, rows: list[dict]) -> list[str | None]:
-        """Reset world w with rows[w] (instances built the first time); returns what each reset added."""
-        return [self.reset_world(world, row) for world, row in enumerate(rows)]
+    def reset(self, rows: list[dict], seeds: list[int] | None = None) -> list[str | None]:
+        """Reset world w with rows[w] (instances built the first time), its `random` and numpy streams seeded with
+        seeds[w] first; returns what each reset added."""
+        seeds = seeds or [None] * len(rows)
+        return [self.reset_world(world, row, seed) for world, (row, seed) in enumerate(zip(rows, seeds))]
 
-    def reset_world(self, world: int, row: dict) -> str | None:
+    def reset_world(self, world: int, row: dict, seed: int | None = None) -> str | None:
+        """reset(**row) of one world. With `seed`, the world's own streams of Python's `random` and numpy's global
+        generator start from it, and every later call of that world goes on from where the world left them, whatever
+        other worlds drew in between (so a world repeats exactly on a run, a resume and any number of children)."""
         try:
             json.dumps(row)
         except (TypeError, ValueError) as err:
             raise EnvironmentClassError(f"row {world} cannot be sent to the environment's process as JSON "
                                         f"({err}); rows must hold JSON values") from None
-        ok, value = self._ask("reset", world, dict(row), timeout=max(self.timeout_s, 30.0))
+        ok, value = self._ask("reset", world, dict(row), seed, timeout=max(self.timeout_s, 30.0))
         if not ok:
             raise EnvironmentClassError(f"environment={self.spec!r}: reset(**row) failed on row {world}: {value}")
-        self.rows[world] = dict(row)
+        self.rows[world], self.seeds[world] = dict(row), seed
         return value
 
     def call(self, world: int, name: str, arguments, caller: str | None = None) -> str:
@@ -263,7 +342,7 @@ class EnvHost:
         t0 = time.perf_counter()
         ok, value = self._ask("call", world, name, arguments, caller)
         self.tool_seconds += time.perf_counter() - t0
-        return value if ok else json.dumps({"error": value})
+        return value if ok else json.dumps({"error": as_text(str(value))})  # cut as a result is
 
     def call_many(self, calls: list[tuple]) -> list[str]:
         """A round's calls, (world, tool, arguments) or (world, tool, arguments, caller) each, run in the order given

@@ -71,8 +71,10 @@ class EnvPool:
                 out[position] = value
         return out
 
-    def reset(self, rows: list[dict]) -> list[str | None]:
-        return self._each_child(list(enumerate(rows)), lambda host, share: [host.reset_world(w, r) for w, r in share])
+    def reset(self, rows: list[dict], seeds: list[int] | None = None) -> list[str | None]:
+        seeds = seeds or [None] * len(rows)
+        return self._each_child([(w, r, s) for w, (r, s) in enumerate(zip(rows, seeds))],
+                                lambda host, share: [host.reset_world(w, r, s) for w, r, s in share])
 
     def call(self, world: int, name: str, arguments, caller: str | None = None) -> str:
         return self.call_many([(world, name, arguments, caller)])[0]

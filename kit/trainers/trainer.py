@@ -304,7 +304,9 @@ class Trainer:
                         logp, mask, adv, cfg.loss_type, refs[c], cfg.beta,
                         weights=None if self.correction == "none" else weights[c],
                         old_logp=old[c] if cfg.num_iterations > 1 else None,
-                        sampler_logp=sub.sampler_logprobs, entropy=entropy, **options)
+                        sampler_logp=sub.sampler_logprobs, entropy=entropy, **options,
+                        # the bonus: the step's token mean, whatever the micro-batches (share x loss adds up)
+                        entropy_norm=total_tokens * share if options["top_entropy_quantile"] == 1 else None)
                     (loss * share).backward()  # the sum over chunks is the loss over all rows (or tokens)
                     if iteration == 0:
                         extra["entropy"] += st.get("entropy", 0.0) * int(mask.sum()) / max(total_tokens, 1)
