@@ -118,7 +118,12 @@ def main(argv: list[str] | None = None) -> int:
     cp.add_argument("run_dirs", nargs="+", metavar="RUN_DIR")
     cp.add_argument("--labels", nargs="+", default=None, help="one label per run (default: the folder names)")
     cp.add_argument("--out", default="comparison", help="folder for COMPARE.md and its figure (default: comparison)")
+    for p in (train, ev, bl, sc, rp, cp):
+        p.add_argument("--dry-run", action="store_true",
+                       help="check the command (train: resolve the preset, config, overrides and task) and stop")
     args = parser.parse_args(argv)
+    if args.dry_run:
+        return dry_run(args)
     if args.command != "train":
         try:
             return _analyse(args)
@@ -170,6 +175,32 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps(summary))
     trainer.dist.barrier()  # every process ends the run before the group goes (a peer gone first can abort gloo)
     trainer.dist.close()
+    return 0
+
+
+def dry_run(args) -> int:
+    """--dry-run: the arguments parsed (argparse did); for train also the config resolved as a run would resolve it
+    (a run's own config.json for --resume/--from-scratch of an existing run, else the preset, the file and the
+    overrides, validated) and its task built from task and task_args. No model, no run folder, no GPU check."""
+    if args.command != "train":
+        print(f"dry run: kit {args.command}: the arguments are valid; nothing was run")
+        return 0
+    from pathlib import Path
+
+    from kit.run.config import ConfigError, load_config
+    from kit.tasks import TaskArgError, task_for
+
+    overrides = list(args.overrides) + ([f"run_dir={args.run_dir}"] if args.run_dir else [])
+    saved = args.run_dir and not (args.preset or args.config) and (Path(args.run_dir) / "config.json").exists()
+    try:
+        cfg = load_config(None, Path(args.run_dir) / "config.json", overrides, saved=True) if saved else \
+            load_config(args.preset, args.config, overrides)
+        task_for(cfg)
+    except (ConfigError, TaskArgError, ValueError, TypeError, OSError) as err:
+        print(f"config error: {err}", file=sys.stderr)
+        return 2
+    print(f"dry run: kit train: model {cfg.model_name}, task {cfg.task} {cfg.task_args or ''}, algorithm "
+          f"{cfg.algorithm}, {cfg.num_steps} steps, run dir {cfg.run_dir}; nothing was trained")
     return 0
 
 

@@ -9,6 +9,7 @@
     secret_status(name)             "found", "not set", or "grant access" (a Colab secret this notebook may not read)
     release_freed_memory()          hand the C heap's freed blocks back to the OS (glibc; a no-op elsewhere)
     cpu_bf16()                      whether this CPU computes bf16 natively, from its own flags (which ones, why)
+    data_path("rows.jsonl")         a relative data path: as given, else in data/ ($KIT_DATA_DIR), else None
 """
 
 from __future__ import annotations
@@ -89,6 +90,26 @@ def _cpu_bf16_here() -> CpuBf16:
             out = ""
         return CpuBf16(out == "1", ("FEAT_BF16",) if out == "1" else (), "sysctl")
     return CpuBf16(False, (), f"no CPU flags readable on {platform.system() or 'this system'}")
+
+
+def data_dir() -> Path:
+    """Where a user's own data lives: $KIT_DATA_DIR, else `data/` of the current folder when it exists, else `data/`
+    at the top of this checkout (data/README.md)."""
+    if os.environ.get("KIT_DATA_DIR"):
+        return Path(os.environ["KIT_DATA_DIR"])
+    here = Path.cwd() / "data"
+    return here if here.is_dir() else Path(__file__).resolve().parents[1] / "data"
+
+
+def data_path(path: str | Path) -> Path | None:
+    """A data file named by the user: the path as given when it exists, else a relative one found in data_dir(),
+    else None (the caller may look among the bundled files, then say what is missing)."""
+    given = Path(path).expanduser()
+    if given.exists():
+        return given
+    if not given.is_absolute() and (data_dir() / given).exists():
+        return data_dir() / given
+    return None
 
 
 def in_colab() -> bool:

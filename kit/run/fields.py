@@ -26,7 +26,7 @@ class TrainConfig:
     num_agents: int = 2  # agents in the team
     share_adapter: bool = False  # one LoRA adapter (and optimizer) shared by all agents
     quantization: str = "auto"  # auto: 4-bit NF4 on CUDA, full precision on CPU; 4bit; none
-    dtype: str = "auto"  # auto (bf16/fp16 on CUDA, fp32 on CPU), float32, bfloat16, float16
+    dtype: str = "auto"  # auto (CUDA: bf16/fp16; CPU: bf16 where native and the model is wide, else fp32), float32, ...
     device: str = "auto"  # auto, cpu, cuda, cuda:1 ...
     agent_devices: list[str] | None = None  # one device per agent (cuda:0, cuda:1 ...): each base on its own GPU
     gradient_checkpointing: bool = False  # trade compute for memory in the update

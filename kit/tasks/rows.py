@@ -19,6 +19,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from kit.env import data_path
+
 from kit.engine.prompts import Chat, Prompt
 
 DATA = Path(__file__).resolve().parent.parent / "data"
@@ -68,10 +70,15 @@ class RowsTask:
 
 
 def bundled(file):
-    """A file name not found as a path but bundled in kit/data/ (key_rows.jsonl: KeyHalves' 64 rows) is that one."""
-    if isinstance(file, str) and not Path(file).exists() and (DATA / file).is_file():
-        return str(DATA / file)
-    return file
+    """A data file as the user names it: the path as given, else in data/ (kit.env.data_path: the user's own data),
+    else a file bundled in kit/data/ (key_rows.jsonl: KeyHalves' 64 rows); unchanged when none exists (reading it
+    then says what is missing)."""
+    if not isinstance(file, str):
+        return file
+    found = data_path(file)
+    if found is not None:
+        return str(found)
+    return str(DATA / file) if (DATA / file).is_file() else file
 
 
 def read_rows(path: str | Path) -> list[dict]:
