@@ -68,7 +68,7 @@ def flush_drive(cfg=None, root: str | None = None, log=print) -> bool:
     if cfg is not None and getattr(cfg, "mirror_dir", None) and env.in_colab():
         from kit.run.mirror import Mirror
 
-        last = Mirror(cfg.run_dir, cfg.mirror_dir, cfg.keep_last, cfg.keep_history, log=log)
+        last = Mirror(cfg.run_dir, cfg.mirror_dir, cfg.keep_last, cfg.keep_history, log=log, training=False)
         last.push()  # what Drive lacks, and what the cells wrote after training (02-06's eval/ results) ...
         last.close()  # ... copied first; a failed copy is said here
         try:
@@ -356,7 +356,9 @@ def notebook_config(preset: str, task: str | None = None, task_args: dict | None
         real = ("a GPU runtime (PRESET = 'colab_hanabi')" if cfg.task == "game" else
                 "a GPU runtime (PRESET = 'colab_t4' or 'colab_a100')" + (f", or on a CPU {on_cpu}" if on_cpu else ""))
         log("!" * 100 + f"\n[kit] WARNING: the built-in tiny model ({preset}) cannot learn task {cfg.task!r} "
-            f"{cfg.task_args}: it has never read text, so its reward stays at 0 however long it trains.\n      "
+            f"{cfg.task_args}: it has never read text. What it can learn there is the answer's shape (a code "
+            "task's structure part: a reward from 0.1 to about 0.6 in a short run); what it cannot is the content "
+            "(no test passes, no summary reads well), however long it trains.\n      "
             f"{cpu_advice(cfg.task)}; this task needs a real model: {real}.\n" + "!" * 100)
     if cfg.mirror_dir and unmounted_drive(cfg.mirror_dir):  # e.g. 01's last cell unmounted it, then more training
         log("!" * 100 + f"\n[kit] WARNING: Google Drive is NOT MOUNTED ({Path(drive).parent} is not a mount point; "

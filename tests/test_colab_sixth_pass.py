@@ -85,3 +85,47 @@ def test_the_rows_example_of_the_parameters_cell_is_a_task_that_starts(tmp_path,
     cfg = colab.notebook_config("coder_code", "rows", example, "run", environment="kit.tasks.environments:KeyHalves",
                                 log=lambda *_: None)
     assert cfg.task == "rows" and cfg.task_args == example
+
+
+# --- the lows: what a line says
+
+def test_a_failed_copy_after_the_run_does_not_say_training_goes_on(tmp_path):
+    """Item 5: the flush cell's copy (a finished run) that fails says the run has ended and what to do."""
+    from kit.run.mirror import Mirror
+
+    run = tmp_path / "run"
+    (run / "ckpt" / "step_000001").mkdir(parents=True)
+    (run / "ckpt" / "step_000001" / "COMPLETE").write_text("")
+    (run / "config.json").write_text("{}")
+    blocked = tmp_path / "drive_is_a_file"
+    blocked.write_text("not a folder")
+    said = []
+    for training in (True, False):
+        said.clear()
+        mirror = Mirror(run, blocked / "run", log=said.append, training=training)
+        mirror.push()
+        mirror.close()
+        text = "\n".join(said)
+        assert "FAILED" in text
+        assert ("Training goes on" in text) == training and ("The run has ended" in text) == (not training)
+
+
+def test_a_report_made_during_training_says_its_environment_record_comes_at_the_end(tmp_path):
+    """Item 8: metrics but no environment.json yet is a run still training, not an old kit's run."""
+    from kit.analysis.report import write_report
+
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "config.json").write_text(json.dumps(load_config("tiny_cpu").__dict__, default=str))
+    (run / "metrics.jsonl").write_text(json.dumps({"step": 1, "reward/mean": 0.5, "perf/step_s": 1.0}) + "\n")
+    text = write_report(run, log=lambda *_: None).read_text()
+    assert "written when training returns" in text and "older kit, or not trained yet" not in text
+
+
+def test_the_tiny_model_warning_says_what_it_can_and_cannot_learn(tmp_path, monkeypatch):
+    """Item 9: its code reward rises (the structure part), so "stays at 0" was wrong."""
+    monkeypatch.setattr(colab, "runs_root", lambda: tmp_path)
+    said = []
+    colab.notebook_config("tiny_cpu", "code", {"dataset": "coop"}, "run", log=said.append)
+    text = "\n".join(said)
+    assert "cannot learn" in text and "structure" in text and "stays at 0" not in text

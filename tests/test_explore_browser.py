@@ -140,3 +140,23 @@ def test_a_game_browser_shows_the_illegal_answer_apart_from_the_move_played_for_
     assert "(empty)" in frame and f"<b>{html.escape(played)}</b>" in frame and "random legal move" in frame
     table = explore.render_episodes([row], task.roles)
     assert "<s>" not in table and html.escape(played) in table and "(empty)" in table
+
+
+def test_a_rescore_of_a_run_whose_environment_owns_the_reward_says_why_not_a_traceback(code_log, monkeypatch):
+    """Colab sixth pass, item 3: a rows-task run (coder_keys) has no task.reward: the button says why it cannot
+    re-score edited text (AttributeError before)."""
+    class EnvironmentOwned:  # the run's task as a RowsTask is: everything but a reward function
+        def __init__(self, task):
+            self._task = task
+
+        def __getattr__(self, name):
+            if name == "reward":
+                raise AttributeError(name)
+            return getattr(self._task, name)
+
+    real = explore.RunLog.task
+    monkeypatch.setattr(explore.RunLog, "task", property(lambda self: EnvironmentOwned(real.fget(self))))
+    box = explore.browser(code_log)
+    the(box, "Button", "re-score").click()
+    said = result(box)
+    assert "get_reward()" in said and "cannot be re-scored" in said and "Traceback" not in said

@@ -120,6 +120,11 @@ class RunLog:
             raise ValueError(f"{len(completions)} completions; this joint action has {len(row['completions'])}")
         from kit.tasks.rewards import as_reward
 
+        if not callable(getattr(self.task, "reward", None)):  # the environment owns the reward (task=rows)
+            raise ValueError(f"this run's reward is its environment's get_reward() after the agents acted on it "
+                             f"({self.cfg.environment or 'no environment'}), not a function of the text: edited text "
+                             "cannot be re-scored without replaying its tool calls, which the explorer does not do. "
+                             "The logged reward and its parts above are what the run saw.")
         return as_reward(self.task.reward(self.item(row["item"]), tuple(completions)))
 
 
@@ -431,7 +436,10 @@ def browser(run_dir: str | Path):
         if row is None:
             result.value = "<p>No joint action is picked.</p>"
             return
-        result.value = render_reward(log.rescore(row, completions=[ed.value for ed in editors]))
+        try:
+            result.value = render_reward(log.rescore(row, completions=[ed.value for ed in editors]))
+        except ValueError as err:  # a run whose reward cannot be recomputed from the text: said, not a traceback
+            result.value = f"<p>{html.escape(str(err))}</p>"
 
     for widget in (step, agent, reward, part, part_min):
         widget.observe(refresh, names="value")

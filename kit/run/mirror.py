@@ -48,8 +48,9 @@ class Mirror:
     is safe on Drive; the next `push()` copies everything that is still missing, so a retry is automatic."""
 
     def __init__(self, run_dir: str | Path, mirror_dir: str | Path, keep_last: int = 3, keep_history: int = 0,
-                 log=print):
+                 log=print, training: bool = True):
         self.run_dir, self.mirror_dir = Path(run_dir), Path(mirror_dir)
+        self.training = training  # a training run's copies (a failure: training goes on), or a finished run's
         self.keep_last, self.keep_history = keep_last, keep_history
         self.log = log
         self._pool = ThreadPoolExecutor(1, thread_name_prefix="kit-mirror")  # one copy at a time, in order
@@ -107,7 +108,7 @@ class Mirror:
                 continue
             self._warned = True
             self.log("!" * 100 + f"\n[kit] WARNING: the backup to {self.mirror_dir} FAILED: {why}\n"
-                     f"      Training goes on and the copy is retried at the next save; {self.status()}. Newer "
+                     f"      {'Training goes on and the copy is retried at the next save' if self.training else 'The run has ended: run the training cell again once Drive is back to copy what it lacks'}; {self.status()}. Newer "
                      f"checkpoints are only on this runtime's disk ({self.run_dir}) and are lost if it "
                      "disconnects.\n      Check that Drive is mounted and has space, and that the folder is "
                      "writable.\n" + "!" * 100)
