@@ -223,18 +223,32 @@ def smoke_run(run_name: str = "magrpo_code", drive: Path | None = None, drive_fo
 
 
 def evaluate_missing(run_dir: str | Path, n: int, steps: str = "all", log=print) -> None:
-    """What 07_report runs before the report, each part only when its results are missing: held-out evaluation of
-    `steps` checkpoints, the baselines (Table 1), and the code task's schemes on fresh samples. Table 1 samples as
-    many completions per item as the held-out evaluation did, so its magrpo row is the same sampling as that
-    section's row of the same checkpoint and the two tables agree."""
+    """What 07_report runs before the report: whatever is missing or older than the run's newest checkpoint. The
+    held-out evaluation of every checkpoint (`steps="all"`; "newest": that one) that has no result yet; the baselines
+    (Table 1) when there are none or their trained team is an older checkpoint than the newest; the code task's
+    schemes on fresh samples when older than the newest checkpoint. A report made while the run trained is so caught
+    up, and each part says what it adds. Table 1 samples as many completions per item as the held-out evaluation did,
+    so its magrpo row is the same sampling as that section's row of the same checkpoint and the two tables agree."""
     from kit.analysis.evaluate import evaluate_run, load_eval_rows
     from kit.analysis.report import save_fresh_shares
-    from kit.analysis.runinfo import read_run
+    from kit.analysis.runinfo import json_or_none, read_run
+    from kit.run.checkpoint import saved_steps
 
     eval_dir = Path(run_dir) / "eval"
-    if not list(eval_dir.glob("step_*.json")):
-        evaluate_run(run_dir, steps, n=n, log=log)
-    if not (eval_dir / "baselines.json").exists():
+    have = saved_steps(run_dir)
+    newest = max(have) if have else None
+    done = {int(p.stem.split("_")[1]) for p in eval_dir.glob("step_*.json") if p.stem.split("_")[1].isdigit()}
+    wanted = [0, *sorted(have)] if steps == "all" else ([newest] if newest is not None else [0])
+    missing = [s for s in wanted if s not in done]
+    if missing:
+        if done:
+            log(f"[kit] held-out results exist for steps {sorted(done)}; evaluating the checkpoints they lack: {missing}")
+        evaluate_run(run_dir, missing, n=n, log=log)
+    table = json_or_none(eval_dir / "baselines.json")
+    team = next((r.get("step") for r in table or [] if r.get("method") == "magrpo"), None)
+    if table is None or (newest is not None and team != newest):
+        if table is not None:
+            log(f"[kit] Table 1's trained team is step {team}, the run's newest checkpoint is {newest}: made again")
         from kit.analysis.baselines import compare
 
         rows = load_eval_rows(run_dir)
@@ -243,7 +257,11 @@ def evaluate_missing(run_dir: str | Path, n: int, steps: str = "all", log=print)
             log(f"[kit] baselines at {same_n} samples per item, as the held-out evaluation (not {n}), so that "
                 "Table 1 and the held-out section agree")
         compare(run_dir, ["naive"] if smoke() else None, n=same_n, log=log)
-    if read_run(run_dir)["config"].get("task") == "code" and not (eval_dir / "schemes_fresh.json").exists():
+    fresh = eval_dir / "schemes_fresh.json"
+    stale = newest is not None and fresh.exists() and fresh.stat().st_mtime < have[newest].stat().st_mtime
+    if read_run(run_dir)["config"].get("task") == "code" and (not fresh.exists() or stale):
+        if stale:
+            log(f"[kit] the cooperation schemes on fresh samples are older than checkpoint {newest}: sampled again")
         save_fresh_shares(run_dir, n=n, log=log)  # cooperation schemes on fresh samples from the newest checkpoint
 
 
@@ -262,6 +280,26 @@ def report_to_drive(report: str | Path, run_dir: str | Path, drive: Path | None,
         shutil.copytree(source, target, dirs_exist_ok=True)
     log(f"report on Drive: {target}")
     return target
+
+
+def cpu_cost(preset: str, cfg) -> str:
+    """What a CPU run of this config will cost: the kit's measured minutes a step for the preset
+    (kit.run.presets.CPU_MINUTES_PER_STEP), and this run's own median once it has logged steps."""
+    from kit.run.presets import CPU_MINUTES_PER_STEP
+    from kit.run.rundir import read_jsonl
+
+    per_step = CPU_MINUTES_PER_STEP.get(preset)
+    line = f"[kit] on a CPU: {cfg.num_steps} steps of {preset}"
+    if per_step is not None:
+        line += (f", about {per_step:g} minutes a step on 2 cores (the kit's measurement): about "
+                 f"{per_step * cfg.num_steps:.0f} minutes of training, plus the held-out evaluations")
+    else:
+        line += ": no CPU measurement of this preset; the training cell shows the speed after its first step"
+    metrics = Path(cfg.run_dir) / "metrics.jsonl"
+    own = sorted(r["perf/step_s"] for r in (read_jsonl(metrics) if metrics.exists() else []) if "perf/step_s" in r)
+    if own:
+        line += f". This run's own steps: {own[len(own) // 2] / 60:.1f} minutes (median of {len(own)})"
+    return line
 
 
 def check_task_fits(cfg, preset: str, replaced: dict) -> None:
@@ -350,6 +388,8 @@ def notebook_config(preset: str, task: str | None = None, task_args: dict | None
         asked = [*replaced, *(["num_steps"] if num_steps else []), *(["save_every"] if save_every is not None else [])]
         log(run_plan(cfg, preset, {k: (getattr(base, k), getattr(cfg, k)) for k in asked
                                    if getattr(base, k) != getattr(cfg, k)}))
+    if not smoke and not _has_gpu() and cfg.model_name != "tiny":
+        log(cpu_cost(preset, cfg))
     if not smoke and not tiny_learns(cfg):  # said before training, not after 30 minutes at reward 0
         on_cpu = {"code": "PRESET = 'coder_code' (Qwen2.5-Coder-0.5B, 2-3 min a step)",
                   "writing": "PRESET = 'smol_writing' (SmolLM2-135M, about a minute a step)"}.get(cfg.task)

@@ -5,6 +5,7 @@ Run: python -m pytest tests/test_colab_sixth_pass.py
 """
 
 import json
+import time
 from pathlib import Path
 
 import pytest
@@ -129,3 +130,79 @@ def test_the_tiny_model_warning_says_what_it_can_and_cannot_learn(tmp_path, monk
     colab.notebook_config("tiny_cpu", "code", {"dataset": "coop"}, "run", log=said.append)
     text = "\n".join(said)
     assert "cannot learn" in text and "structure" in text and "stays at 0" not in text
+
+
+def test_a_report_made_during_training_catches_up_with_the_finished_run(tmp_path, monkeypatch):
+    """Item 2: 02/07 ran at step 40; the run ended at 120. 07 evaluates the checkpoints without results, makes Table
+    1 again at the newest checkpoint and samples the schemes again, and says so; what is current is not redone."""
+    import os
+
+    import kit.analysis.baselines
+    import kit.analysis.evaluate
+    import kit.analysis.report
+
+    run = tmp_path / "run"
+    (run / "eval").mkdir(parents=True)
+    (run / "config.json").write_text(json.dumps({**load_config("tiny_cpu").__dict__, "task": "code"}, default=str))
+    for step in (40, 120):
+        (run / "ckpt" / f"step_{step:06d}").mkdir(parents=True)
+        (run / "ckpt" / f"step_{step:06d}" / "COMPLETE").write_text("")
+    for step in (0, 40):
+        (run / "eval" / f"step_{step:06d}.json").write_text(json.dumps({"step": step, "num_samples": 4}))
+    (run / "eval" / "baselines.json").write_text(json.dumps([{"method": "naive"}, {"method": "magrpo", "step": 40}]))
+    (run / "eval" / "schemes_fresh.json").write_text("{}")
+    os.utime(run / "eval" / "schemes_fresh.json", (1, 1))  # made before the last checkpoint
+    calls = []
+    monkeypatch.setattr(kit.analysis.evaluate, "evaluate_run", lambda d, steps, **k: calls.append(("eval", steps)))
+    monkeypatch.setattr(kit.analysis.baselines, "compare", lambda d, m, **k: calls.append(("baselines", k["n"])))
+    monkeypatch.setattr(kit.analysis.report, "save_fresh_shares", lambda d, **k: calls.append(("schemes",)))
+    said = []
+    colab.evaluate_missing(run, 4, log=said.append)
+    assert calls == [("eval", [120]), ("baselines", 4), ("schemes",)]
+    assert any("lack: [120]" in s for s in said) and any("step 40" in s and "120" in s for s in said)
+    calls.clear()
+    (run / "eval" / "step_000120.json").write_text(json.dumps({"step": 120, "num_samples": 4}))
+    (run / "eval" / "baselines.json").write_text(json.dumps([{"method": "magrpo", "step": 120}]))
+    (run / "eval" / "schemes_fresh.json").write_text("{}")  # now newer than the checkpoint
+    colab.evaluate_missing(run, 4, log=said.append)
+    assert calls == []  # everything current: nothing redone
+
+
+def test_the_config_cell_says_a_cpu_presets_cost_and_then_the_runs_own(tmp_path, monkeypatch):
+    """Item 4: the minutes a step of a 0.5B preset on a CPU, from the kit's measurements, and this run's own median
+    once it has logged steps."""
+    monkeypatch.setattr(colab, "runs_root", lambda: tmp_path)
+    monkeypatch.setattr(colab, "_has_gpu", lambda: False)
+    said = []
+    colab.notebook_config("coder_code", log=said.append)
+    line = next(s for s in said if s.startswith("[kit] on a CPU"))
+    assert "about 2 minutes a step" in line and "about 20 minutes of training" in line
+    (tmp_path / "run").mkdir()
+    (tmp_path / "run" / "metrics.jsonl").write_text("".join(json.dumps({"step": k, "perf/step_s": s}) + "\n"
+                                                            for k, s in ((1, 90.0), (2, 120.0), (3, 600.0))))
+    said.clear()
+    colab.notebook_config("coder_code", log=said.append)
+    assert "This run's own steps: 2.0 minutes (median of 3)" in next(s for s in said if s.startswith("[kit] on a CPU"))
+
+
+def test_a_held_out_evaluation_during_training_is_kept_out_of_the_bars_time_per_step(tmp_path, monkeypatch):
+    """Item 4: the bar says it is evaluating, and the evaluation's seconds are not counted as step time."""
+    from kit.trainers.trainer import Trainer
+
+    cfg = load_config("tiny_cpu", overrides=[f"run_dir={tmp_path / 'r'}", "num_steps=2", "eval_every=1",
+                                              "batch_size=2", "num_generations=2"])
+    trainer = Trainer(cfg, log=lambda *_: None)
+
+    class Bar:
+        start_t = last_print_t = 100.0
+
+        def set_postfix_str(self, text, refresh=True):
+            self.said = text
+
+    real = trainer.evaluate
+    monkeypatch.setattr(trainer, "evaluate", lambda: (time.sleep(0.2), real())[1])
+    bar = Bar()
+    out = trainer.evaluate_between_steps(bar)
+    assert "eval/reward_mean" in out and "held-out evaluation" in bar.said
+    assert bar.start_t >= 100.2 and bar.last_print_t >= 100.2  # the rate ignores those seconds
+    trainer.close()

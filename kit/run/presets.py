@@ -118,6 +118,14 @@ CODER_KEYS = {**SMOL, "model_name": "qwen2.5-coder-0.5b", "task": "rows",
               "local_reward_weight": 0.5, "learning_rate": 3e-5, "micro_batch_size": 2, "num_steps": 10,
               "eval_every": 5, "num_eval_items": 8, "run_dir": "checkpoints/coder_keys"}
 
+# Minutes a training step of the CPU presets takes on 2 cores, from the kit's own measurements (the config cell says
+# them before a run, and the run's own speed once it has one): smol_* from the 20-30 step runs of 2026-11-26 with other
+# jobs beside them (bench/journal/, Table 1 at 135M: writing 40-82 s, code 72 s, hanabi 51 s), coder_code and
+# coder_mbpp from 111-132 s a step alone (issue 77's bar run; bench/README.md, "A 0.5B step on a CPU"), coder_keys
+# from 208-230 s with two runs at once (bench/README.md, KeyHalves). A held-out evaluation adds minutes at 0.5B.
+CPU_MINUTES_PER_STEP = {"tiny_cpu": 0.003, "tiny_hanabi": 0.003, "smol_writing": 0.7, "smol_code": 1.2,
+                        "smol_hanabi": 0.9, "coder_code": 2.0, "coder_mbpp": 2.0, "coder_keys": 3.5}
+
 PRESETS = {"tiny_cpu": TINY_CPU, "colab_t4": COLAB_T4, "colab_a100": COLAB_A100, "tiny_hanabi": TINY_HANABI,
            "colab_hanabi": COLAB_HANABI, "smol_writing": SMOL_WRITING, "smol_code": SMOL_CODE,
            "smol_hanabi": SMOL_HANABI, "coder_code": CODER_CODE, "coder_mbpp": CODER_MBPP,

@@ -22,12 +22,17 @@ agent order (the reward parts local_0 .. local_{N-1} that `local_reward_weight` 
 class attribute `caller = ""`, which the kit sets to the calling agent's role before each of its tool calls (one
 world is the team's: the Board labels a post with its author's role from it, not from an argument the model fills).
 
+Randomness: each world's streams of Python's `random` and numpy's global generator are seeded at its reset (the
+seed the rollout derives from the run's seed, the step, the item and the sample) and kept apart: a world's later calls
+go on from where it left them, whatever other worlds of the child drew in between.
+
 Safety and time: the class is imported, built and called only in the child, a fresh `python -m
 kit.sandbox.envhost` (nothing of the notebook's state is inherited; JSON lines over its stdin and stdout, so rows,
 arguments and results are JSON values; what the environment prints goes to stderr). Each call has a time limit; a
-call past it kills the child, a new one is started, its instances built and reset again with their rows (their
-state is lost: README, environments), and the call answers `{"error": "... timed out after Ns"}`. An exception in a
-tool is an error message, not a crash. Results are text: a str as it is, anything else as JSON, cut to
+call past it kills the child, a new one is started, its instances built and reset again with their rows and seeds
+(their state is lost: docs/environments.md), and the call answers `{"error": "... timed out after Ns"}`; a child that
+crashed is said to have died, with its exit code. An exception in a tool, a request nested deeper than MAX_DEPTH or
+one JSON cannot carry is that call's error message, not a crash, and touches no other world. Results are text: a str as it is, anything else as JSON, cut to
 MAX_RESULT_CHARS.
 
 Not a sandbox for hostile code: the environment class is the researcher's own code (as a reward function is), run
@@ -38,6 +43,9 @@ May import: the standard library (the child imports the user's module and transf
 
 What a class offers and how its values are read (tools' schemas, argument errors, shares, results as text):
 kit/sandbox/envclass.py.
+
+Past 400 lines on purpose (about 450): the child's loop and the parent's client are the two ends of one protocol
+(numbered JSON lines, what either end does with a line it cannot read), read side by side.
 """
 
 from __future__ import annotations

@@ -505,12 +505,13 @@ class Trainer:
             self.log(complete_line(self.step, cfg.num_steps, self.mirror is not None and self.drive_lacks()))
             return self.summary()
         end = cfg.num_steps if max_steps is None else min(cfg.num_steps, self.step + max_steps)
-        bar = tqdm(total=cfg.num_steps, initial=self.step, desc=cfg.algorithm.upper(),
-                   disable=not (cfg.progress and self.dist.is_main))
         if self.step == 0 and cfg.eval_every and self.eval_items and self.dist.is_main and not self._logged(0):
             self.log(f"[kit] step 0: the untrained team on {len(self.eval_items)} held-out items (greedy) before "
                      "training")  # a real model on a CPU takes minutes here: said before, not after
             self._append("metrics.jsonl", [{"step": 0, **self.evaluate()}])
+        # the bar starts after the step-0 evaluation: its time per step is the steps' alone
+        bar = tqdm(total=cfg.num_steps, initial=self.step, desc=cfg.algorithm.upper(),
+                   disable=not (cfg.progress and self.dist.is_main))
         while self.step < end:
             t0 = time.perf_counter()
             items = self.batch_items(self.step)
@@ -535,8 +536,8 @@ class Trainer:
                 row["tools/calls_per_completion"] = sum(lv.rollout.tool_calls for lv in levels) / max(
                     1, sum(len(lv.rollout.texts) * len(lv.rollout.texts[0]) for lv in levels))
             if cfg.eval_every and (self.step % cfg.eval_every == 0 or self.step == cfg.num_steps) \
-                    and self.dist.is_main:
-                row.update(self.evaluate())  # held-out check on the main process (the others go on), and at the end
+                    and self.dist.is_main:  # held-out check on the main process (the others go on), and at the end
+                row.update(self.evaluate_between_steps(bar))
             for r in rollouts:
                 r["step"] = self.step
             with rundir.interrupt_deferred():  # a stop (Ctrl-C, Colab's stop) waits until the step is logged whole
@@ -562,6 +563,20 @@ class Trainer:
             record_environment(self.run_dir, self.team.precision)
         self.dist.barrier()  # the main process has written the last step before anyone reads the summary
         return self.summary()
+
+    def evaluate_between_steps(self, bar) -> dict:
+        """The held-out check during training, said as its own phase (the bar says it is evaluating; a line says how
+        long it took) and kept out of the bar's time per step: its seconds are added to the bar's clocks."""
+        bar.set_postfix_str(f"held-out evaluation at step {self.step} ({len(self.eval_items)} items)", refresh=True)
+        t0 = time.perf_counter()
+        out = self.evaluate()
+        took = time.perf_counter() - t0
+        bar.start_t += took  # tqdm's rate and remaining time: steps over the time not spent evaluating
+        bar.last_print_t = getattr(bar, "last_print_t", bar.start_t) + took
+        if took > 30:  # a real model on a CPU: minutes; the tiny model: milliseconds, not worth a line
+            self.log(f"[kit] held-out evaluation at step {self.step}: {took / 60:.1f} minutes (not counted in the "
+                     "bar's time per step)")
+        return out
 
     def save(self) -> Path:
         state = {"data": {"seed": self.cfg.seed, "num_items": len(self.train_items),
