@@ -4,7 +4,7 @@
     python bench/cpu_step.py --preset coder_code --dtype bfloat16 --steps 2 --eval-items 0 --label bf16
 
 Trains the preset for `--steps` steps in a fresh run folder (no held-out check, no checkpoint) and reads each
-step's split from its metrics (`perf/generate_s`, `perf/reward_s`, `perf/update_s`, `perf/step_s`); then evaluates
+step's split from its metrics (`perf/generate_s`; the reward, `perf/sample_s` less generation; `perf/update_s`); then evaluates
 the untrained team as `kit eval` does (every agent's `--eval-n` samples of `--eval-items` held-out problems in one
 batched call, scored in the sandbox) and times it. One row per run is appended to bench/results/cpu_step.md, with
 the commit, the precision the run used and the CPU's bf16 flags (kit.env.cpu_bf16), so rows of two machines are
@@ -62,9 +62,9 @@ def main() -> None:
         trainer.train()
         rows = [json.loads(line) for line in open(Path(tmp) / "run" / "metrics.jsonl")]
         rows = [r for r in rows if "perf/generate_s" in r]
-        steps = []
+        steps = []  # the reward's time is the sampling phase's less generation (scoring overlaps it)
         for r in rows:
-            steps.append(tuple(r.get(f"perf/{k}_s", float("nan")) for k in ("generate", "reward", "update")))
+            steps.append((r["perf/generate_s"], r["perf/sample_s"] - r["perf/generate_s"], r["perf/update_s"]))
         eval_s = float("nan")
         rows_eval = 0
         if args.eval_items:
@@ -74,6 +74,7 @@ def main() -> None:
             eval_s = time.perf_counter() - t0
             rows_eval = len(items) * args.eval_n * len(trainer.task.prompts(items[0]))
             eval_metric = f"pass@1 {out.get('pass@1', float('nan')):.3f}, reward {out['reward/mean']:.3f}"
+            args.eval_items = len(items)  # the split may hold fewer (coop: 12 held-out problems)
         trainer.close()
     first = steps[0] if steps else (float("nan"),) * 3
     rest = steps[1:] or steps

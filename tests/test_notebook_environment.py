@@ -86,6 +86,23 @@ def test_a_class_defined_in_a_notebook_cell_trains_and_resumes_from_the_notebook
     assert all(m["reward/environment"] >= 0.25 for m in metrics)  # get_reward ran: BONUS is its floor
     with pytest.raises(EnvironmentClassError, match="run the cell that defines it first"):
         EnvHost(saved["environment"])  # outside the notebook the class is not defined: said, with what to do
+    # ... but the run kept the class by value (Colab sixth pass, item 6): 02-07 reopen the run without its cell
+    import sys
+
+    from kit.sandbox.envclass import CLASS_FILE, restore_from_run
+
+    assert (tmp_path / "run" / CLASS_FILE).exists()
+    said = []
+    monkeypatch.setattr(sys.modules["__main__"], "Guess", None, raising=False)  # undone after the test
+    monkeypatch.delattr(sys.modules["__main__"], "Guess")
+    restore_from_run(saved["environment"], tmp_path / "run", log=said.append)
+    assert "using the copy the run kept" in said[0]
+    host = EnvHost(saved["environment"], timeout_s=10)
+    try:
+        host.reset([{"key": "123456"}])
+        assert host.call(0, "say", {"digits": "123"}).startswith("said by") and host.rewards([0]) == [1.25]
+    finally:
+        host.close()
 
 
 def test_a_class_is_held_as_its_module_and_name():

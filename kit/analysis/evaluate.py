@@ -218,8 +218,9 @@ class RunContext:
         items = self.task.load(split)
         self.items = items[:num_items or self.cfg.num_eval_items or len(items)]
         from kit.engine.tools import sampler_for
-        from kit.sandbox.envclass import notebook_class
+        from kit.sandbox.envclass import notebook_class, restore_from_run
 
+        restore_from_run(self.cfg.environment, self.run_dir, log)  # 02-07 in a runtime without the class's cell
         notebook_class(self.cfg.environment or "")  # a notebook's environment class is defined: said before loading
         self.team = build_team(self.cfg, log=log)
         self.team.roles = list(getattr(self.task, "roles", []) or []) or [f"agent_{i}" for i in

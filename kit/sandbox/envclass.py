@@ -67,6 +67,40 @@ def notebook_class(spec: str):
     return cls
 
 
+CLASS_FILE = "environment_class.b64"  # in a run folder: the notebook's class it trained with, by value
+
+
+def keep_with_run(spec: str | None, run_dir) -> None:
+    """A notebook's class (defined here) written into the run folder by value, so that the run can be resumed and
+    evaluated (02-07) from a runtime where its cell has not run; nothing for an importable class."""
+    if spec and notebook_class(spec) is not None:
+        from pathlib import Path
+
+        (Path(run_dir) / CLASS_FILE).write_text(class_bytes(spec))
+
+
+def restore_from_run(spec: str | None, run_dir, log=print) -> None:
+    """Before a run's notebook class is needed: when no such class is defined in this process but the run kept it
+    (keep_with_run), it is defined again from the run's copy, and said; a class defined here (its cell ran) wins."""
+    import sys
+    from pathlib import Path
+
+    if not spec or spec.partition(":")[0] != NOTEBOOK:
+        return
+    name, kept = spec.partition(":")[2], Path(run_dir) / CLASS_FILE
+    defined = getattr(sys.modules.get(NOTEBOOK), name, None)
+    if inspect.isclass(defined) or not kept.exists():
+        return
+    import base64
+
+    import dill
+
+    cls = dill.loads(base64.b64decode(kept.read_text()))
+    setattr(sys.modules[NOTEBOOK], name, cls)
+    log(f"[kit] environment class {name} is not defined in this notebook: using the copy the run kept ({kept}); run "
+        "the cell that defines it to use that one instead")
+
+
 def class_bytes(spec: str) -> str | None:
     """A notebook's class (notebook_class) pickled by value with dill (its methods and the notebook's functions and
     constants they use; modules by name), base64 text for the child; None for an importable class, which the child

@@ -150,8 +150,9 @@ def assemble(cfg: TrainConfig, task=None, reward_funcs=None, team=None, resume: 
         raise ValueError(f"task {getattr(task, 'name', task)!r} has no train items")
     if team is None:
         from kit.engine.models import build_team
-        from kit.sandbox.envclass import notebook_class
+        from kit.sandbox.envclass import notebook_class, restore_from_run
 
+        restore_from_run(cfg.environment, run_dir, log)  # a resume in a runtime where the class's cell has not run
         notebook_class(cfg.environment or "")  # a notebook's environment class is defined: said before the model loads
         pin_weights(cfg, dist, log)
         team = build_team(dataclasses.replace(cfg, device=dist.device(cfg.device)), log=log)
@@ -185,6 +186,9 @@ def assemble(cfg: TrainConfig, task=None, reward_funcs=None, team=None, resume: 
     mirror = None
     if dist.is_main:  # one writer: the other processes only compute
         run_dir.mkdir(parents=True, exist_ok=True)
+        from kit.sandbox.envclass import keep_with_run
+
+        keep_with_run(cfg.environment, run_dir)  # a notebook's class kept by value with the run (02-07 reopen it)
     if cfg.mirror_dir and dist.is_main:
         mirror = Mirror(run_dir, cfg.mirror_dir, cfg.keep_last, cfg.keep_history, log=log)
     return Run(cfg=team_cfg, run_cfg=cfg, dist=dist, log=log, run_dir=run_dir, resume=resume, task=task,
