@@ -124,10 +124,11 @@ def run_to_analyse(run_name: str, drive: Path | None = None, drive_folder: str =
     model = json.loads((found / "config.json").read_text()).get("model_name", "tiny")
     if model != "tiny" and not _has_gpu():  # said before a cell spends many minutes in fp32 on a CPU
         if trained_on_cpu(found):  # a CPU preset's run: here is where it belongs (a GPU would load its fp32
-            log(f"[kit] {model} runs on this CPU in full precision, as it trained: each evaluation takes minutes; "
+            log(f"[kit] {model} runs on this CPU as it trained (dtype=auto: bf16 where the CPU computes it, else "
+                "fp32): each evaluation takes minutes; "
                 "the cells below say about how long before they start and show a bar")  # adapters on 4 bits)
         else:
-            log(f"[kit] this runtime has no GPU: {model} will run on the CPU in full precision, which is slow "
+            log(f"[kit] this runtime has no GPU: {model} will run on the CPU (bf16 or fp32), which is slow "
                 "(minutes per evaluation). In Colab: Runtime > Change runtime type > GPU, then Run all again")
     return found
 
@@ -242,7 +243,8 @@ def evaluate_missing(run_dir: str | Path, n: int, steps: str = "all", log=print)
     missing = [s for s in wanted if s not in done]
     if missing:
         if done:
-            log(f"[kit] held-out results exist for steps {sorted(done)}; evaluating the checkpoints they lack: {missing}")
+            log(f"[kit] held-out results exist for steps {sorted(done)}; evaluating the checkpoints they lack: "
+                f"{missing}")
         evaluate_run(run_dir, missing, n=n, log=log)
     table = json_or_none(eval_dir / "baselines.json")
     team = next((r.get("step") for r in table or [] if r.get("method") == "magrpo"), None)

@@ -249,8 +249,8 @@ def cpu_advice(task: str | None = None, cli: bool = False) -> str:
     if task == "game":
         return ("To try the kit on a CPU, set PRESET = 'tiny_hanabi' and TASK_ARGS = {'game': 'tiny_hanabi', "
                 "'prompt_style': 'compact'} (the tiny model learns that small game in a minute)")
-    return ("To try the kit on a CPU, set PRESET = 'tiny_cpu' with TASK = None (the preset's: the tiny model learns its "
-            "toy task in a minute; it cannot learn code or writing), or for a real pretrained team PRESET = "
+    return ("To try the kit on a CPU, set PRESET = 'tiny_cpu' with TASK = None (the preset's: the tiny model learns "
+            "its toy task in a minute; it cannot learn code or writing), or for a real pretrained team PRESET = "
             "'smol_writing' (SmolLM2-135M on TLDR, minutes), or a code team that passes tests: PRESET = 'coder_code' "
             "(Qwen2.5-Coder-0.5B, 2-3 minutes a step)")
 

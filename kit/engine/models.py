@@ -30,7 +30,8 @@ from dataclasses import dataclass, field
 
 import torch
 
-from kit.engine.precision import choose_dtype, fp32_head, resolve_dtype  # noqa: F401 (resolve_dtype: callers import it from here)
+# resolve_dtype: callers import it from here
+from kit.engine.precision import choose_dtype, fp32_head, resolve_dtype  # noqa: F401
 
 TINY = "tiny"
 # Characters the tiny tokenizer knows: printable ASCII plus newline and tab, so it can read and write code.

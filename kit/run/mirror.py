@@ -107,8 +107,10 @@ class Mirror:
                 self.log(f"[kit] WARNING: the Drive backup failed again ({why}); {self.status()}")
                 continue
             self._warned = True
+            then = ("Training goes on and the copy is retried at the next save" if self.training else
+                    "The run has ended: run the training cell again once Drive is back to copy what it lacks")
             self.log("!" * 100 + f"\n[kit] WARNING: the backup to {self.mirror_dir} FAILED: {why}\n"
-                     f"      {'Training goes on and the copy is retried at the next save' if self.training else 'The run has ended: run the training cell again once Drive is back to copy what it lacks'}; {self.status()}. Newer "
+                     f"      {then}; {self.status()}. Newer "
                      f"checkpoints are only on this runtime's disk ({self.run_dir}) and are lost if it "
                      "disconnects.\n      Check that Drive is mounted and has space, and that the folder is "
                      "writable.\n" + "!" * 100)

@@ -49,7 +49,8 @@ COLAB_HANABI = dict(model_name="Qwen/Qwen2.5-3B-Instruct", task="game",
                     run_dir="checkpoints/colab_hanabi")
 
 # What the three smol presets share: SmolLM2-135M-Instruct (`smollm2-135m`: the hub's weights where it answers, else
-# the packaged GGUF; kit/engine/weights.py), full precision on a CPU, 2 agents x G=4 on one item a step, rank-16 LoRA.
+# the packaged GGUF; kit/engine/weights.py), on a CPU in dtype=auto's precision, 2 agents x G=4 on one item a step,
+# rank-16 LoRA.
 SMOL = dict(model_name="smollm2-135m", num_generations=4, batch_size=1, temperature=0.7, top_p=0.9,
             lora_r=16, lora_alpha=32, learning_rate=3e-4, num_steps=30, eval_every=10, save_every=10)
 
@@ -79,7 +80,8 @@ SMOL_HANABI = {**SMOL, "task": "game", "task_args": {"game": "tiny_hanabi", "pro
 
 # A code team that passes tests on a laptop: Qwen2.5-Coder-0.5B-Instruct (`qwen2.5-coder-0.5b`: the hub's weights where
 # it answers, else a hash-pinned Q4_K_M GGUF from the package index, dequantized; kit/engine/weights.py) on the
-# cooperative problems, full precision on a CPU, 2 agents x G=4 on one item a step. Set before any run and not tuned
+# cooperative problems, on a CPU in dtype=auto's precision (bf16 where native, else fp32), 2 agents x G=4 on one item
+# a step. Set before any run and not tuned
 # (bench/README.md, "Qwen2.5-Coder-0.5B on a CPU"): 160 new tokens hold most of the untrained model's code (120-190
 # tokens with its docstring), the helper's answer started with `def aux(` as at 135M, and a learning rate of 1e-4
 # (3e-4, the 135M preset's, took the team's held-out pass@1 from 0.19 to 0.00 in 5 steps in the issue's one run).

@@ -32,8 +32,8 @@ arguments and results are JSON values; what the environment prints goes to stder
 call past it kills the child, a new one is started, its instances built and reset again with their rows and seeds
 (their state is lost: docs/environments.md), and the call answers `{"error": "... timed out after Ns"}`; a child that
 crashed is said to have died, with its exit code. An exception in a tool, a request nested deeper than MAX_DEPTH or
-one JSON cannot carry is that call's error message, not a crash, and touches no other world. Results are text: a str as it is, anything else as JSON, cut to
-MAX_RESULT_CHARS.
+one JSON cannot carry is that call's error message, not a crash, and touches no other world. Results are text: a str
+as it is, anything else as JSON, cut to MAX_RESULT_CHARS.
 
 Not a sandbox for hostile code: the environment class is the researcher's own code (as a reward function is), run
 apart so that a hang, a crash or a stray print cannot take the notebook down; generated code a tool runs (CodeTests'
