@@ -248,6 +248,7 @@ def test_a_step_picks_the_tokens_and_log_probs_of_the_full_sort_and_hash(tempera
     gen = torch.Generator().manual_seed(3)
     logits = torch.randn(rows, QWEN_VOCAB, generator=gen) * 2
     logits[:, :40] += torch.randn(rows, 40, generator=gen) * 3 + 12  # a head of plausible tokens
+    logits[0] = torch.randn(QWEN_VOCAB, generator=gen) * 0.05  # and one flat row: its nucleus is thousands of tokens
     seeds = torch.tensor([row_seed(5, ("ref",), r) for r in range(rows)])
     sampler = SeededSampling(seeds, temperature, top_p, top_k)
     for step in range(3):
@@ -264,15 +265,22 @@ def test_a_step_picks_the_tokens_and_log_probs_of_the_full_sort_and_hash(tempera
     assert torch.equal(logp[:, -1], ref_logp.gather(1, picks[:, None])[:, 0])
 
 
-def test_the_nucleus_reaches_past_the_first_candidates():
-    """A flat distribution's nucleus is thousands of tokens: the candidates widen until it ends inside them."""
+def kept_per_row(rows: torch.Tensor, num_rows: int) -> list[int]:
+    return torch.bincount(rows, minlength=num_rows).tolist()
+
+
+def test_a_flat_rows_nucleus_reaches_past_the_first_candidates_alone():
+    """A flat distribution's nucleus is thousands of tokens: that row is sorted whole, the sharp rows keep their
+    few candidates."""
     logits = torch.linspace(1.0, 0.0, 5000).expand(2, -1).clone()  # nearly flat: 0.5 of the mass in 1,900 tokens
     logits[1, :3] = torch.tensor([20.0, 19.9, 19.0])  # the second row: 0.44, 0.40, 0.16 of the mass: two kept
-    ids, vals, kept = kit.engine.sampling.nucleus(logits, 0.5)
+    ids, vals, kept, wide = kit.engine.sampling.nucleus(logits, 0.5)
     p = logits[0].double().softmax(-1)  # already in descending order
     expected = int((p.cumsum(0) - p < 0.5).sum())
-    assert kept.sum(-1).tolist() == [expected, 2] and expected > 1000
-    assert kept.shape[1] > kit.engine.sampling.NUCLEUS_WIDTH
+    rows, tokens, wvals = wide
+    assert kept_per_row(rows, 2) == [expected, 0] and expected > kit.engine.sampling.NUCLEUS_WIDTH  # row 0, sorted
+    assert kept.sum(-1).tolist() == [0, 2] and sorted(ids[1][kept[1]].tolist()) == [0, 1]  # row 1: its candidates
+    assert torch.equal(wvals, logits[rows, tokens])
 
 
 def test_tokens_tied_at_the_nucleus_edge_are_all_kept():
@@ -280,8 +288,8 @@ def test_tokens_tied_at_the_nucleus_edge_are_all_kept():
     sort would keep an arbitrary one)."""
     p = torch.tensor([[0.4, 0.1, 0.1, 0.1, 0.1, 0.2]])
     p[0, 5] = 0.05
-    _, vals, kept = kit.engine.sampling.nucleus(p.log(), 0.5)
-    assert kept.sum().item() == 5
+    _, _, kept, wide = kit.engine.sampling.nucleus(p.log(), 0.5)
+    assert int(kept.sum()) == 5 and wide is None
 
 
 def test_noise_of_a_token_subset_is_the_full_vocabulary_noise_at_those_tokens():

@@ -21,12 +21,12 @@ It reads the token from the next step's input_ids (and the last one from the fin
 the one of the token actually emitted, whatever other processors ran after it. These are what the update's
 rollout correction compares with the trainer (kit/maths/losses.py).
 
-Cost per decoding step (`warp`): top-p never sorts the vocabulary. The nucleus is found among the `topk` largest
-scores (64, widened 4x until the kept set ends inside them: the nucleus of a trained model at temperature 0.7 is a
-few tokens), and the noise is hashed only at the tokens top-k/top-p keep, since every other score is -inf whatever
-its noise. A sort of (R, 151,936) scores and a hash of every token per step were half the decoding time of a
-held-out evaluation's 256 rows on a CPU (bench/README.md, "CPU step"); the samples are the same, token for token,
-as with the whole vocabulary hashed (tests/test_sampling.py).
+Cost per decoding step (`warp`): top-p does not sort the vocabulary of every row. A row's nucleus is looked for among
+its 64 largest scores (one `topk`: the nucleus of a model at temperature 0.7 is mostly a few tokens); only a row
+whose nucleus reaches past them (a flat distribution) is sorted, on its own. The noise is hashed only at the tokens
+top-k/top-p keep, since every other score is -inf whatever its noise. A sort of (R, 151,936) scores and a hash of
+every token per step were most of a held-out evaluation's sampling time on a CPU (bench/README.md); the samples are
+the same, token for token, as with the whole vocabulary sorted and hashed (tests/test_sampling.py).
 """
 
 from __future__ import annotations
@@ -81,7 +81,7 @@ def gumbel_from_bits(bits: torch.Tensor) -> torch.Tensor:
     return log_u.neg_().log_().neg_()
 
 
-NUCLEUS_WIDTH = 64  # the first candidates top-p looks at; widened 4x while a row's nucleus reaches past them
+NUCLEUS_WIDTH = 64  # the candidates top-p looks at first; a row whose nucleus reaches past them is sorted whole
 
 
 def top_k_filter(scores: torch.Tensor, top_k: int) -> torch.Tensor:
@@ -92,45 +92,62 @@ def top_k_filter(scores: torch.Tensor, top_k: int) -> torch.Tensor:
     return scores.masked_fill(scores < kth, float("-inf"))
 
 
-def nucleus(scores: torch.Tensor, top_p: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Top-p without sorting the vocabulary: (R, V) float scores -> (ids (R, K), their scores (R, K), kept (R, K)),
-    the K largest scores of each row, K as small as holds every row's nucleus.
+def _in_nucleus(vals: torch.Tensor, lse: torch.Tensor, top_p: float) -> torch.Tensor:
+    """(R, K) scores in descending order and their rows' logsumexp (R, 1) -> (R, K) kept: the mass of the tokens
+    scored strictly above a token is below top_p (a run of equal scores shares its first token's mass above)."""
+    p = (vals - lse).exp()
+    before = p.cumsum(-1) - p  # mass of the tokens ranked above, ties included
+    start = torch.ones_like(vals, dtype=torch.bool)
+    start[:, 1:] = vals[:, 1:] != vals[:, :-1]  # the first token of each run of equal scores
+    above = torch.where(start, before, float("-inf")).cummax(-1).values  # mass strictly above each token
+    return (above < top_p) & vals.isfinite()
+
+
+def nucleus(scores: torch.Tensor, top_p: float):
+    """Top-p without sorting the vocabulary: (R, V) float scores -> (ids (R, K), their scores (R, K), kept (R, K),
+    wide): each row's K largest scores and which of them top-p keeps, and `wide`, None or the kept tokens of the rows
+    whose nucleus reaches past their K candidates, as flat (rows (N,), tokens (N,), scores (N,)) (those rows' kept is
+    all False).
 
     A token is kept when the probability of the tokens scored strictly above it is below top_p: the smallest set of
     the largest scores whose mass reaches top_p, ties with its last token kept (order-free, where a sort keeps an
-    arbitrary one of them). p = softmax over the whole row (-inf: 0)."""
+    arbitrary one of them). p = softmax over the whole row (-inf: 0). Each row's nucleus is looked for among its
+    NUCLEUS_WIDTH largest scores (one topk); only a row whose nucleus reaches past them (a flat distribution) is sorted
+    whole, on its own: one uncertain row of a held-out evaluation's hundreds never widens the search of the others."""
     R, V = scores.shape
     lse = scores.logsumexp(-1, keepdim=True)  # (R, 1)
-    width = min(NUCLEUS_WIDTH, V)
-    while True:
-        vals, ids = scores.topk(width, dim=-1)  # (R, K) descending
-        p = (vals - lse).exp()
-        before = p.cumsum(-1) - p  # mass of the tokens ranked above, ties included
-        start = torch.ones_like(vals, dtype=torch.bool)
-        start[:, 1:] = vals[:, 1:] != vals[:, :-1]  # the first token of each run of equal scores
-        above = torch.where(start, before, float("-inf")).cummax(-1).values  # mass strictly above each token
-        kept = (above < top_p) & vals.isfinite()
-        if width == V or not kept[:, -1].any():
-            return ids, vals, kept
-        width = min(V, width * 4)
+    vals, ids = scores.topk(min(NUCLEUS_WIDTH, V), dim=-1)  # (R, K) descending
+    kept = _in_nucleus(vals, lse, top_p)
+    if ids.shape[1] == V or not kept[:, -1].any():  # every nucleus ends inside its candidates (the usual case)
+        return ids, vals, kept, None
+    wide = kept[:, -1]
+    r = wide.nonzero()[:, 0]
+    wvals, wids = scores[r].sort(dim=-1, descending=True)  # those rows only, whole
+    wkept = _in_nucleus(wvals, lse[r], top_p)
+    extra = (r[:, None].expand_as(wids)[wkept], wids[wkept], wvals[wkept])
+    return ids, vals, kept & ~wide[:, None], extra
 
 
 def warp(scores: torch.Tensor, temperature: float, top_p: float, top_k: int):
     """(R, V) logits -> (warped (R, V) float32: scores / temperature, -inf off what top-k then top-p keep;
-    candidates (ids (R, K), kept (R, K)) holding every kept token, or None when every finite score is kept).
-    The one warping of the kit: SeededSampling's, and the exact enumeration's (kit/tasks/coordination.py)."""
+    candidates: None when every finite score is kept, else (ids (R, K), kept (R, K), wide) holding every kept token,
+    `wide` as nucleus gives it). The one warping of the kit: SeededSampling's, and the exact enumeration's
+    (kit/tasks/coordination.py)."""
     scores = scores.float()
     if temperature != 1.0:
         scores = scores / temperature
     scores = top_k_filter(scores, top_k)
     if top_p < 1.0:
-        ids, vals, kept = nucleus(scores, top_p)
+        ids, vals, kept, wide = nucleus(scores, top_p)
         warped = torch.full_like(scores, float("-inf")).scatter_(1, ids, vals.masked_fill(~kept, float("-inf")))
-        return warped, (ids, kept)
+        if wide is not None:
+            rows, tokens, wvals = wide
+            warped[rows, tokens] = wvals
+        return warped, (ids, kept, wide)
     if 0 < top_k < scores.shape[-1]:
         k = int(scores.isfinite().sum(-1).max())  # top-k's ties may keep more than k
         vals, ids = scores.topk(k, dim=-1)
-        return scores, (ids, vals.isfinite())
+        return scores, (ids, vals.isfinite(), None)
     return scores, None
 
 
@@ -157,9 +174,13 @@ class SeededSampling:
         step = input_ids.shape[1] - self.start
         if candidates is None:  # every token kept: every token's noise
             return warped + seeded_gumbel(self.row_seeds, step, warped.shape[-1])
-        ids, kept = candidates  # the rest is -inf whatever its noise: hash only these
+        ids, kept, wide = candidates  # the rest is -inf whatever its noise: hash only these
         noisy = warped.gather(1, ids) + seeded_gumbel(self.row_seeds, step, ids)
-        return torch.full_like(warped, float("-inf")).scatter_(1, ids, noisy.masked_fill(~kept, float("-inf")))
+        out = torch.full_like(warped, float("-inf")).scatter_(1, ids, noisy.masked_fill(~kept, float("-inf")))
+        if wide is not None:  # the rows sorted whole: their kept tokens, flat
+            rows, tokens, _ = wide
+            out[rows, tokens] = warped[rows, tokens] + seeded_gumbel(self.row_seeds[rows], step, tokens[:, None])[:, 0]
+        return out
 
     def logprobs(self, completion: torch.Tensor) -> torch.Tensor:
         """(R, T) completion ids of this call -> (R, T) float32 sampler log-probs of those tokens (after a
