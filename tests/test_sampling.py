@@ -248,7 +248,7 @@ def test_a_step_picks_the_tokens_and_log_probs_of_the_full_sort_and_hash(tempera
     gen = torch.Generator().manual_seed(3)
     logits = torch.randn(rows, QWEN_VOCAB, generator=gen) * 2
     logits[:, :40] += torch.randn(rows, 40, generator=gen) * 3 + 12  # a head of plausible tokens
-    logits[0] = torch.randn(QWEN_VOCAB, generator=gen) * 0.05  # and one flat row: its nucleus is thousands of tokens
+    logits[:2] = torch.randn(2, QWEN_VOCAB, generator=gen) * 0.05  # two flat rows: nuclei of thousands of tokens
     seeds = torch.tensor([row_seed(5, ("ref",), r) for r in range(rows)])
     sampler = SeededSampling(seeds, temperature, top_p, top_k)
     for step in range(3):
