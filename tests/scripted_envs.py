@@ -211,6 +211,10 @@ class Dice(Recorder):
         self.secret = [random.randint(0, 10**6), int(np.random.randint(0, 10**6))]
         return f"dealt {self.secret}"
 
+    def show(self) -> str:
+        """What reset dealt."""
+        return json.dumps(self.secret)
+
     def roll(self) -> str:
         """Roll again."""
         import random

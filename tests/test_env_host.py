@@ -277,11 +277,16 @@ def test_a_seeded_world_draws_the_same_whatever_else_runs_and_wherever():
     try:
         dealt = one.reset(rows, seeds)
         assert dealt == other.reset(rows, seeds) == pool.reset(rows, seeds) and dealt[0] != dealt[1]
-        first = one.call(0, "roll", {})
-        other.call(1, "roll", {})  # the neighbour draws first here
-        assert other.call(0, "roll", {}) == first == pool.call(0, "roll", {})
+        first = [one.call(0, "roll", {}), one.call(0, "roll", {})]
+        other.call(1, "roll", {})  # the neighbour draws first here, and between
+        second = [other.call(0, "roll", {}), other.call(1, "roll", {}) and other.call(0, "roll", {})]
+        assert first == second == [pool.call(0, "roll", {}), pool.call(0, "roll", {})] and first[0] != first[1]
         assert one.reset(rows, [12, 22])[0] != dealt[0]  # the seed decides
         assert one.reset(rows, seeds) == dealt  # a resume re-seeds: the same worlds again
+        # a restarted child resets each world with its own row and seed: the same deal
+        one.timeout_s = 1.0
+        assert "timed out" in json.loads(one.call(1, "slow", {"seconds": 30}))["error"]
+        assert [one.call(w, "show", {}) for w in range(2)] == [d.removeprefix("dealt ") for d in dealt]
     finally:
         one.close(), other.close(), pool.close()
 
@@ -289,5 +294,10 @@ def test_a_seeded_world_draws_the_same_whatever_else_runs_and_wherever():
 def test_a_closed_call_of_two_arguments_with_broken_json_is_an_error_not_one_argument():
     both = '<tool_call>{"name": "post", "arguments": {"text": "say "hi" now", "tag": "x"}}</tool_call>'
     assert "error" in tools.parse_calls(both)[0]
+    for middle in ('"n": 5', '"tags": ["a", "b"]', '"ok": true'):  # three arguments, one not a string (review)
+        three = '<tool_call>{"name": "post", "arguments": {"text": "say "hi" now", ' + middle + ', "tag": "x"}}</tool_call>'
+        assert "error" in tools.parse_calls(three)[0], middle
+    last = '<tool_call>{"name": "post", "arguments": {"text": "say "hi" now", "n": 5}}</tool_call>'
+    assert "error" in tools.parse_calls(last)[0]  # a last argument that is not a string
     code = '<tool_call>{"name": "post", "arguments": {"text": "d = {"a": "x", "b": 2}\nprint(d)"}}</tool_call>'
     assert tools.parse_calls(code) == [{"name": "post", "arguments": {"text": 'd = {"a": "x", "b": 2}\nprint(d)'}}]

@@ -268,3 +268,12 @@ def test_a_bf16_base_on_a_cpu_keeps_its_adapters_and_output_layer_in_fp32():
     hidden = torch.randn(2, 3, hf.config.hidden_size, dtype=torch.bfloat16)
     assert torch.equal(head(hidden), hidden.float() @ head.weight.t())
     assert team.precision[0]["dtype"] == "bfloat16" and team.precision[0]["output_layer"] == "float32"
+
+
+def test_a_bf16_model_loaded_from_a_folder_gets_the_fp32_output_layer_too(tmp_path):
+    """The path every real model takes (AutoModelForCausalLM from a folder), not only the built-in tiny model's."""
+    path = save_tiny_model(str(tmp_path / "tiny"))
+    model, _ = load_base(path, dtype="bfloat16", device="cpu", log=lambda *_: None)
+    assert model.get_output_embeddings().weight.dtype == torch.float32
+    assert model.get_input_embeddings().weight.dtype == torch.bfloat16 and not model.config.tie_word_embeddings
+    assert load_base(path, device="cpu", log=lambda *_: None)[0].get_output_embeddings().weight.dtype == torch.float32

@@ -189,9 +189,10 @@ def test_sliding_window_layers_share_exactly(family):
 
 # --- a call bounded by memory (kit/engine/batching.py, issue 77)
 
-def test_a_call_split_by_memory_samples_what_one_call_samples(monkeypatch):
-    """Rows in slices of whole requests (here 2 requests' 4 samples each, of 16 rows): the same texts, token ids,
-    masks and sampler log-probs as one call (seeded per row)."""
+@pytest.mark.parametrize("fit, slices", [(9, [8, 8]), (13, [12, 4])])
+def test_a_call_split_by_memory_samples_what_one_call_samples(monkeypatch, fit, slices):
+    """Rows in slices of whole requests (of 4 requests' 4 samples: 16 rows), the last one partial or not: the same
+    texts, token ids, masks and sampler log-probs as one call (seeded per row)."""
     import kit.engine.rollout
 
     team = make_team()
@@ -199,9 +200,9 @@ def test_a_call_split_by_memory_samples_what_one_call_samples(monkeypatch):
     calls = []
     real = HFEngine.generate
     monkeypatch.setattr(HFEngine, "generate", lambda self, ids, *a: calls.append(len(ids)) or real(self, ids, *a))
-    monkeypatch.setattr(kit.engine.rollout, "rows_that_fit", lambda *a: 9)  # 9 rows fit: slices of 2 requests x 4
+    monkeypatch.setattr(kit.engine.rollout, "rows_that_fit", lambda *a: fit)
     split = sample(team, True)
-    assert calls == [8, 8]
+    assert calls == slices
     assert split.texts == whole.texts
     a, b = whole.segments[0], split.segments[0]
     T = a.completion_mask.shape[1]
@@ -221,3 +222,16 @@ def test_rows_that_fit_follow_the_kv_cache_and_the_scores():
                              hidden_size=896, vocab_size=151_936)
     assert bytes_per_row(config, 500) == 2 * 24 * 2 * 64 * 4 * 500 + 4 * 4 * 151_936
     assert bytes_per_row(config, 500, torch.bfloat16) == 2 * 24 * 2 * 64 * 2 * 500 + 4 * 4 * 151_936
+
+
+def test_the_rows_that_fit_are_half_the_free_memory_over_a_rows_cache_and_scores():
+    from kit.engine.batching import bytes_per_row, rows_that_fit
+
+    model = make_team().models[0]
+    config = model.get_base_model().config
+    per_row = bytes_per_row(config, 30 + 20)  # the prompt and the new tokens: the cache's positions
+    assert rows_that_fit(model, 30, 20, free=2 * 7 * per_row + 1) == 7
+    assert rows_that_fit(model, 30, 20, free=10) == 1  # at least one row a call
+    bf16 = model.get_base_model().to(torch.bfloat16)
+    assert rows_that_fit(model, 30, 20, free=2 * 7 * per_row + 1) > 7  # a bf16 cache is half the bytes
+    bf16.to(torch.float32)

@@ -240,7 +240,7 @@ def reference_step(seeds, step, logits, temperature, top_p, top_k):
 
 
 @pytest.mark.parametrize("temperature, top_p, top_k", [(0.7, 0.9, 0), (1.0, 0.95, 50), (0.7, 1.0, 50),
-                                                        (1.0, 1.0, 0), (0.5, 0.3, 0)])
+                                                        (1.0, 1.0, 0), (0.5, 0.3, 0), (1.0, 0.999, 0)])
 def test_a_step_picks_the_tokens_and_log_probs_of_the_full_sort_and_hash(temperature, top_p, top_k):
     """At a real vocabulary size, on logits shaped like a language model's (a few likely tokens, a long tail): the
     sampled token and its log-prob are those of transformers' sorting warpers with every token hashed."""

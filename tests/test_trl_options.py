@@ -360,3 +360,15 @@ def test_logged_values_and_zero_advantage_groups_reach_metrics_and_rollouts(tmp_
     for a in range(2):  # a group ties when both of the agent's samples got the same return
         ties = [len({r["return"] for r in rollouts if r["item"] == item}) == 1 for item in {r["item"] for r in rollouts}]
         assert row[f"advantage/zero_groups/agent_{a}"] == pytest.approx(np.mean(ties))
+
+
+def test_the_entropy_bonus_over_a_micro_batch_divides_by_the_steps_tokens_with_its_gradient():
+    """entropy_norm (the trainer's: the step's completion tokens times the micro-batch's share): the bonus is the
+    kept tokens' entropy summed over the norm, -0.1 / norm on each kept token's gradient (review 7: a detached
+    entropy gave the same loss and no gradient)."""
+    entropy = ENTROPY.clone().requires_grad_()
+    loss, _ = losses.policy_loss(torch.zeros(2, 4), ENTROPY_MASK, torch.zeros(2), "grpo", entropy=entropy,
+                                 entropy_coef=0.1, entropy_norm=20.0)
+    assert float(loss.detach()) == pytest.approx(-0.1 * 3.5 / 20.0)  # the 7 kept tokens' entropies sum to 3.5
+    loss.backward()
+    torch.testing.assert_close(entropy.grad, -0.1 / 20.0 * ENTROPY_MASK)

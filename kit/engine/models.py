@@ -197,7 +197,8 @@ def load_base(name: str, *, quantization: str = "auto", dtype: str = "auto", dev
         if quantization == "4bit":
             raise ValueError("quantization='4bit' needs a model on disk; save it first with "
                              "kit.engine.models.save_tiny_model(path) and load that path")
-        torch_dtype = resolve_dtype(dtype, dev, model.config.hidden_size)
+        # auto: fp32 on every device (hidden 64: a narrow model gains nothing from bf16; CUDA runs it as before)
+        torch_dtype = torch.float32 if dtype == "auto" else resolve_dtype(dtype, dev)
         model = model.to(dev, torch_dtype)
         if dev.type == "cpu":
             fp32_head(model)

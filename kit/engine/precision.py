@@ -10,7 +10,10 @@ gets an fp32 output layer here, so the sampler's logits and the update's log-pro
 weights; what still differs between them (the KV-cached decode against the update's full forward, rounded to bf16)
 is what the rollout correction measures and weighs (kit/engine/rollout.py sampler_differs).
 
-Not covered: fp16 on a CPU (allowed when set, never chosen), a 4-bit base on a CPU (bitsandbytes' own kernels).
+The compiled engine (rollout_engine=compiled, CUDA's default) decodes with its own bf16/fp16 copy of the weights, the
+output layer included: there the sampler's head is not the update's, which the rollout correction weighs (sampler_differs
+names the engine). Not covered: fp16 on a CPU (allowed when set, never chosen), a 4-bit base on a CPU (bitsandbytes'
+own kernels).
 """
 
 from __future__ import annotations

@@ -95,7 +95,7 @@ def top_k_filter(scores: torch.Tensor, top_k: int) -> torch.Tensor:
 def _in_nucleus(vals: torch.Tensor, lse: torch.Tensor, top_p: float) -> torch.Tensor:
     """(R, K) scores in descending order and their rows' logsumexp (R, 1) -> (R, K) kept: the mass of the tokens
     scored strictly above a token is below top_p (a run of equal scores shares its first token's mass above)."""
-    p = (vals - lse).exp()
+    p = (vals.double() - lse).exp()  # float64: with top_p near 1 the cut is in a tail of ~1e-4, past fp32's rounding
     before = p.cumsum(-1) - p  # mass of the tokens ranked above, ties included
     start = torch.ones_like(vals, dtype=torch.bool)
     start[:, 1:] = vals[:, 1:] != vals[:, :-1]  # the first token of each run of equal scores
@@ -115,7 +115,7 @@ def nucleus(scores: torch.Tensor, top_p: float):
     NUCLEUS_WIDTH largest scores (one topk); only a row whose nucleus reaches past them (a flat distribution) is sorted
     whole, on its own: one uncertain row of a held-out evaluation's hundreds never widens the search of the others."""
     R, V = scores.shape
-    lse = scores.logsumexp(-1, keepdim=True)  # (R, 1)
+    lse = scores.double().logsumexp(-1, keepdim=True)  # (R, 1), float64 (see _in_nucleus)
     vals, ids = scores.topk(min(NUCLEUS_WIDTH, V), dim=-1)  # (R, K) descending
     kept = _in_nucleus(vals, lse, top_p)
     if ids.shape[1] == V or not kept[:, -1].any():  # every nucleus ends inside its candidates (the usual case)

@@ -114,7 +114,9 @@ def _next_argument(value: str) -> bool:
     it) is not: what follows its key is not a JSON value to the end."""
     for m in _NEXT_KEY.finditer(value):
         tail = value[m.end():].strip()
-        for candidate in (tail + '"', tail):  # the closing quote of a last string argument was matched as ours
+        rest = "{" + value[m.start() + 1:].lstrip(" ,")  # the arguments after ours, as the rest of an object
+        # the closing quote of a last string argument was matched as ours: give it back
+        for candidate in (tail + '"', tail, rest + '"}', rest + "}"):
             try:
                 json.loads(candidate)
                 return True

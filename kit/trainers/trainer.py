@@ -571,8 +571,9 @@ class Trainer:
         t0 = time.perf_counter()
         out = self.evaluate()
         took = time.perf_counter() - t0
-        bar.start_t += took  # tqdm's rate and remaining time: steps over the time not spent evaluating
-        bar.last_print_t = getattr(bar, "last_print_t", bar.start_t) + took
+        if not getattr(bar, "disable", False):  # a disabled bar (progress=false) keeps no clocks
+            bar.start_t += took  # tqdm's rate and remaining time: steps over the time not spent evaluating
+            bar.last_print_t = getattr(bar, "last_print_t", bar.start_t) + took
         if took > 30:  # a real model on a CPU: minutes; the tiny model: milliseconds, not worth a line
             self.log(f"[kit] held-out evaluation at step {self.step}: {took / 60:.1f} minutes (not counted in the "
                      "bar's time per step)")
