@@ -197,7 +197,7 @@ def test_an_older_run_directory_still_reports_and_says_what_it_lacks(runs, tmp_p
     text = write_report(old, **QUIET).read_text()
     assert "| judge | 3 calls, $0.12 spent of a $15.00 cap |" in text
     assert "No intervals: these results have no per-item data" in text
-    assert "not recorded: this run has no environment.json" in text
+    assert "not recorded yet: environment.json is written when training returns" in text and "older" in text
     assert "## Best and worst joint actions\n\n_Not available: no rollouts.jsonl" in text
     shutil.rmtree(old / "eval")
     text = write_report(old, **QUIET).read_text()

@@ -101,8 +101,8 @@ def run_section(run: dict) -> str:
                    if env.get("precision") else "not recorded")]
     else:
         facts.append(("kit, packages, GPU, memory", f"not recorded yet: {ENVIRONMENT} is written when training "
-                      "returns (a run still training, or stopped, has none yet; so has a run of a kit older than "
-                      "2026-11-22)" if train else f"not recorded: this run has no {ENVIRONMENT} (not trained yet)"))
+                      "returns (a run still training, or stopped, has none yet; so has a run of a kit older than that "
+                      "record)" if train else f"not recorded: this run has no {ENVIRONMENT} (not trained yet)"))
     budget = run["budget"]
     if budget:
         cap = f" of a ${budget['cap_usd']:.2f} cap" if "cap_usd" in budget else ""
