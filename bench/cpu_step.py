@@ -5,7 +5,7 @@
 
 Trains the preset for `--steps` steps in a fresh run folder (no held-out check, no checkpoint) and reads each
 step's split from its metrics (`perf/generate_s`; the reward, `perf/sample_s` less generation; `perf/update_s`); then evaluates
-the untrained team as `kit eval` does (every agent's `--eval-n` samples of `--eval-items` held-out problems in one
+the team after those steps as `kit eval` does (every agent's `--eval-n` samples of `--eval-items` held-out problems in one
 batched call, scored in the sandbox) and times it. One row per run is appended to bench/results/cpu_step.md, with
 the commit, the precision the run used and the CPU's bf16 flags (kit.env.cpu_bf16), so rows of two machines are
 never read as one. The first step is shown apart: it pays one-off costs (the sandbox's start, allocator growth).
@@ -85,7 +85,7 @@ def main() -> None:
             + (f"{args.eval_items} x {args.eval_n} ({rows_eval} rows): {eval_s:.0f} s, {eval_metric} |"
                if args.eval_items else "- |"))
     header = ("| label | commit | preset | dtype | CPU bf16 flags | threads | step 1 s (generate / reward / update) | "
-              "later steps, mean s (generate / reward / update) | held-out evaluation, untrained team |\n"
+              "later steps, mean s (generate / reward / update) | held-out evaluation of the team after those steps |\n"
               "|---|---|---|---|---|---|---|---|---|")
     print(header)
     print(line, flush=True)
