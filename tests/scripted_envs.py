@@ -225,12 +225,16 @@ class Dice(Recorder):
 
 
 class Crasher(Recorder):
-    """`crash` ends the child process at once (a segfault's stand-in), with exit code 3."""
+    """`crash` ends the child process (a segfault's stand-in), with exit code 3: its pipes close first and it exits
+    half a second later, so the parent sees the end of its output while the process is not yet gone."""
 
     def crash(self) -> str:
         """End the process."""
         import os
 
+        os.closerange(3, 1024)  # the protocol's copy of stdout is among them: the parent reads the end of its output
+        os.close(1)
+        time.sleep(0.5)
         os._exit(3)
 
 
