@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from test_distributed import ARGS, adapters, launch, rows
-from test_trainer import adapter_weights, cfg_for, metric_rows
+from test_trainer import adapter_weights, cfg_for, metric_rows, one_update
 
 from kit.engine.forward import completion_logprobs
 from kit.run.checkpoint import seed_everything
@@ -66,20 +66,7 @@ def test_bf16_micro_batches_give_the_one_batch_step(tmp_path):
     for micro in (0, 3):
         cfg = cfg_for(tmp_path, BF16, "loss_type=token_mean", f"micro_batch_size={micro}", "batch_size=2",
                       "num_generations=4", "max_new_tokens=4", name=f"micro{micro}")
-        trainer = Trainer(cfg, **QUIET)
-        gen = torch.Generator().manual_seed(0)
-        for name, p in trainer.team.models[0].named_parameters():
-            if "lora_B" in name:  # zero at init: the policy would be the base and the KL term 0
-                p.data.normal_(0.0, 0.05, generator=gen)
-        grads = {}
-        for adapter, opt in trainer.optimizers.items():
-            def step(adapter=adapter, real=opt.step):
-                grads[adapter] = [p.grad.clone() for p in trainer.team.parameters_of(adapter)]
-                return real()
-            opt.step = step
-        seed_everything(0)
-        levels = trainer.sample(trainer.batch_items(0))
-        results.append((levels[0].rollout.texts, trainer.update(levels), grads))
+        results.append(one_update(cfg))
     (texts, stats, grads), (texts_mb, stats_mb, grads_mb) = results
     assert texts == texts_mb
     for key in stats:

@@ -339,7 +339,7 @@ def test_ignoring_the_alarm_earns_nothing_after_it_and_is_a_timeout():
     t = time.monotonic()
     r = run(prog, TESTS, call_names=["add"], limits=Limits(test_timeout=0.5))
     assert r.passed == [True, False, False] and r.violation == "" and "timeout" in r.reasons[1]
-    assert time.monotonic() - t < 10
+    assert time.monotonic() - t < 30  # about 1.5 s expected (two 0.5 s timeouts): a wide bound against a hang
 
 
 def test_an_honest_long_call_in_c_keeps_the_tests_before_it():

@@ -340,6 +340,27 @@ def test_cli_as_a_program_exits_2_with_the_config_message(tmp_path):
     assert out.returncode == 2 and "top_p=2" in out.stderr and "(0, 1]" in out.stderr
 
 
+def one_update(cfg):
+    """One step's rollouts and update on a fresh trainer, lora_B moved off zero (else the policy is the base and the
+    KL term 0): (texts, the update's stats, the gradient each optimizer step received per adapter)."""
+    from kit.run.checkpoint import seed_everything
+
+    trainer = Trainer(cfg, log=lambda *_: None)
+    gen = torch.Generator().manual_seed(0)
+    for name, p in trainer.team.models[0].named_parameters():
+        if "lora_B" in name:
+            p.data.normal_(0.0, 0.05, generator=gen)
+    grads = {}
+    for adapter, opt in trainer.optimizers.items():
+        def step(adapter=adapter, real=opt.step):
+            grads[adapter] = [p.grad.clone() for p in trainer.team.parameters_of(adapter)]
+            return real()
+        opt.step = step
+    seed_everything(0)
+    levels = trainer.sample(trainer.batch_items(0))
+    return levels[0].rollout.texts, trainer.update(levels), grads
+
+
 @pytest.mark.filterwarnings("ignore:Seems like `optimizer.step\\(\\)` has been overridden")
 @pytest.mark.parametrize("loss_type,extra", [("sum", []), ("token_mean", []), ("grpo", ["entropy_coef=0.01"])])
 def test_a_micro_batched_update_equals_the_one_batch_update(tmp_path, loss_type, extra):
@@ -352,20 +373,7 @@ def test_a_micro_batched_update_equals_the_one_batch_update(tmp_path, loss_type,
     for micro in (0, 3):  # 8 rows per agent: one batch, or micro-batches of 3, 3 and 2 rows
         cfg = cfg_for(tmp_path, f"loss_type={loss_type}", f"micro_batch_size={micro}", "batch_size=2",
                       "num_generations=4", "max_new_tokens=4", *extra, name=f"micro{micro}")
-        trainer = Trainer(cfg, log=lambda *_: None)
-        gen = torch.Generator().manual_seed(0)
-        for name, p in trainer.team.models[0].named_parameters():
-            if "lora_B" in name:  # zero at init: the policy would be the base and the preset's KL term 0
-                p.data.normal_(0.0, 0.05, generator=gen)
-        grads = {}
-        for adapter, opt in trainer.optimizers.items():  # the gradient each optimizer step receives
-            def step(adapter=adapter, real=opt.step):
-                grads[adapter] = [p.grad.clone() for p in trainer.team.parameters_of(adapter)]
-                return real()
-            opt.step = step
-        seed_everything(0)
-        levels = trainer.sample(trainer.batch_items(0))
-        results.append((levels[0].rollout.texts, trainer.update(levels), grads))
+        results.append(one_update(cfg))
     (texts, stats, grads), (texts_mb, stats_mb, grads_mb) = results
     assert texts == texts_mb  # the same rollouts, so the updates must agree
     if extra:

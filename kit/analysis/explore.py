@@ -19,7 +19,7 @@ instead of joint actions.
 Everything is read from the run directory's files (config.json, rollouts.jsonl), so it works after a reconnect,
 on a finished run, and while a run is still writing (press "reload").
 
-Past 400 lines on purpose: the browser's logic and its ipywidgets front end are kept together, so what a
+Past 400 lines on purpose (about 450): the browser's logic and its ipywidgets front end are kept together, so what a
 widget shows is next to the tested function that computes it.
 """
 
