@@ -107,9 +107,11 @@ def train_to_end(trainer, every: int = 5) -> dict:
 
 
 def run_to_analyse(run_name: str, drive: Path | None = None, drive_folder: str = DRIVE_FOLDER,
-                   run_dir: str | Path | None = None, log=print) -> Path:
+                   run_dir: str | Path | None = None, log=print, samples: bool = True) -> Path:
     """The run that 02-05 look at: `run_dir` when given; in smoke mode the tiny smoke run; otherwise the run
-    01_train made under the same RUN_NAME, on this disk or on Drive (a new runtime only has the Drive copy)."""
+    01_train made under the same RUN_NAME, on this disk or on Drive (a new runtime only has the Drive copy).
+    `samples=False` (04, 05: they read the run's files; a cell that samples says its own estimate): no word on how
+    long a real model's evaluations take on a CPU."""
     from kit.run.rundir import find_run
 
     if run_dir:
@@ -122,7 +124,7 @@ def run_to_analyse(run_name: str, drive: Path | None = None, drive_folder: str =
         raise FileNotFoundError(f"{found} is not a run folder (no config.json)")
     log(f"[kit] run: {found}")
     model = json.loads((found / "config.json").read_text()).get("model_name", "tiny")
-    if model != "tiny" and not _has_gpu():  # said before a cell spends many minutes in fp32 on a CPU
+    if samples and model != "tiny" and not _has_gpu():  # said before a cell spends many minutes on a CPU
         if trained_on_cpu(found):  # a CPU preset's run: here is where it belongs (a GPU would load its fp32
             log(f"[kit] {model} runs on this CPU as it trained (dtype=auto: bf16 where the CPU computes it, else "
                 "fp32): each evaluation takes minutes; "

@@ -84,15 +84,17 @@ drive = colab.mount_drive()  # Colab: mounts Google Drive once; elsewhere: None
 """, tags=["colab"])
 
 
-def run_cells() -> list:
+def run_cells(samples: bool = True) -> list:
+    """The parameters, Drive and run cells of 02-05; samples=False: the notebook reads the run's files (04, 05), so
+    the run cell says nothing of how long evaluations take."""
+    find = "RUN_DIR = colab.run_to_analyse(RUN_NAME, globals().get(\"drive\"), DRIVE_FOLDER, RUN_DIR" + \
+        ("" if samples else ", samples=False") + ")  # smoke: a tiny run"
     return [code(f"""
 # The run to look at: by default the one 01_train made with this RUN_NAME, on this disk or on Drive.
 RUN_NAME = "magrpo_code"  # as in 01_train
 DRIVE_FOLDER = "{DRIVE_FOLDER}"  # under MyDrive, as in 01_train
 RUN_DIR = None  # or a run folder, which overrides RUN_NAME
-""", tags=["parameters"]), DRIVE, code("""
-RUN_DIR = colab.run_to_analyse(RUN_NAME, globals().get("drive"), DRIVE_FOLDER, RUN_DIR)  # smoke: a tiny run
-""")]
+""", tags=["parameters"]), DRIVE, code("\n" + find + "\n")]
 
 
 def train_cells(comment: str) -> list:
@@ -235,7 +237,7 @@ plots.baseline_bars(rows, path=f"{RUN_DIR}/eval/baselines.png")
              "decorator, coordinator, strategy filter, wrapper, no use): shares over training from the run's "
              "rollouts, shares on fresh samples from the newest checkpoint, and an example program for each "
              "scheme.", [
-                 *run_cells(),
+                 *run_cells(samples=False),
                  code("""
 from IPython.display import Markdown, display
 from kit.analysis import plots, schemes
@@ -260,7 +262,7 @@ display(Markdown(schemes.examples_markdown(RUN_DIR)))  # one example program per
              "by side; pick one for its whole prompts and reward breakdown, edit any agent's completion and "
              "re-score it with the task's own reward, which says why (failing asserts, errors). The widgets read "
              "the run's files, so they work after a reconnect and on a finished run.", [
-                 *run_cells(),
+                 *run_cells(samples=False),
                  code("""
 from kit.analysis import explore
 

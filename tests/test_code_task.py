@@ -398,3 +398,53 @@ def test_a_violation_reaches_the_rollout_log_and_the_metrics(tmp_path):
     assert all("violation" not in r for r in rows if r["parts"]["violation"] == 0.0)
     metrics = json.loads(open(tmp_path / "metrics.jsonl").readline())
     assert metrics["reward/violation"] == pytest.approx(len(tried) / len(rows))
+
+
+# --- what main is told of aux (issue 78: the lever that lets main call it), and main's calls counted at every level
+
+@pytest.mark.parametrize("prompt, params", [
+    ('def f(a: int, b: List[int]) -> int:\n    """Doc."""\n', "a, b"),
+    ("from typing import Dict\n\ndef f(d: Dict[str, int], n: int) -> bool:\n    \"\"\"\n\tdef f(x) in a docstring\n\t\"\"\"\n",
+     "d, n"),
+    ("def f(a,\n      b: Tuple[int, int] = (1, 2), *args, c=3, **kw):\n    pass\n", "a, b, *args, c, **kw"),
+    ("def f(a, *, key):\n    pass\n", "a, *, key"),
+    ("def g(x):\n    pass\n", None),  # no def of the entry point
+    ("def f(a:\n", None),  # a signature that never closes
+])
+def test_entry_params_reads_the_signature_by_the_ast(prompt, params):
+    from kit.tasks.codeparse import entry_params
+
+    assert entry_params(prompt, "f") == params
+
+
+def test_aux_signature_entry_tells_both_agents_the_entry_points_arguments():
+    free = CodeTask(dataset="coop").prompts(ITEM)
+    entry = CodeTask(dataset="coop", aux_signature="entry").prompts(ITEM)
+    assert "`aux(xs)`, taking the same arguments as `double_all`" in entry[0]
+    assert "Call `aux(xs)` where it helps" in entry[1]
+    assert "aux(xs)" not in free[0] + free[1] and "Write one function named `aux`" in free[0]
+    unreadable = {**ITEM, "prompt": "Double every number (no signature here)."}  # falls back to the free prompts
+    assert CodeTask(dataset="coop", aux_signature="entry").prompts(unreadable)[1] == \
+        CodeTask(dataset="coop").prompts(unreadable)[1]
+    with pytest.raises(ValueError, match="aux_signature"):
+        CodeTask(dataset="coop", aux_signature="typed")
+
+
+def test_aux_signature_reaches_the_training_prompts_through_the_config():
+    from kit.run.config import load_config
+    from kit.tasks import task_for
+
+    cfg = load_config("coder_mbpp", overrides=["task_args={dataset: mbpp, prefill: helper, aux_signature: entry}"])
+    task = task_for(cfg)
+    item = task.load("train")[0]
+    assert "taking the same arguments as" in str(task.prompts(item)[1])
+
+
+@pytest.mark.parametrize("helper, main, calls", [
+    ("", MAIN_COOP, True),  # no aux at all: stops at structure, yet main's call is seen
+    (AUX_OK, "def double_all(xs):\n    return [aux(x) + 1 for x in xs] or None\n", True),  # no test passes
+    (AUX_OK, "def double_all(xs):\n    return [x + x for x in xs]\n", False),
+    (AUX_OK, "def double_all(xs):\n    aux = len\n    return [aux(x) for x in xs]\n", False),  # shadowed
+])
+def test_main_calls_aux_is_recorded_at_every_level(task, helper, main, calls):
+    assert task.reward(ITEM, (helper, main)).details["main_calls_aux"] is calls

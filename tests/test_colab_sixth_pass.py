@@ -206,3 +206,122 @@ def test_a_held_out_evaluation_during_training_is_kept_out_of_the_bars_time_per_
     assert "eval/reward_mean" in out and "held-out evaluation" in bar.said
     assert bar.start_t >= 100.2 and bar.last_print_t >= 100.2  # the rate ignores those seconds
     trainer.close()
+
+
+# --- item 7: the analysis bars
+
+
+@pytest.fixture(scope="module")
+def tiny_run(tmp_path_factory):
+    """A tiny code run with one checkpoint: what 02-05 look at."""
+    from kit.trainers.trainer import Trainer
+
+    path = tmp_path_factory.mktemp("bars") / "run"
+    cfg = load_config("tiny_cpu", overrides=[f"run_dir={path}", "progress=false", "num_steps=1", "save_every=1",
+                                             "eval_every=0", "batch_size=1", "num_generations=2", "num_eval_items=2",
+                                             "max_new_tokens=6"])
+    trainer = Trainer(cfg, log=lambda *_: None)
+    trainer.train()
+    trainer.close()
+    return path
+
+
+class Bars:
+    """tqdm.auto.tqdm, recorded: each bar's description, total and how often it moved."""
+
+    made: list = []
+
+    def __init__(self, iterable=None, desc="", total=None, disable=False, **kwargs):
+        self.iterable, self.desc, self.total, self.disable, self.n, self.moves = iterable, desc, total, disable, 0, 0
+        if iterable is not None and total is None:
+            self.total = len(iterable)
+        Bars.made.append(self)
+
+    def __iter__(self):
+        for thing in self.iterable:
+            yield thing
+            self.update(1)
+
+    def update(self, k=1):
+        self.n += k
+        self.moves += 1
+
+    def reset(self, total=None):
+        self.n, self.total = 0, total
+
+    def close(self):
+        pass
+
+
+def test_the_baselines_bar_counts_the_trained_team_as_its_last_job(tiny_run, monkeypatch):
+    """03's bar showed 4/4 while the trained team, sampled after the loop, still ran: it is now the bar's fifth job."""
+    import kit.analysis.baselines as baselines
+
+    jobs = []
+    real = baselines.progress
+
+    def recorded(things, unit):
+        jobs.append(list(things))
+        return real(things, unit)
+
+    monkeypatch.setattr(baselines, "progress", recorded)
+    rows = baselines.compare(tiny_run, ["naive", "sequential"], n=1, log=lambda *_: None)
+    assert jobs == [["naive", "sequential", "magrpo"]]
+    assert [r["method"] for r in rows] == ["naive", "sequential", "magrpo"]
+
+
+def test_the_evaluation_bars_move_with_the_decoding_steps(tiny_run, monkeypatch):
+    """The bars moved once per checkpoint or method (minutes apart on a CPU); a second bar now moves with every
+    decoding step of the generate call running, and restarts at each call."""
+    import tqdm.auto
+
+    from kit.analysis.evaluate import evaluate_run
+
+    Bars.made = []
+    monkeypatch.setattr(tqdm.auto, "tqdm", Bars)
+    evaluate_run(tiny_run, "all", n=1, log=lambda *_: None)
+    (outer,) = [b for b in Bars.made if b.desc == "checkpoints"]
+    (decoding,) = [b for b in Bars.made if b.desc.strip() == "decoding"]
+    assert outer.total == 2 and outer.n == 2  # the base and step 1
+    assert decoding.total == 6 and decoding.moves >= 2 * 2  # two checkpoints, several tokens each (EOS may end early)
+
+
+def test_watching_decode_sees_every_step_and_changes_no_sample(tiny_run):
+    from kit.engine.batching import watching_decode
+    from kit.run.rundir import open_run
+    from kit.engine.models import build_team
+    from kit.engine.tools import sampler_for
+
+    run = open_run(tiny_run)
+    team = build_team(run.cfg, log=lambda *_: None)
+    sampler = sampler_for(team, run.cfg, lambda *_: None)
+    item = run.task.load("eval")[0]
+    requests, keys = [(0, run.task.prompts(item)[0])], [("watch", item["id"])]
+    plain = sampler.sample(requests, 3, keys=keys).texts
+    ticks = []
+    with watching_decode(lambda step, total: ticks.append((step, total))):
+        watched = sampler.sample(requests, 3, keys=keys).texts
+    sampler.sample(requests, 3, keys=keys)  # outside: nobody is told
+    assert watched == plain
+    assert ticks and ticks[0] == (1, 6) and [s for s, _ in ticks] == list(range(1, len(ticks) + 1))
+
+
+def test_notebooks_that_only_read_the_run_do_not_say_evaluations_take_minutes(tmp_path, monkeypatch):
+    """04 and 05 read the run's files (04's fresh-samples cell says its own estimate): their run cell says nothing
+    of minutes; 02 and 03, which sample, still do."""
+    monkeypatch.setattr(colab, "_has_gpu", lambda: False)
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "config.json").write_text(json.dumps({"model_name": "smollm2-135m", "task": "code"}))
+    (run / "environment.json").write_text(json.dumps({"gpu": None}))
+    said = []
+    colab.run_to_analyse("x", run_dir=run, log=said.append)
+    assert any("takes minutes" in s for s in said)
+    said.clear()
+    colab.run_to_analyse("x", run_dir=run, log=said.append, samples=False)
+    assert not any("minutes" in s for s in said)
+    for name, reads_only in (("02_evaluate", False), ("03_baselines", False), ("04_schemes", True),
+                             ("05_explore", True)):
+        nb = json.loads((ROOT / "notebooks" / f"{name}.ipynb").read_text())
+        cell = next("".join(c["source"]) for c in nb["cells"] if "run_to_analyse(" in "".join(c["source"]))
+        assert ("samples=False" in cell) == reads_only, name

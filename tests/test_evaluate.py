@@ -308,3 +308,40 @@ def test_cli_eval_and_baselines_write_tables_and_pngs(run_dir, capsys):
     assert code == 2 and "code task" in err  # the toy task has no programs
     code, out, err = cli("eval", "--run-dir", str(run_dir.parent / "nope"))
     assert code == 2 and "no config.json" in err
+
+
+def test_summarize_counts_mains_calls_and_the_schemes_of_passing_code():
+    """Issue 78's columns: main calls aux on every sample (not only where the cooperation part was paid), per item,
+    and the primary schemes of the passing joint actions only."""
+    from kit.tasks.code import CodeTask
+
+    task = CodeTask(dataset="coop", test_timeout=2.0)
+    item = {"id": "t/double_all", "prompt": "def double_all(xs: list) -> list:\n    pass\n", "entry_point": "double_all",
+            "context": "", "setup": "", "tests": ["assert double_all([1, 2]) == [2, 4]", "assert double_all([]) == []"]}
+    aux = "def aux(x):\n    return 2 * x\n"
+    loop = "def double_all(xs):\n    out = []\n    for x in xs:\n        out.append(aux(x))\n    return out\n"
+    alone = "def double_all(xs):\n    return [x + x for x in xs]\n"
+    broken = "def double_all(xs):\n    return [aux(x) + 1 for x in xs] or None\n"  # calls aux, passes nothing
+    joints = [[(aux, loop), (aux, alone), (aux, broken), ("", loop)]]  # the last: no aux, main still calls it
+    rewards = [[task.reward(item, j) for j in joints[0]]]
+    out = summarize(task, rewards, items=[item])
+    assert out["aux_call_rate"] == pytest.approx(3 / 4) and out["per_item"]["aux_call"] == [pytest.approx(3 / 4)]
+    assert out["cooperation_rate"] == pytest.approx(1 / 4)  # paid only where aux is defined and a test passes
+    assert out["num_passing"] == 2  # (aux, loop) and (aux, alone); ("", loop) fails: aux undefined
+    assert out["schemes/passing"]["coordinator"] == pytest.approx(0.5)
+    assert out["schemes/passing"]["no_use"] == pytest.approx(0.5)
+    assert "schemes/passing" not in summarize(task, rewards)  # without the items' entry points
+
+
+def test_seeds_items_bootstrap_resamples_seeds_and_items():
+    from kit.analysis.stats import bootstrap, seeds_items_bootstrap
+
+    assert seeds_items_bootstrap([[0.5, 0.5], [0.5, 0.5]]) == (0.5, 0.5, 0.5)
+    one_seed = [[0.0, 1.0, 1.0, 0.0, 1.0]]
+    assert seeds_items_bootstrap(one_seed) == pytest.approx(bootstrap(one_seed[0]), abs=0.05)  # items only
+    mean, low, high = seeds_items_bootstrap([[0.0, 0.0], [1.0, 1.0]])  # the seeds disagree, the items do not
+    assert mean == 0.5 and low == 0.0 and high == 1.0
+    same_items = seeds_items_bootstrap([[0.2, 0.8]] * 3)  # seeds that agree: only the items' spread
+    assert same_items[1] == pytest.approx(0.2) and same_items[2] == pytest.approx(0.8)
+    with pytest.raises(ValueError, match="seeds, items"):
+        seeds_items_bootstrap([0.1, 0.2])

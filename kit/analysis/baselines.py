@@ -59,7 +59,7 @@ def run_method(method: str, sampler, task, cfg, items: list[dict], n: int, score
     else:
         joints, tokens, gen_s = _RUNNERS[method](sampler, task, items, n)
         per_turn = [score(scorer, items, joints)]
-    out = {"method": method, **summarize_turns(task, per_turn, num_tokens=tokens, seconds=gen_s)}
+    out = {"method": method, **summarize_turns(task, per_turn, num_tokens=tokens, seconds=gen_s, items=items)}
     out["wall_s"] = time.perf_counter() - start
     if method == "naive" and acted[0] is not None and sampler.completions > acted[1]:  # the team acted (the
         # other schedules' scored answers never do: discussion's first round acts, its revisions do not)
@@ -147,18 +147,23 @@ def compare(run_dir, methods=None, n: int = 10, num_items: int | None = None, st
             "is its newest checkpoint now (taken again if the training prunes it meanwhile)")
     passes = sum(2 if m in ("sequential", "discussion") else 1 for m in methods) + 1  # two rounds of generation
     say_estimate(ctx, passes * ctx.cfg.num_turns, n, log)
-    for method in progress(methods, "methods"):
+    team = step != "newest" or bool(ctx.checkpoints())  # the trained team is the bar's last job, not after it
+    for method in progress([*methods, *(["magrpo"] if team else [])], "methods"):
+        if method == "magrpo":
+            chosen = ctx.use_team_step(step, log)
+            if chosen is not None:
+                row = run_method("naive", ctx.sampler, ctx.task, ctx.cfg, ctx.items, n, ctx.scorer)
+                row.update(method="magrpo", step=chosen)
+                rows.append(row)
+                log("[kit] magrpo team: " + _brief(row))
+            continue
         if method == "single" and not has(ctx.task, "single_prompt"):
             log(f"[kit] baseline single skipped: task {ctx.cfg.task!r} has no single_prompt")
             continue
         rows.append(run_method(method, ctx.sampler, ctx.task, ctx.cfg, ctx.items, n, ctx.scorer))
         log(f"[kit] baseline {method}: " + _brief(rows[-1]))
-    chosen = ctx.use_team_step(step, log)
-    if chosen is not None:
-        row = run_method("naive", ctx.sampler, ctx.task, ctx.cfg, ctx.items, n, ctx.scorer)
-        row.update(method="magrpo", step=chosen)
-        rows.append(row)
-        log("[kit] magrpo team: " + _brief(row))
+    if not team:
+        ctx.team_step(step, log)  # says once that the trained team is not in this table (no checkpoint yet)
     _write(ctx.run_dir, rows)
     return rows
 

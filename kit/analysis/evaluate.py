@@ -42,8 +42,10 @@ def pass_at_k(n: int, c: int, k: int) -> float:
     return float(1.0 - np.prod(1.0 - k / np.arange(n - c + 1, n + 1)))
 
 
-def summarize(task, rewards: list[list], *, ks=KS, num_tokens: int = 0, seconds: float = 0.0) -> dict:
-    """Metrics over items x n joint-action rewards."""
+def summarize(task, rewards: list[list], *, ks=KS, num_tokens: int = 0, seconds: float = 0.0,
+              items: list[dict] | None = None) -> dict:
+    """Metrics over items x n joint-action rewards. With the `items` of a code task (an entry_point each), the
+    cooperation schemes of the passing joint actions too (kit/analysis/schemes.py): `schemes/passing`."""
     flat = [r for per_item in rewards for r in per_item]
     n = min(len(per_item) for per_item in rewards) if rewards else 0
     out = {"num_items": len(rewards), "num_samples": n,
@@ -52,15 +54,29 @@ def summarize(task, rewards: list[list], *, ks=KS, num_tokens: int = 0, seconds:
         out[f"reward/{key}"] = float(np.mean([r.parts.get(key, 0.0) for r in flat]))
     if any("cooperation" in r.parts for r in flat):
         out["cooperation_rate"] = float(np.mean([r.parts.get("cooperation", 0.0) > 0 for r in flat]))
+    if any("main_calls_aux" in (r.details or {}) for r in flat):  # the code task: main calls aux, by the AST, on
+        # every sample (cooperation_rate counts only the rewarded uses: aux defined, a test passed)
+        out["aux_call_rate"] = float(np.mean([bool((r.details or {}).get("main_calls_aux")) for r in flat]))
     # per item, so a report can put bootstrap intervals over items on every mean (kit/analysis/stats.py)
     out["per_item"] = {"reward": [float(np.mean([r.total for r in per_item[:n]])) if n else 0.0
                                   for per_item in rewards]}
+    if "aux_call_rate" in out:
+        out["per_item"]["aux_call"] = [float(np.mean([bool((r.details or {}).get("main_calls_aux")) for r in per[:n]]))
+                                       if n else 0.0 for per in rewards]
     if has(task, "is_pass") and n:
         correct = [sum(bool(task.is_pass(r)) for r in per_item[:n]) for per_item in rewards]
         out["per_item"]["correct"] = correct
         for k in ks:
             if k <= n:
                 out[f"pass@{k}"] = float(np.mean([pass_at_k(n, c, k) for c in correct]))
+    if items is not None and has(task, "is_pass") and all("entry_point" in item for item in items):
+        passing = [((r.details or {}).get("helper_code", ""), (r.details or {}).get("main_code", ""), item["entry_point"])
+                   for item, per in zip(items, rewards) for r in per[:n] if task.is_pass(r)]
+        if passing and any("main_code" in (r.details or {}) for r in flat):
+            from kit.analysis.schemes import shares_of
+
+            out["num_passing"] = len(passing)
+            out["schemes/passing"] = shares_of(passing)
     out["tokens"] = num_tokens
     out["tokens_per_s"] = num_tokens / seconds if seconds > 0 else 0.0
     out["headline"] = task_headline(task) if n else "reward/mean"  # what reports and figures judge it by
@@ -72,9 +88,10 @@ def mean_total(rewards: list[list]) -> float:
     return float(np.mean([r.total for per_item in rewards for r in per_item]))
 
 
-def summarize_turns(task, per_turn: list[list[list]], num_tokens: int = 0, seconds: float = 0.0) -> dict:
+def summarize_turns(task, per_turn: list[list[list]], num_tokens: int = 0, seconds: float = 0.0,
+                    items: list[dict] | None = None) -> dict:
     """`summarize` of the last turn's rewards; with several turns, also the first turn's mean and the turn count."""
-    out = summarize(task, per_turn[-1], num_tokens=num_tokens, seconds=seconds)
+    out = summarize(task, per_turn[-1], num_tokens=num_tokens, seconds=seconds, items=items)
     if len(per_turn) > 1:
         out["turns"] = len(per_turn)
         out["turn1/reward_mean"] = mean_total(per_turn[0])
@@ -192,7 +209,7 @@ def evaluate_team(sampler: Sampler, task, cfg, items: list[dict], n: int = 10, s
     try:
         start = time.perf_counter()
         _, per_turn, tokens, gen_s = sample_turns(sampler, task, items, n, scorer, cfg.num_turns)
-        out = summarize_turns(task, per_turn, num_tokens=tokens, seconds=gen_s)
+        out = summarize_turns(task, per_turn, num_tokens=tokens, seconds=gen_s, items=items)
         out["wall_s"] = time.perf_counter() - start
         return out
     finally:
@@ -352,10 +369,39 @@ def evaluate_run(run_dir: str | Path, steps: str | list[int] = "all", n: int = 1
 
 
 def progress(things: list, unit: str):
-    """A tqdm.auto bar over checkpoints or methods (each is minutes on a CPU; the bar's rate gives the estimate)."""
+    """The things (checkpoints, methods) one by one under a tqdm.auto bar over them (each is minutes on a CPU; its
+    rate gives the estimate; shown for two or more) and, under it, `decoding_bar`."""
     from tqdm.auto import tqdm
 
-    return tqdm(things, desc=unit, unit=unit.rstrip("s"), disable=len(things) < 2, leave=False)
+    outer = tqdm(things, desc=unit, unit=unit.rstrip("s"), disable=len(things) < 2, leave=False)
+    try:
+        with decoding_bar():
+            yield from outer
+    finally:
+        outer.close()
+
+
+@contextlib.contextmanager
+def decoding_bar():
+    """Inside: a tqdm.auto bar over the decoding steps of the generate call running now
+    (kit.engine.batching.watching_decode), so a cell shows that it works every few seconds, not once per method or
+    checkpoint of several minutes."""
+    from tqdm.auto import tqdm
+
+    from kit.engine.batching import watching_decode
+
+    bar = tqdm(total=0, desc="  decoding", unit="token", leave=False)
+
+    def tick(step: int, total: int) -> None:
+        if step == 1:  # a new generate call: its own max_new_tokens
+            bar.reset(total=total)
+        bar.update(1)
+
+    try:
+        with watching_decode(tick):
+            yield
+    finally:
+        bar.close()
 
 
 def generate_seconds_per_row(run_dir: str | Path) -> float | None:

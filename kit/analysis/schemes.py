@@ -346,7 +346,7 @@ def fresh_shares(run_dir: str | Path, n: int = 8, step: int | None = None, num_i
                  log=print) -> dict[str, float]:
     """Scheme shares on fresh samples: n joint actions per held-out item from checkpoint `step` (default: the
     newest saved adapters; the base when there are none)."""
-    from kit.analysis.evaluate import RunContext, sample_joint
+    from kit.analysis.evaluate import RunContext, decoding_bar, sample_joint, say_estimate
 
     _entry_points(Path(run_dir))  # another task: the cell above's clear error, before any model loads
     ctx = RunContext(run_dir, num_items=num_items, log=log)
@@ -357,7 +357,9 @@ def fresh_shares(run_dir: str | Path, n: int = 8, step: int | None = None, num_i
                 ctx.use_step(0)
         else:
             ctx.use_step(step)
-        _, rewards, _, _ = sample_joint(ctx.sampler, ctx.task, ctx.items, n, ctx.scorer)
+        say_estimate(ctx, 1, n, log)
+        with decoding_bar():
+            _, rewards, _, _ = sample_joint(ctx.sampler, ctx.task, ctx.items, n, ctx.scorer)
     finally:
         ctx.close()
     programs = [(r.details.get("helper_code", ""), r.details.get("main_code", ""), item["entry_point"])

@@ -2,6 +2,7 @@
 
     bootstrap(values)                  (mean, low, high): 95% percentile interval of the mean over items
     paired_bootstrap(a, b)             (mean(a - b), low, high): the same items resampled for both methods
+    seeds_items_bootstrap(table)       (mean, low, high) of a (seeds, items) table, seeds and items both resampled
     per_item(row, metric)              one value per item from an evaluation row's `per_item` lists (pass@k via
                                        the unbiased estimator of each item's c correct of n), or None
     method_line(num_items, ...)        the one line a report prints under a table
@@ -12,8 +13,8 @@ a researcher cares about; the held-out items are. Resampling items (with replace
 resample) gives the spread a different draw of equally hard items would show. For two methods scored on the same
 items, resampling the per-item differences keeps the pairing, so an item that is hard for both does not widen the
 interval of the difference. Every resampling uses a fixed seed, so a report is reproducible to the digit.
-Not covered: the noise of the n samples within an item (it is averaged inside each item's value), and intervals
-across seeds of training (kit.analysis.compare shows seeds as a band instead).
+Across seeds of training, seeds_items_bootstrap resamples the seeds too (bench/code_table.py's intervals).
+Not covered: the noise of the n samples within an item (it is averaged inside each item's value).
 """
 
 from __future__ import annotations
@@ -59,6 +60,26 @@ def paired_bootstrap(a, b, num_resamples: int = NUM_RESAMPLES, confidence: float
         raise ValueError(f"a paired bootstrap needs the same items for both methods; got {len(a)} and {len(b)} "
                          "items (evaluate both with the same --items)")
     return bootstrap(a - b, num_resamples, confidence, seed)
+
+
+def seeds_items_bootstrap(values, num_resamples: int = NUM_RESAMPLES, confidence: float = CONFIDENCE,
+                          seed: int = SEED) -> tuple[float, float, float]:
+    """(mean, low, high) of a (seeds, items) table: each resample draws seeds with replacement and, independently,
+    items with replacement, and takes the mean of the chosen rows' chosen columns. So the interval holds both what
+    another draw of problems and what another training seed would change (a two-way bootstrap); one seed gives the
+    items-only interval, one item the seeds-only one. For a paired difference pass a - b, both (seeds, items) on
+    the same items."""
+    values = np.asarray(values, dtype=float)
+    if values.ndim != 2 or not values.size:
+        raise ValueError(f"seeds_items_bootstrap needs a non-empty (seeds, items) table; got shape {values.shape}")
+    S, n = values.shape
+    rng = np.random.default_rng(seed)
+    rows = rng.integers(0, S, size=(num_resamples, S))  # (B, S)
+    cols = rng.integers(0, n, size=(num_resamples, n))  # (B, n)
+    # mean over the S x n grid of resample b: the mean over chosen seeds of each seed's mean over the chosen items
+    picked = values[rows[:, :, None], cols[:, None, :]]  # (B, S, n)
+    low, high = percentile_interval(picked.mean(axis=(1, 2)), confidence)
+    return float(values.mean()), low, high
 
 
 def per_item(row: dict, metric: str) -> list[float] | None:

@@ -2,6 +2,7 @@
 
     cap = rows_that_fit(model, prompt_len=350, new_tokens=160)          # None: no bound known
     comp, logprobs = generate_bounded(engine, ids, mask, adapters, config, seeds, cap, group=G)
+    with watching_decode(lambda step, total: ...):                      # a live bar inside long generate calls
 
 A held-out evaluation samples every problem's n samples for every agent in one batched call (47 problems x 4
 samples x 2 agents = 376 rows), which on a CPU decodes several times faster per token than a training step's 8
@@ -13,13 +14,20 @@ is split into consecutive slices of whole requests (a request's G samples stay t
 still shared) and the slices' completions are joined, right-padded: each row is seeded on its own
 (kit/engine/sampling.py), so it samples the same tokens whichever slice it is in.
 
+An evaluation's one call decodes for minutes on a CPU; `watching_decode(fn)` has every engine call fn(step, total)
+after each decoding step (a stopping criterion that never stops), so an analysis bar moves with the tokens, not once
+per method (kit/analysis/evaluate.py: decoding_bar).
+
 Not covered: the activations of a long prompt's prefill (forwarded once per distinct prompt), which a bound on the
 rows does not see.
 """
 
 from __future__ import annotations
 
+from contextlib import contextmanager
+
 import torch
+from transformers import StoppingCriteria
 
 SCORE_COPIES = 4  # (R, V) float32 tensors alive during a decoding step (logits, warped, log-softmax, noisy)
 
@@ -78,3 +86,34 @@ def generate_bounded(engine, input_ids: torch.Tensor, attention_mask: torch.Tens
     comp = torch.cat([torch.nn.functional.pad(c, (0, T - c.shape[1]), value=pad) for c, _ in parts])
     logp = torch.cat([torch.nn.functional.pad(lp, (0, T - lp.shape[1]), value=0.0) for _, lp in parts])
     return comp, logp
+
+
+_WATCHERS: list = []  # fn(step, total) per decoding step of every engine call made inside watching_decode
+
+
+@contextmanager
+def watching_decode(fn):
+    """Inside: fn(step, max_new_tokens) after every decoding step of every engine call (step counts from 1 per
+    call). A progress bar's hook; it never changes what is sampled."""
+    _WATCHERS.append(fn)
+    try:
+        yield
+    finally:
+        _WATCHERS.remove(fn)
+
+
+def decode_watchers(max_new_tokens: int) -> list:
+    """The stopping criteria an engine adds to its generate call: one that tells the watchers (never stops), or
+    none when nobody watches."""
+    return [_Ticker(list(_WATCHERS), max_new_tokens)] if _WATCHERS else []
+
+
+class _Ticker(StoppingCriteria):
+    def __init__(self, watchers: list, total: int):
+        self.watchers, self.total, self.step = watchers, total, 0
+
+    def __call__(self, input_ids, scores, **kwargs) -> torch.Tensor:
+        self.step += 1
+        for fn in self.watchers:
+            fn(self.step, self.total)
+        return torch.zeros(input_ids.shape[0], dtype=torch.bool, device=input_ids.device)

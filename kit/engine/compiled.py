@@ -39,6 +39,7 @@ import torch
 from torch import nn
 from transformers import StoppingCriteria
 
+from kit.engine.batching import decode_watchers
 from kit.engine.sampling import sampled_logprobs, seeded_config
 
 CACHE_BUCKET = 256  # static cache lengths are multiples of this
@@ -311,7 +312,7 @@ class CompiledEngine:
             rows += mine + [mine[0]] * (block - len(mine))
         ids, att = input_ids[rows], attention_mask[rows]
         length = bucket_len(ids.shape[1] + generation_config.max_new_tokens)
-        stopping = []
+        stopping = decode_watchers(generation_config.max_new_tokens)  # a progress bar's ticks, when one watches
         if len(rows) > len(real):
             padding = torch.ones(len(rows), dtype=torch.bool, device=ids.device)
             padding[real] = False

@@ -38,7 +38,7 @@ from typing import Protocol
 
 import torch
 
-from kit.engine.batching import generate_bounded, rows_that_fit
+from kit.engine.batching import decode_watchers, generate_bounded, rows_that_fit
 from kit.engine.forward import position_ids, prompt_groups
 from kit.engine.prompts import answer_start
 from kit.engine.sampling import row_seed, sampled_logprobs, seeded_config
@@ -269,6 +269,7 @@ class HFEngine:
                 past = self.prefill(input_ids, attention_mask, adapters)
             out = self.model.generate(input_ids=input_ids, attention_mask=attention_mask, adapter_names=adapters,
                                       generation_config=config, logits_processor=processors,
+                                      stopping_criteria=decode_watchers(config.max_new_tokens),
                                       past_key_values=past)  # None: generate makes its own
         completion = out.sequences[:, input_ids.shape[1]:]
         return completion, sampled_logprobs(generation_config, processors, completion), out.past_key_values

@@ -39,7 +39,8 @@ import threading
 from collections import OrderedDict
 
 from kit.sandbox import sandbox
-from kit.tasks.codeparse import AUX, aux_use, drop_function, extract_code, function_info, parse_error
+from kit.tasks.codeparse import (AUX, aux_use, drop_function, entry_params, extract_code, function_info,
+                                 parse_error)
 from kit.tasks.rewards import Reward
 from kit.tasks import Prompt, check_arg, is_int, is_number
 from kit.tasks.code_data import (  # noqa: F401  (re-exported: the task's data)
@@ -52,7 +53,7 @@ HELPER_PROMPT = """Write a helper function for this coding problem.
 Problem:
 {prompt}
 Instructions:
-- Write one function named `aux` that does a useful part of the work; a teammate writes `{entry}` and calls it.
+- {aux_task}
 - Output only Python code for `aux` (imports allowed), no explanations and no tests.
 - Do not write `{entry}` itself.
 """
@@ -61,13 +62,26 @@ MAIN_PROMPT = """Solve this coding problem by writing the function `{entry}`.
 
 Problem:
 {prompt}
-A helper function `aux` is written by a teammate and will be defined when your code runs. Call `aux(...)` where it
-helps, and use what it returns.
+{aux_given}
 Instructions:
 - Output only Python code for `{entry}`, no explanations and no tests.
 - Do not define `aux` yourself.
 """
 
+# `aux_signature`: what the two prompts say of aux's arguments. `free` (the default): the helper picks them and main
+# is told only that `aux` exists. `entry`: aux takes the entry point's own arguments and both agents are told so
+# (`aux(a, b)`), as in a CoMLRL variant of the paper's prompts, so main knows how to call it (bench/README.md,
+# "What makes main call aux").
+AUX_TASK = {"free": "Write one function named `aux` that does a useful part of the work; a teammate writes `{entry}` "
+                    "and calls it.",
+            "entry": "Write one function `aux({params})`, taking the same arguments as `{entry}`, that does a useful "
+                     "part of the work; a teammate writes `{entry}` and calls it."}
+AUX_GIVEN = {"free": "A helper function `aux` is written by a teammate and will be defined when your code runs. Call "
+                     "`aux(...)` where it\nhelps, and use what it returns.",
+             "entry": "A helper function `aux({params})`, taking the same arguments as `{entry}`, is written by a "
+                      "teammate and will be\ndefined when your code runs. Call `aux({params})` where it helps, and use "
+                      "what it returns."}
+AUX_SIGNATURES = tuple(AUX_TASK)
 
 DATASETS = ("humaneval", "coop", "mbpp")  # bundled or offline; hub:<name> besides
 PREFILLS = ("none", "helper", "both", "tool", "board", "discussion")  # whose answers the sampler starts, and how
@@ -114,7 +128,8 @@ class CodeTask:
     def __init__(self, num_agents: int = 2, dataset: str = "humaneval", train_range: list | None = None,
                  eval_range: list | None = None, test_timeout: float = 3.0, memory_mb: int = 1024,
                  max_failures_shown: int = 3, cache_size: int = 4096, hub_split: str = "test",
-                 data_file: str | None = None, prefill: str = "none", code_after_tools: bool = False):
+                 data_file: str | None = None, prefill: str = "none", code_after_tools: bool = False,
+                 aux_signature: str = "free"):
         if num_agents != 2:
             raise ValueError(f"the code task has two agents (helper, main); got num_agents={num_agents}")
         check_arg(isinstance(dataset, str) and (dataset in DATASETS or dataset.startswith("hub:")),
@@ -136,6 +151,9 @@ class CodeTask:
         check_arg(isinstance(code_after_tools, bool) and (not code_after_tools or prefill in CALLING),
                   "code_after_tools", code_after_tools, "true or false; true only with prefill: tool, board or "
                   "discussion (the answers that start as calls)")
+        check_arg(aux_signature in AUX_SIGNATURES, "aux_signature", aux_signature,
+                  f"one of {', '.join(AUX_SIGNATURES)} (entry: aux takes the entry point's arguments, both agents told)")
+        self.aux_signature = aux_signature
         self.data_file = data_file or COOP_FILE
         self.prefill, self.code_after_tools = prefill, code_after_tools
         self.num_agents = num_agents
@@ -182,6 +200,10 @@ class CodeTask:
 
     def prompts(self, item: dict) -> list[str]:
         fmt = {"prompt": item["prompt"].rstrip() + "\n", "entry": item["entry_point"]}
+        params = entry_params(item["prompt"], item["entry_point"]) if self.aux_signature == "entry" else None
+        kind = "entry" if params is not None else "free"  # a prompt whose signature cannot be read: aux is free
+        fmt["aux_task"] = AUX_TASK[kind].format(params=params, **fmt)
+        fmt["aux_given"] = AUX_GIVEN[kind].format(params=params, **fmt)
         return self.started(item, [HELPER_PROMPT.format(**fmt), MAIN_PROMPT.format(**fmt)])
 
     def started(self, item: dict, prompts: list[str]) -> list[str]:
@@ -230,6 +252,7 @@ class CodeTask:
         main_defined, _ = function_info(main_code, item["entry_point"])
         aux_ok = aux_defined and aux_returns
         details["aux_defined"] = aux_ok
+        details["main_calls_aux"] = aux_use(main_code, item["entry_point"]).calls > 0  # by the AST, at every level
         parts["structure"] = 0.4 * aux_ok + 0.6 * main_defined
         if not main_defined:
             return _done(parts, details)

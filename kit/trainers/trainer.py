@@ -33,6 +33,7 @@ is kit/trainers/assemble.py, the maths is kit/maths/.
 
 from __future__ import annotations
 
+import contextlib
 import math
 import time
 import warnings
@@ -568,8 +569,11 @@ class Trainer:
         """The held-out check during training, said as its own phase (the bar says it is evaluating; a line says how
         long it took) and kept out of the bar's time per step: its seconds are added to the bar's clocks."""
         bar.set_postfix_str(f"held-out evaluation at step {self.step} ({len(self.eval_items)} items)", refresh=True)
+        from kit.analysis.evaluate import decoding_bar
+
         t0 = time.perf_counter()
-        out = self.evaluate()
+        with decoding_bar() if not getattr(bar, "disable", False) else contextlib.nullcontext():  # a live bar
+            out = self.evaluate()
         took = time.perf_counter() - t0
         if not getattr(bar, "disable", False):  # a disabled bar (progress=false) keeps no clocks
             bar.start_t += took  # tqdm's rate and remaining time: steps over the time not spent evaluating
