@@ -56,27 +56,29 @@ TABLE = [("untrained single model", "single", "naive"), ("trained single model (
          ("discussion (untrained)", "team", "discussion"), ("MAGRPO team", "team", "magrpo")]
 
 
-def run_dir(dataset: str, row: str, seed: int) -> Path:
-    return RUNS / f"{dataset}_{row}_s{seed}"
+def run_dir(dataset: str, row: str, seed: int, tag: str = "") -> Path:
+    """checkpoints/code_table/<dataset>_<row>_s<seed>; a tuning run's `tag` makes <row>-<tag>, which no table row
+    reads."""
+    return RUNS / f"{dataset}_{row}{'-' + tag if tag else ''}_s{seed}"
 
 
-def config(dataset: str, row: str, seed: int, steps: int, extra: list[str]):
+def config(dataset: str, row: str, seed: int, steps: int, extra: list[str], tag: str = ""):
     from kit.run.config import load_config
     from kit.run.presets import PRESETS as KIT_PRESETS
 
     preset = KIT_PRESETS[PRESETS[dataset]]
-    overrides = [f"seed={seed}", f"run_dir={run_dir(dataset, row, seed)}", f"num_steps={steps}", "eval_every=0",
+    overrides = [f"seed={seed}", f"run_dir={run_dir(dataset, row, seed, tag)}", f"num_steps={steps}", "eval_every=0",
                  "save_every=10", "progress=false"]
     if row == "single":
         overrides += ["algorithm=centralized", f"max_new_tokens={2 * preset['max_new_tokens']}"]
     return load_config(PRESETS[dataset], overrides=overrides + extra)
 
 
-def train(dataset: str, row: str, seed: int, steps: int, extra: list[str]) -> Path:
+def train(dataset: str, row: str, seed: int, steps: int, extra: list[str], tag: str = "") -> Path:
     from kit.trainers.game_trainer import trainer_class
 
-    cfg = config(dataset, row, seed, steps, extra)
-    path = run_dir(dataset, row, seed)
+    cfg = config(dataset, row, seed, steps, extra, tag)
+    path = run_dir(dataset, row, seed, tag)
     trainer = trainer_class(cfg.task, cfg.algorithm)(cfg, resume=(path / "config.json").exists())
     try:
         trainer.train()
@@ -270,7 +272,9 @@ def main() -> None:
         p.add_argument("--seeds", type=int, nargs="+", required=True)
         p.add_argument("--steps", type=int, default=30)
         p.add_argument("--n", type=int, default=4, help="samples per held-out problem")
-        p.add_argument("--methods", nargs="+", default=None, help="default: every row of this run (ROWS)")
+        p.add_argument("--methods", nargs="*", default=None, help="default: every row of this run (ROWS); none: "
+                       "train only")
+        p.add_argument("--tag", default="", help="a tuning run: <row>-<tag>, kept apart from the table's rows")
         p.add_argument("--again", action="store_true", help="sample rows already in eval/table.json again")
         p.add_argument("--set", dest="extra", action="append", default=[], metavar="KEY=VALUE")
     ar = sub.add_parser("archive")
@@ -279,9 +283,9 @@ def main() -> None:
     args = ap.parse_args()
     if args.cmd in ("run", "eval"):
         for seed in args.seeds:
-            path = train(args.dataset, args.row, seed, args.steps, args.extra) if args.cmd == "run" else \
-                run_dir(args.dataset, args.row, seed)
-            evaluate(path, args.methods or list(ROWS[args.row]), args.n, args.again)
+            path = train(args.dataset, args.row, seed, args.steps, args.extra, args.tag) if args.cmd == "run" else \
+                run_dir(args.dataset, args.row, seed, args.tag)
+            evaluate(path, list(ROWS[args.row]) if args.methods is None else args.methods, args.n, args.again)
             print(archive(path))
     elif args.cmd == "archive":
         for path in args.runs:

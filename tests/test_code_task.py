@@ -448,3 +448,14 @@ def test_aux_signature_reaches_the_training_prompts_through_the_config():
 ])
 def test_main_calls_aux_is_recorded_at_every_level(task, helper, main, calls):
     assert task.reward(ITEM, (helper, main)).details["main_calls_aux"] is calls
+
+
+def test_each_training_step_logs_how_often_main_calls_aux(task):
+    """reward_log/main_calls_aux in a step's metrics: the rate on that step's own samples, a cached score too."""
+    from kit.tasks.rewards import RewardModel
+
+    model = RewardModel(task=task)
+    alone = "def double_all(xs):\n    return [x + x for x in xs]\n"
+    for _ in range(2):  # the second time from the task's cache
+        assert model(ITEM, (AUX_OK, MAIN_COOP)).details["logged"] == {"main_calls_aux": 1.0}
+        assert model(ITEM, (AUX_OK, alone)).details["logged"] == {"main_calls_aux": 0.0}

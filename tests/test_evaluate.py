@@ -324,13 +324,16 @@ def test_summarize_counts_mains_calls_and_the_schemes_of_passing_code():
     broken = "def double_all(xs):\n    return [aux(x) + 1 for x in xs] or None\n"  # calls aux, passes nothing
     joints = [[(aux, loop), (aux, alone), (aux, broken), ("", loop)]]  # the last: no aux, main still calls it
     rewards = [[task.reward(item, j) for j in joints[0]]]
-    out = summarize(task, rewards, items=[item])
+    out = summarize(task, rewards)
     assert out["aux_call_rate"] == pytest.approx(3 / 4) and out["per_item"]["aux_call"] == [pytest.approx(3 / 4)]
     assert out["cooperation_rate"] == pytest.approx(1 / 4)  # paid only where aux is defined and a test passes
-    assert out["num_passing"] == 2  # (aux, loop) and (aux, alone); ("", loop) fails: aux undefined
-    assert out["schemes/passing"]["coordinator"] == pytest.approx(0.5)
-    assert out["schemes/passing"]["no_use"] == pytest.approx(0.5)
-    assert "schemes/passing" not in summarize(task, rewards)  # without the items' entry points
+    from kit.analysis.schemes import passing_shares
+
+    shares = passing_shares(task, [item], rewards)
+    assert shares["num_passing"] == 2  # (aux, loop) and (aux, alone); ("", loop) fails: aux undefined
+    assert shares["schemes/passing"]["coordinator"] == pytest.approx(0.5)
+    assert shares["schemes/passing"]["no_use"] == pytest.approx(0.5)
+    assert passing_shares(task, [item], [[rewards[0][2]]]) == {}  # nothing passes
 
 
 def test_seeds_items_bootstrap_resamples_seeds_and_items():

@@ -18,7 +18,9 @@ from __future__ import annotations
 
 import time
 
-from kit.analysis.evaluate import parallel_joints, progress, sample_turns, say_estimate, score, summarize_turns
+from kit.analysis.evaluate import parallel_joints, sample_turns, score, summarize_turns
+from kit.analysis.progress import progress, say_estimate
+from kit.analysis.schemes import passing_shares
 from kit.tasks import Prompt, has, starts
 from kit.tasks.game import is_game
 
@@ -59,7 +61,8 @@ def run_method(method: str, sampler, task, cfg, items: list[dict], n: int, score
     else:
         joints, tokens, gen_s = _RUNNERS[method](sampler, task, items, n)
         per_turn = [score(scorer, items, joints)]
-    out = {"method": method, **summarize_turns(task, per_turn, num_tokens=tokens, seconds=gen_s, items=items)}
+    out = {"method": method, **summarize_turns(task, per_turn, num_tokens=tokens, seconds=gen_s)}
+    out.update(passing_shares(task, items, per_turn[-1]))  # a code task: the schemes of its passing programs
     out["wall_s"] = time.perf_counter() - start
     if method == "naive" and acted[0] is not None and sampler.completions > acted[1]:  # the team acted (the
         # other schedules' scored answers never do: discussion's first round acts, its revisions do not)

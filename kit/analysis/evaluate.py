@@ -29,6 +29,7 @@ from kit.tasks.rewards import Scorer, reward_model_for
 from kit.engine.rollout import Sampler
 from kit.tasks import has
 from kit.tasks import headline as task_headline
+from kit.analysis.progress import progress, say_estimate  # noqa: F401  (say_estimate: the cells and tests read it here)
 
 KS = (1, 3, 5, 10)
 
@@ -42,10 +43,8 @@ def pass_at_k(n: int, c: int, k: int) -> float:
     return float(1.0 - np.prod(1.0 - k / np.arange(n - c + 1, n + 1)))
 
 
-def summarize(task, rewards: list[list], *, ks=KS, num_tokens: int = 0, seconds: float = 0.0,
-              items: list[dict] | None = None) -> dict:
-    """Metrics over items x n joint-action rewards. With the `items` of a code task (an entry_point each), the
-    cooperation schemes of the passing joint actions too (kit/analysis/schemes.py): `schemes/passing`."""
+def summarize(task, rewards: list[list], *, ks=KS, num_tokens: int = 0, seconds: float = 0.0) -> dict:
+    """Metrics over items x n joint-action rewards."""
     flat = [r for per_item in rewards for r in per_item]
     n = min(len(per_item) for per_item in rewards) if rewards else 0
     out = {"num_items": len(rewards), "num_samples": n,
@@ -69,14 +68,6 @@ def summarize(task, rewards: list[list], *, ks=KS, num_tokens: int = 0, seconds:
         for k in ks:
             if k <= n:
                 out[f"pass@{k}"] = float(np.mean([pass_at_k(n, c, k) for c in correct]))
-    if items is not None and has(task, "is_pass") and all("entry_point" in item for item in items):
-        passing = [((r.details or {}).get("helper_code", ""), (r.details or {}).get("main_code", ""), item["entry_point"])
-                   for item, per in zip(items, rewards) for r in per[:n] if task.is_pass(r)]
-        if passing and any("main_code" in (r.details or {}) for r in flat):
-            from kit.analysis.schemes import shares_of
-
-            out["num_passing"] = len(passing)
-            out["schemes/passing"] = shares_of(passing)
     out["tokens"] = num_tokens
     out["tokens_per_s"] = num_tokens / seconds if seconds > 0 else 0.0
     out["headline"] = task_headline(task) if n else "reward/mean"  # what reports and figures judge it by
@@ -88,10 +79,9 @@ def mean_total(rewards: list[list]) -> float:
     return float(np.mean([r.total for per_item in rewards for r in per_item]))
 
 
-def summarize_turns(task, per_turn: list[list[list]], num_tokens: int = 0, seconds: float = 0.0,
-                    items: list[dict] | None = None) -> dict:
+def summarize_turns(task, per_turn: list[list[list]], num_tokens: int = 0, seconds: float = 0.0) -> dict:
     """`summarize` of the last turn's rewards; with several turns, also the first turn's mean and the turn count."""
-    out = summarize(task, per_turn[-1], num_tokens=num_tokens, seconds=seconds, items=items)
+    out = summarize(task, per_turn[-1], num_tokens=num_tokens, seconds=seconds)
     if len(per_turn) > 1:
         out["turns"] = len(per_turn)
         out["turn1/reward_mean"] = mean_total(per_turn[0])
@@ -209,7 +199,7 @@ def evaluate_team(sampler: Sampler, task, cfg, items: list[dict], n: int = 10, s
     try:
         start = time.perf_counter()
         _, per_turn, tokens, gen_s = sample_turns(sampler, task, items, n, scorer, cfg.num_turns)
-        out = summarize_turns(task, per_turn, num_tokens=tokens, seconds=gen_s, items=items)
+        out = summarize_turns(task, per_turn, num_tokens=tokens, seconds=gen_s)
         out["wall_s"] = time.perf_counter() - start
         return out
     finally:
@@ -366,75 +356,6 @@ def evaluate_run(run_dir: str | Path, steps: str | list[int] = "all", n: int = 1
                                                      if k.startswith(("pass@", "reward/mean", "score/mean"))))
         rows.append(row)
     return rows
-
-
-def progress(things: list, unit: str):
-    """The things (checkpoints, methods) one by one under a tqdm.auto bar over them (each is minutes on a CPU; its
-    rate gives the estimate; shown for two or more) and, under it, `decoding_bar`."""
-    from tqdm.auto import tqdm
-
-    outer = tqdm(things, desc=unit, unit=unit.rstrip("s"), disable=len(things) < 2, leave=False)
-    try:
-        with decoding_bar():
-            yield from outer
-    finally:
-        outer.close()
-
-
-@contextlib.contextmanager
-def decoding_bar():
-    """Inside: a tqdm.auto bar over the decoding steps of the generate call running now
-    (kit.engine.batching.watching_decode), so a cell shows that it works every few seconds, not once per method or
-    checkpoint of several minutes."""
-    from tqdm.auto import tqdm
-
-    from kit.engine.batching import watching_decode
-
-    bar = tqdm(total=0, desc="  decoding", unit="token", leave=False)
-
-    def tick(step: int, total: int) -> None:
-        if step == 1:  # a new generate call: its own max_new_tokens
-            bar.reset(total=total)
-        bar.update(1)
-
-    try:
-        with watching_decode(tick):
-            yield
-    finally:
-        bar.close()
-
-
-def generate_seconds_per_row(run_dir: str | Path) -> float | None:
-    """Seconds this run's training spent generating one joint sample (all agents' completions of one item), the
-    median over its steps: what an evaluation's estimate is built from. None without logged steps, or when the run
-    trained on another kind of device than this one (a GPU run evaluated on a CPU, or the reverse)."""
-    import torch
-
-    from kit.run.rundir import ENVIRONMENT
-
-    run = Path(run_dir)
-    env = json.loads((run / ENVIRONMENT).read_text()) if (run / ENVIRONMENT).exists() else {}
-    config = json.loads((run / "config.json").read_text()) if (run / "config.json").exists() else {}
-    if bool(env.get("gpu")) != torch.cuda.is_available():
-        return None
-    from kit.run.rundir import METRICS, read_jsonl
-
-    times = [r["perf/generate_s"] for r in read_jsonl(run / METRICS) if r.get("perf/generate_s")] \
-        if (run / METRICS).exists() else []
-    rows = config.get("batch_size", 1) * config.get("num_generations", 1) * config.get("num_turns", 1)
-    return float(np.median(times)) / max(rows, 1) if times else None
-
-
-def say_estimate(ctx: RunContext, evaluations: int, n: int, log=print) -> None:
-    """Before long work on a real model: how many rows it samples and, from this run's own training speed on the
-    same kind of device, about how long. Said only when it may take more than a minute."""
-    rows = len(ctx.items) * n * evaluations
-    per_row = generate_seconds_per_row(ctx.run_dir)
-    if ctx.cfg.model_name == "tiny" or not per_row or per_row * rows < 60:
-        return
-    log(f"[kit] {evaluations} evaluation(s) x {len(ctx.items)} items x {n} samples = {rows} joint samples of "
-        f"{ctx.cfg.max_new_tokens} tokens; at this run's training speed about {per_row * rows / 60:.0f} min "
-        "(a lower N is faster; pass@k needs k <= N)")
 
 
 def load_eval_rows(run_dir: str | Path) -> list[dict]:

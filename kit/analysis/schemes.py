@@ -342,11 +342,24 @@ def shares_of(programs: list[tuple[str, str, str]]) -> dict[str, float]:
     return {s: counts[s] / total for s in SCHEMES}
 
 
+def passing_shares(task, items: list[dict], rewards: list[list]) -> dict:
+    """{"num_passing", "schemes/passing"}: the primary schemes of the passing joint actions among rewards[item][g]
+    (a code task's: details hold helper_code and main_code, the items an entry_point); {} when none passes or the
+    task is not one."""
+    if not callable(getattr(task, "is_pass", None)) or not all("entry_point" in item for item in items):
+        return {}
+    passing = [(r.details.get("helper_code", ""), r.details["main_code"], item["entry_point"])
+               for item, per in zip(items, rewards) for r in per
+               if "main_code" in (r.details or {}) and task.is_pass(r)]
+    return {"num_passing": len(passing), "schemes/passing": shares_of(passing)} if passing else {}
+
+
 def fresh_shares(run_dir: str | Path, n: int = 8, step: int | None = None, num_items: int | None = None,
                  log=print) -> dict[str, float]:
     """Scheme shares on fresh samples: n joint actions per held-out item from checkpoint `step` (default: the
     newest saved adapters; the base when there are none)."""
-    from kit.analysis.evaluate import RunContext, decoding_bar, sample_joint, say_estimate
+    from kit.analysis.evaluate import RunContext, sample_joint
+    from kit.analysis.progress import decoding_bar, say_estimate
 
     _entry_points(Path(run_dir))  # another task: the cell above's clear error, before any model loads
     ctx = RunContext(run_dir, num_items=num_items, log=log)

@@ -41,7 +41,7 @@ from collections import OrderedDict
 from kit.sandbox import sandbox
 from kit.tasks.codeparse import (AUX, aux_use, drop_function, entry_params, extract_code, function_info,
                                  parse_error)
-from kit.tasks.rewards import Reward
+from kit.tasks.rewards import Reward, log_metric
 from kit.tasks import Prompt, check_arg, is_int, is_number
 from kit.tasks.code_data import (  # noqa: F401  (re-exported: the task's data)
     COOP_FILE, COOP_SPLITS, DATA_DIR, HUB_SPLITS, HUMANEVAL_SPLITS, MBPP_FILE, MBPP_SPLITS, coop_problems, from_humaneval,
@@ -235,14 +235,16 @@ class CodeTask:
         helper_code, main_code = (extract_code(c) for c in completions)
         key = hashlib.sha256(repr((item["id"], helper_code, main_code)).encode()).hexdigest()
         with self._lock:
-            if key in self._cache:
+            reward = self._cache.get(key)
+            if reward is not None:
                 self._cache.move_to_end(key)
-                return self._cache[key]
-        reward = self._score(item, helper_code, main_code)
-        with self._lock:
-            self._cache[key] = reward
-            if len(self._cache) > self._cache_size:
-                self._cache.popitem(last=False)
+        if reward is None:
+            reward = self._score(item, helper_code, main_code)
+            with self._lock:
+                self._cache[key] = reward
+                if len(self._cache) > self._cache_size:
+                    self._cache.popitem(last=False)
+        log_metric("main_calls_aux", float(reward.details["main_calls_aux"]))  # each step's reward_log/ rate
         return reward
 
     def _score(self, item: dict, helper_code: str, main_code: str) -> Reward:

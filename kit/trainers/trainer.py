@@ -569,7 +569,7 @@ class Trainer:
         """The held-out check during training, said as its own phase (the bar says it is evaluating; a line says how
         long it took) and kept out of the bar's time per step: its seconds are added to the bar's clocks."""
         bar.set_postfix_str(f"held-out evaluation at step {self.step} ({len(self.eval_items)} items)", refresh=True)
-        from kit.analysis.evaluate import decoding_bar
+        from kit.analysis.progress import decoding_bar
 
         t0 = time.perf_counter()
         with decoding_bar() if not getattr(bar, "disable", False) else contextlib.nullcontext():  # a live bar
