@@ -11,7 +11,8 @@ AST, kit.tasks.codeparse.aux_use, on every sample) under each lever a run can se
     free        the preset's prompts: main is told only that `aux` exists
     entry       `aux_signature: entry`: aux takes the entry point's own arguments and both agents are told so
 and for each, the second turn of the task's level feedback (`num_turns=2`), which names a missing call once a test
-passes. The single model's rate (one completion writing both functions, SINGLE_PROMPT) is beside them: the same model,
+passes. `--schedules sequential`: main writes after reading the helper's aux (the sequential baseline). The single
+model's rate (one completion writing both functions, SINGLE_PROMPT) is beside them: the same model,
 when it writes aux itself. Rows are appended to bench/results/aux_levers.md with the commit and seed.
 
 A lever that raises main's call rate gives the cooperation reward something to vary on within a group; whether training
@@ -51,10 +52,13 @@ def main() -> None:
     ap.add_argument("--n", type=int, default=4, help="samples per problem (the preset's G)")
     ap.add_argument("--seed", type=int, default=900)
     ap.add_argument("--levers", nargs="*", default=["free", "entry"])
+    ap.add_argument("--schedules", nargs="*", default=["single"], help="also: sequential (main reads the helper's "
+                    "aux before writing)")
+    ap.add_argument("--turns", type=int, default=2, help="1: the levers' first turn only")
     ap.add_argument("--label", default="")
     args = ap.parse_args()
 
-    from kit.analysis.evaluate import sample_turns
+    from kit.analysis.evaluate import sample_turns, score
     from kit.run.checkpoint import seed_everything
     from kit.run.config import load_config
     from kit.tasks.rewards import Scorer, reward_model_for
@@ -79,10 +83,21 @@ def main() -> None:
                 task.aux_signature = lever
                 seed_everything(args.seed)
                 t0 = time.perf_counter()
-                _, per_turn, _, _ = sample_turns(trainer.sampler, task, items, args.n, scorer, turns=2)
+                _, per_turn, _, _ = sample_turns(trainer.sampler, task, items, args.n, scorer, turns=args.turns)
                 secs = time.perf_counter() - t0
                 for turn, per_item in enumerate(per_turn, 1):
-                    emit(out_file, args, commit, lever, turn, rates(task, per_item), secs / 2)
+                    emit(out_file, args, commit, lever, turn, rates(task, per_item), secs / args.turns)
+            if "sequential" in args.schedules:  # main sees the helper's aux first (kit/analysis/baselines.py)
+                from kit.analysis.baselines import _sequential
+
+                task.aux_signature = "free"
+                seed_everything(args.seed)
+                t0 = time.perf_counter()
+                joints, _, _ = _sequential(trainer.sampler, task, items, args.n)
+                emit(out_file, args, commit, "sequential (main reads aux)", 1,
+                     rates(task, score(scorer, items, joints)), time.perf_counter() - t0)
+            if "single" not in args.schedules:
+                return
             # the single model: one completion writes aux and the entry point (kit/analysis/baselines.py's single)
             task.aux_signature = "free"
             seed_everything(args.seed)
@@ -91,8 +106,6 @@ def main() -> None:
                                         keys=[("single", item["id"]) for item in items])
             joints = [[tuple(task.split_single(item, ro.texts[k][g])) for g in range(args.n)]
                       for k, item in enumerate(items)]
-            from kit.analysis.evaluate import score
-
             emit(out_file, args, commit, "single model", 1, rates(task, score(scorer, items, joints)),
                  time.perf_counter() - t0)
         finally:

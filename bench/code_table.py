@@ -12,10 +12,10 @@ seed. Two training runs per seed make the rows:
     team    the preset (coder_mbpp / coder_code: two agents, G=4, one problem a step) trained with MAGRPO for
             --steps; its rows: `naive` (the untrained team, the base with fresh adapters), `sequential`,
             `discussion` (kit/analysis/baselines.py), and `magrpo` (the trained team, its newest checkpoint)
-    single  the same preset, `algorithm=centralized` (kit/engine/centralized.py): ONE adapter writes aux and the entry
-            point in one completion from the task's single prompt, scored by the same joint reward, with the same G,
-            steps, problems and learning rate, and twice the preset's max_new_tokens (the team's two completions'
-            budget together); its rows: `naive` = the untrained single model at that budget, `magrpo` = the trained
+    single  the preset's `_single` twin (coder_mbpp_single, coder_code_single: `algorithm=centralized`,
+            kit/engine/centralized.py): ONE adapter writes aux and the entry point in one completion from the task's
+            single prompt, scored by the same joint reward, with the same G, steps, problems and learning rate, and
+            twice the preset's max_new_tokens (the team's two completions' budget together); its rows: `naive` = the untrained single model at that budget, `magrpo` = the trained
             single model
 
 Each run lives in checkpoints/code_table/<dataset>_<row>_s<seed> (git-ignored) and resumes from its newest checkpoint
@@ -48,7 +48,7 @@ sys.path.insert(0, str(ROOT))
 RUNS = ROOT / "checkpoints" / "code_table"
 KEPT = ROOT / "bench" / "results" / "runs"  # archived as table_<run>: config, metrics, eval/table.json
 OUT = ROOT / "bench" / "results" / "code_table.md"
-PRESETS = {"mbpp": "coder_mbpp", "coop": "coder_code"}
+PRESETS = {"mbpp": "coder_mbpp", "coop": "coder_code"}  # the team's; the single model's: <preset>_single
 ROWS = {"team": ("magrpo", "naive", "sequential", "discussion"), "single": ("magrpo", "naive")}  # sampled in this order
 # the table's rows, in order: (label, run row, method)
 TABLE = [("untrained single model", "single", "naive"), ("trained single model (centralized)", "single", "magrpo"),
@@ -64,14 +64,11 @@ def run_dir(dataset: str, row: str, seed: int, tag: str = "") -> Path:
 
 def config(dataset: str, row: str, seed: int, steps: int, extra: list[str], tag: str = ""):
     from kit.run.config import load_config
-    from kit.run.presets import PRESETS as KIT_PRESETS
 
-    preset = KIT_PRESETS[PRESETS[dataset]]
+    preset = PRESETS[dataset] + ("_single" if row == "single" else "")  # coder_mbpp_single: centralized, 320 tokens
     overrides = [f"seed={seed}", f"run_dir={run_dir(dataset, row, seed, tag)}", f"num_steps={steps}", "eval_every=0",
                  "save_every=10", "progress=false"]
-    if row == "single":
-        overrides += ["algorithm=centralized", f"max_new_tokens={2 * preset['max_new_tokens']}"]
-    return load_config(PRESETS[dataset], overrides=overrides + extra)
+    return load_config(preset, overrides=overrides + extra)
 
 
 def train(dataset: str, row: str, seed: int, steps: int, extra: list[str], tag: str = "") -> Path:

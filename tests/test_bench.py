@@ -73,3 +73,42 @@ def test_smol_table_pools_seeds_per_item_and_pairs_the_team_with_the_untrained_t
     assert "| magrpo (writing) | 2 | 1.500 [1.500, 1.500] | 1.50, 1.50 | +1.000 [+1.000, +1.000] vs naive |" in text
     assert "| writing s1 | 1 | 10.0 | 6.0 | 1.0 | 3.0 | 1.000 -> 2.500 |" in text
     assert (tmp_path / "smol_writing.png").exists()
+
+
+def test_code_table_pairs_magrpo_with_the_trained_single_model_by_seed_and_problem(tmp_path, monkeypatch):
+    """bench/code_table.py's table from hand-made run folders (no model): a row per method pooled over seeds, the
+    single runs' rows as the single model's, paired differences of the same seed and problem, and a tuning run
+    (`<row>-<tag>`) kept out of the table."""
+    import json
+
+    bench = load("code_table")
+    monkeypatch.setattr(bench, "RUNS", tmp_path / "runs")
+    monkeypatch.setattr(bench, "KEPT", tmp_path / "kept")
+    monkeypatch.setattr(bench, "OUT", tmp_path / "code_table.md")
+
+    def row(correct, aux=(0.0, 0.0), wall=10.0):
+        return {"num_samples": 4, "per_item": {"reward": [2.0, 1.0], "correct": list(correct), "aux_call": list(aux)},
+                "cooperation_rate": 0.0, "wall_s": wall}
+
+    for name, rows in (("mbpp_team_s41", {"naive": row([2, 0]), "magrpo": row([4, 2], wall=30.0)}),
+                       ("mbpp_team_s42", {"naive": row([2, 0]), "magrpo": row([4, 2], wall=30.0)}),
+                       ("mbpp_single_s41", {"naive": row([0, 0], (1.0, 1.0)), "magrpo": row([2, 2], (1.0, 0.5))}),
+                       ("mbpp_single_s42", {"magrpo": row([2, 2], (1.0, 0.5))}),
+                       ("mbpp_team-free_s900", {"magrpo": row([0, 0])})):
+        run = tmp_path / "runs" / name
+        (run / "eval").mkdir(parents=True)
+        (run / "config.json").write_text(json.dumps({"seed": 1}))
+        (run / "metrics.jsonl").write_text(json.dumps({"step": 1, "perf/step_s": 120.0}) + "\n")
+        (run / "eval" / "table.json").write_text(json.dumps({m: {"method": m, **r} for m, r in rows.items()}))
+    text = bench.table()
+    lines = {line.split(" | ")[0]: line for line in text.splitlines() if line.startswith("| ")}
+    assert "| MAGRPO team | 41, 42 | 0.750 [0.500, 1.000] | 1.000 [1.000, 1.000] |" in lines["| MAGRPO team"]
+    assert "2.0 min/step, 2 min/seed" in lines["| MAGRPO team"]
+    assert "| untrained single model | 41 | 0.000 [0.000, 0.000] |" in lines["| untrained single model"]
+    assert "| 0.750 [0.500, 1.000] |" in lines["| trained single model (centralized)"]  # main calls its own aux
+    assert "not run" in lines["| sequential (untrained)"]
+    # MAGRPO minus the trained single model: problem 1 +0.5, problem 2 0.0 on both seeds; minus the untrained team
+    # +0.5 on both problems and seeds
+    assert "| trained single model | 41, 42 | +0.250 [+0.000, +0.500] |" in lines["| trained single model"]
+    assert "| untrained team | 41, 42 | +0.500 [+0.500, +0.500] |" in lines["| untrained team"]
+    assert "900" not in text  # the tuning run

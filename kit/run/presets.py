@@ -101,6 +101,15 @@ CODER_CODE = {**SMOL, "model_name": "qwen2.5-coder-0.5b", "task": "code",
 CODER_MBPP = {**CODER_CODE, "task_args": {"dataset": "mbpp", "prefill": "helper"}, "learning_rate": 3e-5,
               "run_dir": "checkpoints/coder_mbpp"}
 
+# The single model the code table (bench/code_table.py, issue 78) sets beside each team: ONE adapter writes aux and the
+# entry point in one completion (`algorithm=centralized`, kit/engine/centralized.py), trained with the team's reward,
+# problems, G, steps and learning rate, and 320 new tokens, the team's two answers' budget together. At 0.5B it calls
+# its own aux in 75-100% of a step's samples, where the team's main never calls the helper's (bench/README.md).
+CODER_CODE_SINGLE = {**CODER_CODE, "algorithm": "centralized", "max_new_tokens": 2 * CODER_CODE["max_new_tokens"],
+                     "run_dir": "checkpoints/coder_code_single"}
+CODER_MBPP_SINGLE = {**CODER_MBPP, "algorithm": "centralized", "max_new_tokens": 2 * CODER_MBPP["max_new_tokens"],
+                     "run_dir": "checkpoints/coder_mbpp_single"}
+
 # Qwen2.5-Coder-0.5B-Instruct in the KeyHalves information game (kit/tasks/environments.py): each of two agents reads
 # its half of a six-digit key with its own tool and submits it; get_reward's optimum is exactly 1.0. Its chat template
 # offers the tools itself. 8 of the 64 bundled rows held out. 4 calls and 128 tokens a turn (each pretty-printed call
@@ -124,11 +133,14 @@ CODER_KEYS = {**SMOL, "model_name": "qwen2.5-coder-0.5b", "task": "rows",
 # them before a run, and the run's own speed once it has one): smol_* from the 20-30 step runs of 2026-11-26 with other
 # jobs beside them (bench/journal/, Table 1 at 135M: writing 40-82 s, code 72 s, hanabi 51 s), coder_code and
 # coder_mbpp from 111-132 s a step alone (issue 77's bar run; bench/README.md, "A 0.5B step on a CPU"), coder_keys
-# from 208-230 s with two runs at once (bench/README.md, KeyHalves). A held-out evaluation adds minutes at 0.5B.
+# from 208-230 s with two runs at once (bench/README.md, KeyHalves), the *_single presets from 43-110 s with two runs
+# at once (issue 78's tuning run). A held-out evaluation adds minutes at 0.5B.
 CPU_MINUTES_PER_STEP = {"tiny_cpu": 0.003, "tiny_hanabi": 0.003, "smol_writing": 0.7, "smol_code": 1.2,
-                        "smol_hanabi": 0.9, "coder_code": 2.0, "coder_mbpp": 2.0, "coder_keys": 3.5}
+                        "smol_hanabi": 0.9, "coder_code": 2.0, "coder_mbpp": 2.0, "coder_keys": 3.5,
+                        "coder_code_single": 1.5, "coder_mbpp_single": 1.5}
 
 PRESETS = {"tiny_cpu": TINY_CPU, "colab_t4": COLAB_T4, "colab_a100": COLAB_A100, "tiny_hanabi": TINY_HANABI,
            "colab_hanabi": COLAB_HANABI, "smol_writing": SMOL_WRITING, "smol_code": SMOL_CODE,
            "smol_hanabi": SMOL_HANABI, "coder_code": CODER_CODE, "coder_mbpp": CODER_MBPP,
-           "coder_keys": CODER_KEYS}
+           "coder_keys": CODER_KEYS, "coder_code_single": CODER_CODE_SINGLE,
+           "coder_mbpp_single": CODER_MBPP_SINGLE}
