@@ -127,7 +127,8 @@ def archive(path: Path) -> Path:
 def load() -> dict[tuple[str, str], dict[int, dict]]:
     """(dataset, row) -> seed -> {config, metrics, rows}: the runs here, else their archived copies."""
     found: dict[tuple[str, str], dict[int, dict]] = {}
-    here = {p.name for p in RUNS.glob("*_s*")}
+    here = {p.name for p in RUNS.glob("*_s*") if (p / "eval" / "table.json").exists()}  # a run here without rows
+    # yet (training again) does not hide its archived rows
     dirs = [*RUNS.glob("*_s*"), *(p for p in KEPT.glob("table_*_s*") if p.name[len("table_"):] not in here)]
     for p in sorted(dirs):
         name = p.name[len("table_"):] if p.name.startswith("table_") else p.name
@@ -164,9 +165,12 @@ def per_seed_items(runs: dict[int, dict], method: str, metric: str) -> tuple[lis
                 return None
         else:
             values = items["reward"]
+        if table and len(values) != len(table[0]):
+            raise ValueError(f"{method} {metric}: seed {seed} has {len(values)} problems, seed {seeds[0]} "
+                             f"{len(table[0])}; every seed's row must cover the same held-out problems")
         seeds.append(seed)
         table.append(values)
-    return (seeds, np.array(table)) if table else None
+    return (seeds, np.array(table, dtype=float)) if table else None
 
 
 def cell(values: np.ndarray | None, signed: bool = False) -> str:

@@ -112,3 +112,39 @@ def test_code_table_pairs_magrpo_with_the_trained_single_model_by_seed_and_probl
     assert "| trained single model | 41, 42 | +0.250 [+0.000, +0.500] |" in lines["| trained single model"]
     assert "| untrained team | 41, 42 | +0.500 [+0.500, +0.500] |" in lines["| untrained team"]
     assert "900" not in text  # the tuning run
+
+
+def _code_table_runs(tmp_path, monkeypatch, runs: dict, where: str = "runs"):
+    import json
+
+    bench = load("code_table")
+    monkeypatch.setattr(bench, "RUNS", tmp_path / "runs")
+    monkeypatch.setattr(bench, "KEPT", tmp_path / "kept")
+    monkeypatch.setattr(bench, "OUT", tmp_path / "code_table.md")
+    for name, rows in runs.items():
+        run = tmp_path / where / name
+        (run / "eval").mkdir(parents=True)
+        (run / "config.json").write_text(json.dumps({"seed": 1}))
+        (run / "eval" / "table.json").write_text(json.dumps(
+            {m: {"method": m, "num_samples": 4, "per_item": {"reward": [0.0] * len(c), "correct": list(c)},
+                 "cooperation_rate": 0.0, "wall_s": 1.0} for m, c in rows.items()}))
+    return bench
+
+
+def test_code_table_pairs_by_seed_number_not_position(tmp_path, monkeypatch):
+    """The team has seeds 41, 42, 43 and the single model 42, 43: only 42 and 43 are paired, each with its own."""
+    bench = _code_table_runs(tmp_path, monkeypatch, {
+        "mbpp_team_s41": {"magrpo": [0, 0], "naive": [0, 0]},
+        "mbpp_team_s42": {"magrpo": [4, 4], "naive": [0, 0]},
+        "mbpp_team_s43": {"magrpo": [4, 4], "naive": [0, 0]},
+        "mbpp_single_s42": {"magrpo": [4, 4]},
+        "mbpp_single_s43": {"magrpo": [4, 4]}})
+    lines = {line.split(" | ")[0]: line for line in bench.table().splitlines() if line.startswith("| ")}
+    assert "| trained single model | 42, 43 | +0.000 [+0.000, +0.000] |" in lines["| trained single model"]
+
+
+def test_code_table_reads_the_archive_of_a_run_here_without_rows(tmp_path, monkeypatch):
+    """A run folder here that is training again (no eval/table.json yet) does not hide its archived rows."""
+    bench = _code_table_runs(tmp_path, monkeypatch, {"table_mbpp_team_s41": {"magrpo": [4, 0]}}, where="kept")
+    (tmp_path / "runs" / "mbpp_team_s41").mkdir(parents=True)
+    assert bench.load()[("mbpp", "team")].keys() == {41}
