@@ -410,6 +410,9 @@ def test_a_violation_reaches_the_rollout_log_and_the_metrics(tmp_path):
     ("def f(a, *, key):\n    pass\n", "a, *, key"),
     ("def g(x):\n    pass\n", None),  # no def of the entry point
     ("def f(a:\n", None),  # a signature that never closes
+    ("def f(a): return a\n", "a"),  # a one-line def
+    ('def g(x):\n    """Unlike\n    def f(x) below, it\n    """\n\ndef f(a, b):\n    pass\n', "a, b"),  # docstring first
+    ("def f(a, /, b):\n    pass\n", "a, b"),
 ])
 def test_entry_params_reads_the_signature_by_the_ast(prompt, params):
     from kit.tasks.codeparse import entry_params
@@ -459,3 +462,14 @@ def test_each_training_step_logs_how_often_main_calls_aux(task):
     for _ in range(2):  # the second time from the task's cache
         assert model(ITEM, (AUX_OK, MAIN_COOP)).details["logged"] == {"main_calls_aux": 1.0}
         assert model(ITEM, (AUX_OK, alone)).details["logged"] == {"main_calls_aux": 0.0}
+
+
+@pytest.mark.parametrize("params, call", [("a, b", "a, b"), ("a, *, key", "a, key=key"), ("", ""),
+                                          ("a, *xs, key, **kw", "a, *xs, key=key, **kw")])
+def test_the_call_main_is_shown_passes_keyword_only_arguments_by_keyword(params, call):
+    from kit.tasks.codeparse import call_form
+
+    assert call_form(params) == call
+    item = {**ITEM, "prompt": "def double_all(xs, *, times=2):\n    pass\n"}
+    main = CodeTask(dataset="coop", aux_signature="entry").prompts(item)[1]
+    assert "`aux(xs, *, times)`" in main and "Call `aux(xs, times=times)`" in main

@@ -39,8 +39,8 @@ import threading
 from collections import OrderedDict
 
 from kit.sandbox import sandbox
-from kit.tasks.codeparse import (AUX, aux_use, drop_function, entry_params, extract_code, function_info,
-                                 parse_error)
+from kit.tasks.codeparse import (AUX, aux_use, call_form, drop_function, entry_params, extract_code,
+                                 function_info, parse_error)
 from kit.tasks.rewards import Reward, log_metric
 from kit.tasks import Prompt, check_arg, is_int, is_number
 from kit.tasks.code_data import (  # noqa: F401  (re-exported: the task's data)
@@ -79,7 +79,7 @@ AUX_TASK = {"free": "Write one function named `aux` that does a useful part of t
 AUX_GIVEN = {"free": "A helper function `aux` is written by a teammate and will be defined when your code runs. Call "
                      "`aux(...)` where it\nhelps, and use what it returns.",
              "entry": "A helper function `aux({params})`, taking the same arguments as `{entry}`, is written by a "
-                      "teammate and will be\ndefined when your code runs. Call `aux({params})` where it helps, and use "
+                      "teammate and will be\ndefined when your code runs. Call `aux({call})` where it helps, and use "
                       "what it returns."}
 AUX_SIGNATURES = tuple(AUX_TASK)
 
@@ -203,7 +203,7 @@ class CodeTask:
         params = entry_params(item["prompt"], item["entry_point"]) if self.aux_signature == "entry" else None
         kind = "entry" if params is not None else "free"  # a prompt whose signature cannot be read: aux is free
         fmt["aux_task"] = AUX_TASK[kind].format(params=params, **fmt)
-        fmt["aux_given"] = AUX_GIVEN[kind].format(params=params, **fmt)
+        fmt["aux_given"] = AUX_GIVEN[kind].format(params=params, call=params and call_form(params), **fmt)
         return self.started(item, [HELPER_PROMPT.format(**fmt), MAIN_PROMPT.format(**fmt)])
 
     def started(self, item: dict, prompts: list[str]) -> list[str]:
