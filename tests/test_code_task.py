@@ -411,7 +411,8 @@ def test_a_violation_reaches_the_rollout_log_and_the_metrics(tmp_path):
     ("def g(x):\n    pass\n", None),  # no def of the entry point
     ("def f(a:\n", None),  # a signature that never closes
     ("def f(a): return a\n", "a"),  # a one-line def
-    ('def g(x):\n    """Unlike\n    def f(x) below, it\n    """\n\ndef f(a, b):\n    pass\n', "a, b"),  # docstring first
+    ('def g(x):\n    """Unlike\n    def f(x) below, it\n    """\n\ndef f(a, b):\n    pass\n',
+     "a, b"),  # a docstring's line that starts like the def comes first
     ("def f(a, /, b):\n    pass\n", "a, b"),
 ])
 def test_entry_params_reads_the_signature_by_the_ast(prompt, params):
