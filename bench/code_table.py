@@ -36,6 +36,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import shutil
 import sys
 from pathlib import Path
@@ -132,6 +133,8 @@ def load() -> dict[tuple[str, str], dict[int, dict]]:
     dirs = [*RUNS.glob("*_s*"), *(p for p in KEPT.glob("table_*_s*") if p.name[len("table_"):] not in here)]
     for p in sorted(dirs):
         name = p.name[len("table_"):] if p.name.startswith("table_") else p.name
+        if not re.fullmatch(r"[a-z]+_[a-z]+(-[\w.-]+)?_s\d+", name):  # not a run of this script (mbpp_team_s41_old)
+            continue
         dataset, row, seed = name.rsplit("_", 2)
         table = p / "eval" / "table.json"
         if not table.exists():
