@@ -416,7 +416,7 @@ def test_a_violation_reaches_the_rollout_log_and_the_metrics(tmp_path):
     ("def f(a, /, b):\n    pass\n", "a, b"),
 ])
 def test_entry_params_reads_the_signature_by_the_ast(prompt, params):
-    from kit.tasks.codeparse import entry_params
+    from kit.tasks.signatures import entry_params
 
     assert entry_params(prompt, "f") == params
 
@@ -468,7 +468,7 @@ def test_each_training_step_logs_how_often_main_calls_aux(task):
 @pytest.mark.parametrize("params, call", [("a, b", "a, b"), ("a, *, key", "a, key=key"), ("", ""),
                                           ("a, *xs, key, **kw", "a, *xs, key=key, **kw")])
 def test_the_call_main_is_shown_passes_keyword_only_arguments_by_keyword(params, call):
-    from kit.tasks.codeparse import call_form
+    from kit.tasks.signatures import call_form
 
     assert call_form(params) == call
     item = {**ITEM, "prompt": "def double_all(xs, *, times=2):\n    pass\n"}

@@ -39,8 +39,8 @@ import threading
 from collections import OrderedDict
 
 from kit.sandbox import sandbox
-from kit.tasks.codeparse import (AUX, aux_use, call_form, drop_function, entry_params, extract_code,
-                                 function_info, parse_error)
+from kit.tasks.signatures import call_form, entry_params
+from kit.tasks.codeparse import AUX, aux_use, drop_function, extract_code, function_info, parse_error
 from kit.tasks.rewards import Reward, log_metric
 from kit.tasks import Prompt, check_arg, is_int, is_number
 from kit.tasks.code_data import (  # noqa: F401  (re-exported: the task's data)
