@@ -32,7 +32,7 @@ def no_gpu_check(monkeypatch):
     monkeypatch.setattr(colab, "require_gpu", lambda *a, **k: None)  # full mode of a GPU preset, on this CPU
 
 
-@pytest.mark.parametrize("preset", README_PRESETS)
+@pytest.mark.parametrize("preset", README_PRESETS + ["coder_code_single", "coder_mbpp_single"])  # + the table's
 def test_changing_preset_alone_trains_the_presets_own_task(preset, no_gpu_check, tmp_path, monkeypatch):
     """The parameters cell's defaults with PRESET changed: the preset's task, data, environment and algorithm."""
     monkeypatch.setattr(colab, "runs_root", lambda: tmp_path)
