@@ -8,7 +8,6 @@ the result holds (reasons, error, output).
 
 import os
 import secrets
-import time
 
 import pytest
 
@@ -336,10 +335,9 @@ def test_ignoring_the_alarm_earns_nothing_after_it_and_is_a_timeout():
     # there on fail as timeouts, the ones before keep their result, and nothing is gained
     prog = ("import signal\nsignal.signal(signal.SIGALRM, signal.SIG_IGN)\n"
             "def add(a, b):\n    while a == 2:\n        pass\n    return a + b\n")
-    t = time.monotonic()
     r = run(prog, TESTS, call_names=["add"], limits=Limits(test_timeout=0.5))
     assert r.passed == [True, False, False] and r.violation == "" and "timeout" in r.reasons[1]
-    assert time.monotonic() - t < 30  # about 1.5 s expected (two 0.5 s timeouts): a wide bound against a hang
+    assert "timeout" in r.reasons[2]  # the next call was cut by its own limit too: no hang, whatever the machine's load
 
 
 def test_an_honest_long_call_in_c_keeps_the_tests_before_it():

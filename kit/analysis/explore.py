@@ -1,4 +1,6 @@
-"""Browse a run's rollouts: the logic (tested without a browser) and an ipywidgets front end over it.
+"""Browse a run's rollouts: the logic (tested without a browser) and an ipywidgets front end over it. Past 400 lines
+on purpose (about 450): the browser's logic and its front end stay together, so what a widget shows is next to the
+tested function that computes it.
 
     log = RunLog("checkpoints/colab_a100")
     rows = log.rows(step=100, min_reward=1.0, part="tests", part_min=0.5)
@@ -18,9 +20,6 @@ instead of joint actions.
 
 Everything is read from the run directory's files (config.json, rollouts.jsonl), so it works after a reconnect,
 on a finished run, and while a run is still writing (press "reload").
-
-Past 400 lines on purpose (about 450): the browser's logic and its ipywidgets front end are kept together, so what a
-widget shows is next to the tested function that computes it.
 """
 
 from __future__ import annotations
