@@ -16,7 +16,7 @@ still shared) and the slices' completions are joined, right-padded: each row is 
 
 An evaluation's one call decodes for minutes on a CPU; `watching_decode(fn)` has every engine call fn(step, total)
 after each decoding step (a stopping criterion that never stops), so an analysis bar moves with the tokens, not once
-per method (kit/analysis/evaluate.py: decoding_bar).
+per method (kit/analysis/progress.py: decoding_bar).
 
 Not covered: the activations of a long prompt's prefill (forwarded once per distinct prompt), which a bound on the
 rows does not see.
