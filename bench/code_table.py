@@ -6,11 +6,11 @@ and samples, and the untrained baselines, on every held-out problem, with interv
     python bench/code_table.py eval mbpp team --seeds 31 --methods sequential discussion   # more rows later
     python bench/code_table.py table                               # bench/results/code_table.md
 
-A row of the table is a method sampled n=4 times on every held-out problem of the dataset (MBPP: 32, coop: 12), per
-seed. Two training runs per seed make the rows:
+A row of the table is a method sampled n=4 times on every held-out problem of the dataset (MBPP: 32, coop: 32 of 47 in
+the preset), per seed. Two training runs per seed make the rows:
 
-    team    the preset (coder_mbpp / coder_code: two agents, G=4, one problem a step) trained with MAGRPO for
-            --steps; its rows: `naive` (the untrained team, the base with fresh adapters), `sequential`,
+    team    the preset (coder_mbpp / coder_code: two agents, G=4, one problem a step) trained with MAGRPO for its
+            30 steps; its rows: `naive` (the untrained team, the base with fresh adapters), `sequential`,
             `discussion` (kit/analysis/baselines.py), and `magrpo` (the trained team, its newest checkpoint)
     single  the preset's `_single` twin (coder_mbpp_single, coder_code_single: `algorithm=centralized`,
             kit/engine/centralized.py): ONE adapter writes aux and the entry point in one completion from the task's
@@ -63,16 +63,18 @@ def run_dir(dataset: str, row: str, seed: int, tag: str = "") -> Path:
     return RUNS / f"{dataset}_{row}{'-' + tag if tag else ''}_s{seed}"
 
 
-def config(dataset: str, row: str, seed: int, steps: int, extra: list[str], tag: str = ""):
+def config(dataset: str, row: str, seed: int, steps: int | None, extra: list[str], tag: str = ""):
+    """The preset as it is (its 30 steps: the table's settings live in the presets), with this run's seed and
+    folder; no evaluation between steps (the rows below are the evaluation)."""
     from kit.run.config import load_config
 
     preset = PRESETS[dataset] + ("_single" if row == "single" else "")  # coder_mbpp_single: centralized, 320 tokens
-    overrides = [f"seed={seed}", f"run_dir={run_dir(dataset, row, seed, tag)}", f"num_steps={steps}", "eval_every=0",
-                 "save_every=10", "progress=false"]
+    overrides = [f"seed={seed}", f"run_dir={run_dir(dataset, row, seed, tag)}", "eval_every=0", "save_every=5",
+                 "progress=false", *([f"num_steps={steps}"] if steps is not None else [])]
     return load_config(preset, overrides=overrides + extra)
 
 
-def train(dataset: str, row: str, seed: int, steps: int, extra: list[str], tag: str = "") -> Path:
+def train(dataset: str, row: str, seed: int, steps: int | None, extra: list[str], tag: str = "") -> Path:
     from kit.trainers.game_trainer import trainer_class
 
     cfg = config(dataset, row, seed, steps, extra, tag)
@@ -274,7 +276,7 @@ def main() -> None:
         p.add_argument("dataset", choices=sorted(PRESETS))
         p.add_argument("row", choices=sorted(ROWS))
         p.add_argument("--seeds", type=int, nargs="+", required=True)
-        p.add_argument("--steps", type=int, default=30)
+        p.add_argument("--steps", type=int, default=None, help="default: the preset's (30)")
         p.add_argument("--n", type=int, default=4, help="samples per held-out problem")
         p.add_argument("--methods", nargs="*", default=None, help="default: every row of this run (ROWS); none: "
                        "train only")

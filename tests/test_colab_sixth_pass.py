@@ -54,8 +54,9 @@ def test_the_config_cell_says_which_preset_settings_a_parameter_replaced(tmp_pat
                                 log=said.append)
     assert cfg.task == "code" and cfg.task_args["dataset"] == "mbpp"
     plan = "\n".join(s for s in said if s.startswith("[kit] the run"))
-    assert "task_args {'dataset': 'coop', 'prefill': 'helper'} -> {'dataset': 'mbpp', 'prefill': 'helper'}" in plan
-    assert "num_steps 10 -> 4" in plan and "qwen2.5-coder-0.5b" in plan
+    assert ("task_args {'dataset': 'coop', 'prefill': 'helper', 'eval_range': [0, 32], 'train_range': [32, None]} -> "
+            "{'dataset': 'mbpp', 'prefill': 'helper'}") in plan
+    assert "num_steps 30 -> 4" in plan and "qwen2.5-coder-0.5b" in plan
 
 
 def test_another_task_than_the_presets_starts_from_its_own_defaults(tmp_path, monkeypatch):
@@ -176,7 +177,7 @@ def test_the_config_cell_says_a_cpu_presets_cost_and_then_the_runs_own(tmp_path,
     said = []
     colab.notebook_config("coder_code", log=said.append)
     line = next(s for s in said if s.startswith("[kit] on a CPU"))
-    assert "about 2 minutes a step" in line and "about 20 minutes of training" in line
+    assert "about 2 minutes a step" in line and "about 60 minutes of training" in line  # 30 steps
     (tmp_path / "run").mkdir()
     (tmp_path / "run" / "metrics.jsonl").write_text("".join(json.dumps({"step": k, "perf/step_s": s}) + "\n"
                                                             for k, s in ((1, 90.0), (2, 120.0), (3, 600.0))))

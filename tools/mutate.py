@@ -1350,7 +1350,7 @@ def run(m: Mutation, copy: Path, timeout: int) -> tuple[str, float]:
     env = {**os.environ, "PYTHONPATH": str(copy), "PYTHONDONTWRITEBYTECODE": "1"}  # the copy's kit, not ours
     start = time.perf_counter()
     try:
-        out = subprocess.run([sys.executable, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider", *m.tests],
+        out = subprocess.run([sys.executable, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider", "-n", "0", *m.tests],
                              cwd=copy, env=env, capture_output=True, text=True, timeout=timeout)
         code = out.returncode
     except subprocess.TimeoutExpired:

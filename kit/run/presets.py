@@ -86,11 +86,14 @@ SMOL_HANABI = {**SMOL, "task": "game", "task_args": {"game": "tiny_hanabi", "pro
 # tokens with its docstring), the helper's answer started with `def aux(` as at 135M, and a learning rate of 1e-4
 # (3e-4, the 135M preset's, took the team's held-out pass@1 from 0.19 to 0.00 in 5 steps in the issue's one run).
 # About 2.5 minutes a step with two such runs on 2 cores (generation two thirds of it). On seeds 0-2 the trained
-# team passes more held-out tests than the untrained one (pass@1 +0.15 pooled). MBPP:
+# team passes more held-out tests than the untrained one after 10 steps (pass@1 +0.15 pooled). 30 steps: the code
+# table's length (bench/code_table.py, issue 78), which trains these presets as they are; for it the first 32 of the
+# 47 problems are held out (the dataset's default holds out 12: too few to decide), the other 15 trained on. MBPP:
 # `--set 'task_args={dataset: mbpp, prefill: helper}'`.
 CODER_CODE = {**SMOL, "model_name": "qwen2.5-coder-0.5b", "task": "code",
-              "task_args": {"dataset": "coop", "prefill": "helper"}, "max_new_tokens": 160, "learning_rate": 1e-4,
-              "num_steps": 10, "eval_every": 5, "save_every": 5, "reward_workers": 2, "num_eval_items": 8,
+              "task_args": {"dataset": "coop", "prefill": "helper", "eval_range": [0, 32], "train_range": [32, None]},
+              "max_new_tokens": 160, "learning_rate": 1e-4,
+              "num_steps": 30, "eval_every": 5, "save_every": 5, "reward_workers": 2, "num_eval_items": 8,
               "run_dir": "checkpoints/coder_code"}
 
 # The same code team on MBPP (397 bundled problems, the first 32 held out; 8 of them evaluated) at lr 3e-5: the rate
