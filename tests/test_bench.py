@@ -148,3 +148,13 @@ def test_code_table_reads_the_archive_of_a_run_here_without_rows(tmp_path, monke
     bench = _code_table_runs(tmp_path, monkeypatch, {"table_mbpp_team_s41": {"magrpo": [4, 0]}}, where="kept")
     (tmp_path / "runs" / "mbpp_team_s41").mkdir(parents=True)
     assert bench.load()[("mbpp", "team")].keys() == {41}
+
+
+def test_code_table_cost_leaves_out_a_step_paused_for_the_suite():
+    """A step over 4x its run's median was paused (kill -STOP): out of the minutes a step, and a seed's minutes
+    are its other steps' mean times its steps."""
+    bench = load("code_table")
+    steps = [60.0, 60.0, 120.0, 3000.0]
+    runs = {41: {"metrics": [{"step": k, "perf/step_s": s} for k, s in enumerate(steps)],
+                 "precision": [{"dtype": "float32", "device": "cpu"}]}}
+    assert bench.cost(runs) == ("1.3 min/step, 5 min/seed (3 steps, 1 paused left out; float32 on cpu, HF generate)")
