@@ -158,3 +158,29 @@ def test_code_table_cost_leaves_out_a_step_paused_for_the_suite():
     runs = {41: {"metrics": [{"step": k, "perf/step_s": s} for k, s in enumerate(steps)],
                  "precision": [{"dtype": "float32", "device": "cpu"}]}}
     assert bench.cost(runs) == ("1.3 min/step, 5 min/seed (3 steps, 1 paused left out; float32 on cpu, HF generate)")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("row", ["team", "single"])
+def test_code_table_trains_a_row_and_samples_it_on_every_held_out_problem(row, tmp_path, monkeypatch):
+    """bench/code_table.py's own path, with the tiny model in the presets' place: a run trains from the preset (the
+    single row: algorithm=centralized), resumes finished, and its rows are the newest checkpoint (`magrpo`) and the
+    untrained base (`naive`) on all 32 held-out MBPP problems, each kept in eval/table.json and not sampled again."""
+    import json
+
+    bench = load("code_table")
+    monkeypatch.setattr(bench, "RUNS", tmp_path / "runs")
+    monkeypatch.setattr(bench, "KEPT", tmp_path / "kept")
+    extra = ["model_name=tiny", "max_new_tokens=6", "num_generations=2", "reward_workers=1"]
+    path = bench.train("mbpp", row, 7, 2, extra)
+    assert json.loads((path / "config.json").read_text())["algorithm"] == ("centralized" if row == "single" else
+                                                                           "magrpo")
+    assert bench.train("mbpp", row, 7, 2, extra) == path  # finished: resumes and trains no more
+    assert [json.loads(line)["step"] for line in open(path / "metrics.jsonl")] == [1, 2]
+    rows = {r["method"]: r for r in bench.evaluate(path, ["magrpo", "naive"], n=2)}
+    assert rows["magrpo"]["step"] == 2 and "step" not in rows["naive"]
+    for r in rows.values():
+        assert len(r["per_item"]["correct"]) == 32 and r["num_samples"] == 2 and "aux_call" in r["per_item"]
+    kept = (path / "eval" / "table.json").read_text()
+    assert bench.evaluate(path, ["magrpo", "naive"], n=2) and (path / "eval" / "table.json").read_text() == kept
+    assert (bench.archive(path) / "eval" / "table.json").read_text() == kept
