@@ -15,8 +15,8 @@ the preset), per seed. Two training runs per seed make the rows:
     single  the preset's `_single` twin (coder_mbpp_single, coder_code_single: `algorithm=centralized`,
             kit/engine/centralized.py): ONE adapter writes aux and the entry point in one completion from the task's
             single prompt, scored by the same joint reward, with the same G, steps, problems and learning rate, and
-            twice the preset's max_new_tokens (the team's two completions' budget together); its rows: `naive` = the untrained single model at that budget, `magrpo` = the trained
-            single model
+            twice the preset's max_new_tokens (the team's two completions' budget together); its rows: `naive` =
+            the untrained single model at that budget, `magrpo` = the trained single model
 
 Each run lives in checkpoints/code_table/<dataset>_<row>_s<seed> (git-ignored) and resumes from its newest checkpoint
 if stopped; its rows are merged one method at a time into eval/table.json, so a row already sampled is never lost or
@@ -188,6 +188,11 @@ def cell(values: np.ndarray | None, signed: bool = False) -> str:
     return f"{f.format(mean)} [{f.format(low)}, {f.format(high)}]"
 
 
+def per_seed(values: np.ndarray, signed: bool = False) -> str:
+    """Each seed's mean over the problems, in the seeds' order."""
+    return ", ".join(("{:+.2f}" if signed else "{:.2f}").format(v) for v in values.mean(axis=1))
+
+
 def schemes_cell(runs: dict[int, dict], method: str) -> str:
     counts: dict[str, float] = {}
     total = 0
@@ -231,18 +236,20 @@ def table() -> str:
     lines = ["# The code table at 0.5B (made by `python bench/code_table.py table`)", "",
              "Qwen2.5-Coder-0.5B-Instruct, every held-out problem, n samples a problem per seed; intervals: "
              f"{CONFIDENCE:.0%} percentile bootstrap over seeds and problems together ({NUM_RESAMPLES} resamples, "
-             f"seed {SEED}); differences paired by seed and problem.", ""]
+             f"seed {SEED}); differences paired by seed and problem. With three seeds a resample of seeds has only 10 "
+             "distinct draws, so the seed part of an interval is about the range of the seed means: read it beside "
+             "the per-seed means.", ""]
     for dataset in PRESETS:
         if not any(d == dataset for d, _ in found):
             continue
-        lines += [f"## {dataset}", "", "| row | seeds | pass@1 | pass@4 | reward | main calls aux | cooperation paid | "
-                  "schemes of the passing programs | sampling, s a seed | training cost |",
-                  "|---|---|---|---|---|---|---|---|---|---|"]
+        lines += [f"## {dataset}", "", "| row | seeds | pass@1 | pass@1 per seed | pass@4 | reward | main calls aux | "
+                  "cooperation paid | schemes of the passing programs | sampling, s a seed | training cost |",
+                  "|---|---|---|---|---|---|---|---|---|---|---|"]
         for label, row, method in TABLE:
             runs = found.get((dataset, row), {})
             got = per_seed_items(runs, method, "pass@1")
             if got is None:
-                lines.append(f"| {label} | - | not run | | | | | | | |")
+                lines.append(f"| {label} | - | not run | | | | | | | | |")
                 continue
             seeds = got[0]
             coop = [run["rows"][method].get("cooperation_rate", 0.0) for run in runs.values() if method in run["rows"]]
@@ -250,12 +257,12 @@ def table() -> str:
             aux = per_seed_items(runs, method, "aux_call")
             train_cost = cost(runs) if method == "magrpo" else ""
             wall = np.mean([run["rows"][method]["wall_s"] for run in runs.values() if method in run["rows"]])
-            lines.append(f"| {label} | {', '.join(map(str, seeds))} | {cell(got[1])} | "
+            lines.append(f"| {label} | {', '.join(map(str, seeds))} | {cell(got[1])} | {per_seed(got[1])} | "
                          f"{cell(pass4[1] if pass4 else None)} | {cell(per_seed_items(runs, method, 'reward')[1])} | "
                          f"{cell(aux[1] if aux else None)} | {np.mean(coop):.3f} | {schemes_cell(runs, method)} | "
                          f"{wall:.0f} | {train_cost} |")
-        lines += ["", "| MAGRPO team minus | seeds paired | pass@1 | pass@4 | reward | main calls aux |",
-                  "|---|---|---|---|---|---|"]
+        lines += ["", "| MAGRPO team minus | seeds paired | pass@1 | pass@1 per seed | pass@4 | reward | "
+                  "main calls aux |", "|---|---|---|---|---|---|---|"]
         team = found.get((dataset, "team"), {})
         for label, row, method in (("trained single model", "single", "magrpo"), ("untrained team", "team", "naive")):
             other = found.get((dataset, row), {})
@@ -270,8 +277,15 @@ def table() -> str:
                 if not common:
                     cells.append("-")
                     continue
+                if a[1].shape[1] != b[1].shape[1]:
+                    raise ValueError(f"MAGRPO minus {label}, {metric}: {a[1].shape[1]} problems against "
+                                     f"{b[1].shape[1]}; both rows must cover the same held-out problems")
                 diff = a[1][[a[0].index(s) for s in common]] - b[1][[b[0].index(s) for s in common]]
                 cells.append(cell(diff, signed=True))
+                if metric == "pass@1":
+                    cells.append(per_seed(diff, signed=True))
+            if len(cells) == 4:  # no pass@1 pair: its per-seed cell too
+                cells.insert(1, "-")
             lines.append(f"| {label} | {', '.join(map(str, paired)) or '-'} | " + " | ".join(cells) + " |")
         lines.append("")
     text = "\n".join(lines)

@@ -102,14 +102,16 @@ def test_code_table_pairs_magrpo_with_the_trained_single_model_by_seed_and_probl
         (run / "eval" / "table.json").write_text(json.dumps({m: {"method": m, **r} for m, r in rows.items()}))
     text = bench.table()
     lines = {line.split(" | ")[0]: line for line in text.splitlines() if line.startswith("| ")}
-    assert "| MAGRPO team | 41, 42 | 0.750 [0.500, 1.000] | 1.000 [1.000, 1.000] |" in lines["| MAGRPO team"]
+    assert ("| MAGRPO team | 41, 42 | 0.750 [0.500, 1.000] | 0.75, 0.75 | 1.000 [1.000, 1.000] |"
+            in lines["| MAGRPO team"])
     assert "2.0 min/step, 2 min/seed" in lines["| MAGRPO team"]
     assert "| untrained single model | 41 | 0.000 [0.000, 0.000] |" in lines["| untrained single model"]
     assert "| 0.750 [0.500, 1.000] |" in lines["| trained single model (centralized)"]  # main calls its own aux
     assert "not run" in lines["| sequential (untrained)"]
     # MAGRPO minus the trained single model: problem 1 +0.5, problem 2 0.0 on both seeds; minus the untrained team
     # +0.5 on both problems and seeds
-    assert "| trained single model | 41, 42 | +0.250 [+0.000, +0.500] |" in lines["| trained single model"]
+    assert ("| trained single model | 41, 42 | +0.250 [+0.000, +0.500] | +0.25, +0.25 |"
+            in lines["| trained single model"])
     assert "| untrained team | 41, 42 | +0.500 [+0.500, +0.500] |" in lines["| untrained team"]
     assert "900" not in text  # the tuning run
 
@@ -184,3 +186,74 @@ def test_code_table_trains_a_row_and_samples_it_on_every_held_out_problem(row, t
     kept = (path / "eval" / "table.json").read_text()
     assert bench.evaluate(path, ["magrpo", "naive"], n=2) and (path / "eval" / "table.json").read_text() == kept
     assert (bench.archive(path) / "eval" / "table.json").read_text() == kept
+
+
+def _table_rows(tmp_path, monkeypatch, runs: dict):
+    """Run folders whose rows are given whole: {name: {method: {"per_item": ..., other fields}}}."""
+    import json
+
+    bench = load("code_table")
+    monkeypatch.setattr(bench, "RUNS", tmp_path / "runs")
+    monkeypatch.setattr(bench, "KEPT", tmp_path / "kept")
+    monkeypatch.setattr(bench, "OUT", tmp_path / "code_table.md")
+    for name, rows in runs.items():
+        (tmp_path / "runs" / name / "eval").mkdir(parents=True)
+        (tmp_path / "runs" / name / "config.json").write_text("{}")
+        (tmp_path / "runs" / name / "eval" / "table.json").write_text(json.dumps(
+            {m: {"method": m, "num_samples": 4, "cooperation_rate": 0.0, "wall_s": 1.0, **r} for m, r in rows.items()}))
+    return bench
+
+
+def _row(correct, reward=None, aux=None, **fields):
+    return {"per_item": {"correct": correct, "reward": reward or [0.0] * len(correct),
+                         "aux_call": aux or [0.0] * len(correct)}, **fields}
+
+
+def _lines(bench) -> dict:
+    return {line.split(" | ")[0]: line for line in bench.table().splitlines() if line.startswith("| ")}
+
+
+def test_code_table_pairs_each_seed_with_its_own_seed(tmp_path, monkeypatch):
+    bench = _table_rows(tmp_path, monkeypatch, {
+        "mbpp_team_s41": {"magrpo": _row([4, 4])}, "mbpp_team_s42": {"magrpo": _row([0, 0])},
+        "mbpp_single_s41": {"magrpo": _row([4, 4])}, "mbpp_single_s42": {"magrpo": _row([0, 0])}})
+    assert "| 41, 42 | +0.000 [+0.000, +0.000] | +0.00, +0.00 |" in _lines(bench)["| trained single model"]
+
+
+def test_code_table_columns_are_in_the_headers_order(tmp_path, monkeypatch):
+    """Distinct values per metric: pass@1 0.5, pass@4 1, reward 0.9, main calls aux 0.1, cooperation paid 0.5."""
+    bench = _table_rows(tmp_path, monkeypatch, {
+        "mbpp_team_s41": {"magrpo": _row([2, 2], [0.9, 0.9], [0.1, 0.1], cooperation_rate=0.5)},
+        "mbpp_team_s42": {"naive": _row([0, 0])},
+        "mbpp_single_s41": {"magrpo": _row([0, 0], [0.2, 0.2], [0.6, 0.6])}})
+    lines = _lines(bench)
+    assert lines["| MAGRPO team"].startswith(
+        "| MAGRPO team | 41 | 0.500 [0.500, 0.500] | 0.50 | 1.000 [1.000, 1.000] | 0.900 [0.900, 0.900] | "
+        "0.100 [0.100, 0.100] | 0.500 |")
+    assert lines["| trained single model"] == (
+        "| trained single model | 41 | +0.500 [+0.500, +0.500] | +0.50 | +1.000 [+1.000, +1.000] | "
+        "+0.700 [+0.700, +0.700] | -0.500 [-0.500, -0.500] |")
+    assert lines["| untrained team"] == "| untrained team | - | - | - | - | - | - |"  # seed 42 has no MAGRPO row
+
+
+def test_code_table_has_no_pass_at_4_from_fewer_than_4_samples(tmp_path, monkeypatch):
+    bench = _table_rows(tmp_path, monkeypatch, {"mbpp_team_s41": {"magrpo": _row([1, 2], num_samples=2)}})
+    assert "| MAGRPO team | 41 | 0.750 [0.500, 1.000] | 0.75 | - |" in _lines(bench)["| MAGRPO team"]
+
+
+def test_code_table_schemes_are_weighted_by_passing_programs():
+    bench = load("code_table")
+    runs = {1: {"rows": {"m": {"num_passing": 3, "schemes/passing": {"a": 1.0}}}},
+            2: {"rows": {"m": {"num_passing": 1, "schemes/passing": {"b": 1.0}}}}}
+    assert bench.schemes_cell(runs, "m") == "4 passing: a 75%, b 25%"
+
+
+@pytest.mark.parametrize("runs", [
+    {"mbpp_team_s1": {"magrpo": _row([4, 0, 0])}, "mbpp_team_s2": {"magrpo": _row([4, 0])}},  # two seeds
+    {"mbpp_team_s1": {"magrpo": _row([4, 0, 0])}, "mbpp_single_s1": {"magrpo": _row([4])}},  # team and single
+    {"mbpp_team_s1": {"magrpo": _row([4, 0, 0])}, "mbpp_single_s1": {"magrpo": _row([4, 0])}}])
+def test_code_table_refuses_rows_over_different_problems(runs, tmp_path, monkeypatch):
+    """A difference of rows over other problems would pair nothing (or broadcast one problem over all)."""
+    bench = _table_rows(tmp_path, monkeypatch, runs)
+    with pytest.raises(ValueError, match="same held-out problems"):
+        bench.table()

@@ -23,6 +23,7 @@ QUIET = {"log": lambda *_: None}
 def test_percentile_interval_interpolates_between_order_statistics():
     # sorted [1, 5/3, 2, 3]: the 25% quantile sits 3/4 of the way from 1 to 5/3, the 75% a quarter from 2 to 3
     assert stats.percentile_interval([3, 1, 2, 5 / 3], confidence=0.5) == pytest.approx((1.5, 2.25))
+    assert stats.percentile_interval(list(range(101))) == pytest.approx((2.5, 97.5))  # the default: 95%
 
 
 def test_resample_means_take_the_mean_of_the_picked_items():
