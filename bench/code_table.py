@@ -55,6 +55,10 @@ ROWS = {"team": ("magrpo", "naive", "sequential", "discussion"), "single": ("mag
 TABLE = [("untrained single model", "single", "naive"), ("trained single model (centralized)", "single", "magrpo"),
          ("untrained team", "team", "naive"), ("sequential (untrained)", "team", "sequential"),
          ("discussion (untrained)", "team", "discussion"), ("MAGRPO team", "team", "magrpo")]
+# the differences, each paired by seed and problem: (label, (run row, method) minus (run row, method))
+DIFFERENCES = [("MAGRPO team minus the trained single model", ("team", "magrpo"), ("single", "magrpo")),
+               ("MAGRPO team minus the untrained team", ("team", "magrpo"), ("team", "naive")),
+               ("trained single model minus the untrained one", ("single", "magrpo"), ("single", "naive"))]
 
 
 def run_dir(dataset: str, row: str, seed: int, tag: str = "") -> Path:
@@ -261,14 +265,13 @@ def table() -> str:
                          f"{cell(pass4[1] if pass4 else None)} | {cell(per_seed_items(runs, method, 'reward')[1])} | "
                          f"{cell(aux[1] if aux else None)} | {np.mean(coop):.3f} | {schemes_cell(runs, method)} | "
                          f"{wall:.0f} | {train_cost} |")
-        lines += ["", "| MAGRPO team minus | seeds paired | pass@1 | pass@1 per seed | pass@4 | reward | "
-                  "main calls aux |", "|---|---|---|---|---|---|---|"]
-        team = found.get((dataset, "team"), {})
-        for label, row, method in (("trained single model", "single", "magrpo"), ("untrained team", "team", "naive")):
-            other = found.get((dataset, row), {})
+        lines += ["", "| difference | seeds paired | pass@1 | pass@1 per seed | pass@4 | reward | main calls aux |",
+                  "|---|---|---|---|---|---|---|"]
+        for label, (row_a, method_a), (row_b, method_b) in DIFFERENCES:
+            this, other = found.get((dataset, row_a), {}), found.get((dataset, row_b), {})
             cells, paired = [], []
             for metric in ("pass@1", "pass@4", "reward", "aux_call"):
-                a, b = per_seed_items(team, "magrpo", metric), per_seed_items(other, method, metric)
+                a, b = per_seed_items(this, method_a, metric), per_seed_items(other, method_b, metric)
                 if a is None or b is None:
                     cells.append("-")
                     continue
@@ -278,7 +281,7 @@ def table() -> str:
                     cells.append("-")
                     continue
                 if a[1].shape[1] != b[1].shape[1]:
-                    raise ValueError(f"MAGRPO minus {label}, {metric}: {a[1].shape[1]} problems against "
+                    raise ValueError(f"{label}, {metric}: {a[1].shape[1]} problems against "
                                      f"{b[1].shape[1]}; both rows must cover the same held-out problems")
                 diff = a[1][[a[0].index(s) for s in common]] - b[1][[b[0].index(s) for s in common]]
                 cells.append(cell(diff, signed=True))

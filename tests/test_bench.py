@@ -110,9 +110,12 @@ def test_code_table_pairs_magrpo_with_the_trained_single_model_by_seed_and_probl
     assert "not run" in lines["| sequential (untrained)"]
     # MAGRPO minus the trained single model: problem 1 +0.5, problem 2 0.0 on both seeds; minus the untrained team
     # +0.5 on both problems and seeds
-    assert ("| trained single model | 41, 42 | +0.250 [+0.000, +0.500] | +0.25, +0.25 |"
-            in lines["| trained single model"])
-    assert "| untrained team | 41, 42 | +0.500 [+0.500, +0.500] |" in lines["| untrained team"]
+    assert ("| MAGRPO team minus the trained single model | 41, 42 | +0.250 [+0.000, +0.500] | +0.25, +0.25 |"
+            in lines["| MAGRPO team minus the trained single model"])
+    assert ("| MAGRPO team minus the untrained team | 41, 42 | +0.500 [+0.500, +0.500] |"
+            in lines["| MAGRPO team minus the untrained team"])
+    assert ("| trained single model minus the untrained one | 41 | +0.500 [+0.500, +0.500] |"  # 42: no naive row
+            in lines["| trained single model minus the untrained one"])
     assert "900" not in text  # the tuning run
 
 
@@ -142,7 +145,8 @@ def test_code_table_pairs_by_seed_number_not_position(tmp_path, monkeypatch):
         "mbpp_single_s42": {"magrpo": [4, 4]},
         "mbpp_single_s43": {"magrpo": [4, 4]}})
     lines = {line.split(" | ")[0]: line for line in bench.table().splitlines() if line.startswith("| ")}
-    assert "| trained single model | 42, 43 | +0.000 [+0.000, +0.000] |" in lines["| trained single model"]
+    assert ("| MAGRPO team minus the trained single model | 42, 43 | +0.000 [+0.000, +0.000] |"
+            in lines["| MAGRPO team minus the trained single model"])
 
 
 def test_code_table_reads_the_archive_of_a_run_here_without_rows(tmp_path, monkeypatch):
@@ -217,7 +221,8 @@ def test_code_table_pairs_each_seed_with_its_own_seed(tmp_path, monkeypatch):
     bench = _table_rows(tmp_path, monkeypatch, {
         "mbpp_team_s41": {"magrpo": _row([4, 4])}, "mbpp_team_s42": {"magrpo": _row([0, 0])},
         "mbpp_single_s41": {"magrpo": _row([4, 4])}, "mbpp_single_s42": {"magrpo": _row([0, 0])}})
-    assert "| 41, 42 | +0.000 [+0.000, +0.000] | +0.00, +0.00 |" in _lines(bench)["| trained single model"]
+    line = _lines(bench)["| MAGRPO team minus the trained single model"]
+    assert "| 41, 42 | +0.000 [+0.000, +0.000] | +0.00, +0.00 |" in line
 
 
 def test_code_table_columns_are_in_the_headers_order(tmp_path, monkeypatch):
@@ -230,10 +235,11 @@ def test_code_table_columns_are_in_the_headers_order(tmp_path, monkeypatch):
     assert lines["| MAGRPO team"].startswith(
         "| MAGRPO team | 41 | 0.500 [0.500, 0.500] | 0.50 | 1.000 [1.000, 1.000] | 0.900 [0.900, 0.900] | "
         "0.100 [0.100, 0.100] | 0.500 |")
-    assert lines["| trained single model"] == (
-        "| trained single model | 41 | +0.500 [+0.500, +0.500] | +0.50 | +1.000 [+1.000, +1.000] | "
-        "+0.700 [+0.700, +0.700] | -0.500 [-0.500, -0.500] |")
-    assert lines["| untrained team"] == "| untrained team | - | - | - | - | - | - |"  # seed 42 has no MAGRPO row
+    assert lines["| MAGRPO team minus the trained single model"] == (
+        "| MAGRPO team minus the trained single model | 41 | +0.500 [+0.500, +0.500] | +0.50 | "
+        "+1.000 [+1.000, +1.000] | +0.700 [+0.700, +0.700] | -0.500 [-0.500, -0.500] |")
+    assert lines["| MAGRPO team minus the untrained team"] == (  # seed 42 has no MAGRPO row
+        "| MAGRPO team minus the untrained team | - | - | - | - | - | - |")
 
 
 def test_code_table_has_no_pass_at_4_from_fewer_than_4_samples(tmp_path, monkeypatch):
