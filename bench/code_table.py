@@ -192,6 +192,20 @@ def cell(values: np.ndarray | None, signed: bool = False) -> str:
     return f"{f.format(mean)} [{f.format(low)}, {f.format(high)}]"
 
 
+def paired_difference(a, b, what: str) -> tuple[list[int], np.ndarray | None]:
+    """(seeds, (seeds, items) differences) of two per_seed_items results over the seeds both have; ([], None)
+    where either is missing or they share no seed."""
+    if a is None or b is None:
+        return [], None
+    common = sorted(set(a[0]) & set(b[0]))
+    if not common:
+        return [], None
+    if a[1].shape[1] != b[1].shape[1]:
+        raise ValueError(f"{what}: {a[1].shape[1]} problems against {b[1].shape[1]}; both rows must cover the same "
+                         "held-out problems")
+    return common, a[1][[a[0].index(s) for s in common]] - b[1][[b[0].index(s) for s in common]]
+
+
 def per_seed(values: np.ndarray, signed: bool = False) -> str:
     """Each seed's mean over the problems, in the seeds' order."""
     return ", ".join(("{:+.2f}" if signed else "{:.2f}").format(v) for v in values.mean(axis=1))
@@ -216,7 +230,7 @@ def cost(runs: dict[int, dict]) -> str:
     """Minutes a training step and a seed, with the precision the runs used. A step over 4x its run's median was
     paused (kill -STOP while the test suite had the cores, bench/README.md): left out, and a seed's minutes are then
     its other steps' mean times its steps."""
-    kept, paused, per_seed = [], 0, []
+    kept, paused, seed_minutes = [], 0, []
     for run in runs.values():
         steps = np.array([m["perf/step_s"] for m in run["metrics"] if "perf/step_s" in m])
         if not len(steps):
@@ -224,12 +238,12 @@ def cost(runs: dict[int, dict]) -> str:
         ok = steps <= 4 * np.median(steps)
         kept += list(steps[ok])
         paused += int((~ok).sum())
-        per_seed.append(steps[ok].mean() * len(steps) / 60)
+        seed_minutes.append(steps[ok].mean() * len(steps) / 60)
     if not kept:
         return "-"
     used = sorted({f"{p.get('dtype')} on {p.get('device')}" for run in runs.values() for p in run["precision"]})
     note = f", {paused} paused left out" if paused else ""
-    return (f"{np.mean(kept) / 60:.1f} min/step, {np.mean(per_seed):.0f} min/seed ({len(kept)} steps{note}; "
+    return (f"{np.mean(kept) / 60:.1f} min/step, {np.mean(seed_minutes):.0f} min/seed ({len(kept)} steps{note}; "
             f"{', '.join(used) or 'precision not recorded'}, HF generate)")
 
 
@@ -271,24 +285,12 @@ def table() -> str:
             this, other = found.get((dataset, row_a), {}), found.get((dataset, row_b), {})
             cells, paired = [], []
             for metric in ("pass@1", "pass@4", "reward", "aux_call"):
-                a, b = per_seed_items(this, method_a, metric), per_seed_items(other, method_b, metric)
-                if a is None or b is None:
-                    cells.append("-")
-                    continue
-                common = sorted(set(a[0]) & set(b[0]))
-                paired = common
-                if not common:
-                    cells.append("-")
-                    continue
-                if a[1].shape[1] != b[1].shape[1]:
-                    raise ValueError(f"{label}, {metric}: {a[1].shape[1]} problems against "
-                                     f"{b[1].shape[1]}; both rows must cover the same held-out problems")
-                diff = a[1][[a[0].index(s) for s in common]] - b[1][[b[0].index(s) for s in common]]
+                common, diff = paired_difference(per_seed_items(this, method_a, metric),
+                                                 per_seed_items(other, method_b, metric), f"{label}, {metric}")
+                paired = common or paired
                 cells.append(cell(diff, signed=True))
                 if metric == "pass@1":
-                    cells.append(per_seed(diff, signed=True))
-            if len(cells) == 4:  # no pass@1 pair: its per-seed cell too
-                cells.insert(1, "-")
+                    cells.append("-" if diff is None else per_seed(diff, signed=True))
             lines.append(f"| {label} | {', '.join(map(str, paired)) or '-'} | " + " | ".join(cells) + " |")
         lines.append("")
     text = "\n".join(lines)

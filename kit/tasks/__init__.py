@@ -12,7 +12,8 @@ field, and what was expected, a DataError).
 
 Beside the tasks (code, writing, toy, game, rows: a JSONL of rows for an environment) this package holds what
 they share: rewards.py (Reward, reward functions, batched scoring), codeparse.py (reading generated code),
-signatures.py (the entry point's parameters, for prompts that say how to call aux), code_data.py (the code task's datasets), games.py and coordination.py (turn-based games, the Tiny Hanabi suite),
+signatures.py (the entry point's parameters, for prompts that say how to call aux), code_data.py (the code task's
+datasets), games.py and coordination.py (turn-based games, the Tiny Hanabi suite),
 environments.py (built-in environments the agents act on: KeyHalves, Board, CodeTests). May import: kit.engine, kit.judge,
 kit.sandbox, kit.maths, kit.env; not runs, analysis or trainers.
 """

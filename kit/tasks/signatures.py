@@ -10,14 +10,7 @@ from __future__ import annotations
 import ast
 import re
 
-
-
-def parse(code: str) -> ast.Module | None:
-    try:
-        return ast.parse(code)
-    except (SyntaxError, ValueError, RecursionError, MemoryError):
-        return None
-
+from kit.tasks.codeparse import _parse as parse  # None where the code does not parse
 
 def entry_params(prompt: str, entry_point: str) -> str | None:
     """The entry point's parameter names as the problem's prompt declares them (`def f(a: int, *xs)` -> "a, *xs"),
